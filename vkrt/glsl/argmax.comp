@@ -1,0 +1,35 @@
+#version 450
+// Greedy sampling on the GPU: out[0] = the smallest index of the largest of
+// logits[offset .. offset + n) (torch.argmax's tie rule). logits: f32; out: [1] u32.
+// Dispatch: (1, 1, 1), one workgroup.
+layout(local_size_x_id = 0) in;
+layout(set = 0, binding = 0) readonly buffer Logits { float logits[]; };
+layout(set = 0, binding = 1) writeonly buffer Out { uint token[]; };
+layout(push_constant) uniform Push { uint n; uint offset; } pc;
+shared float best_value[gl_WorkGroupSize.x];
+shared uint best_index[gl_WorkGroupSize.x];
+
+void main() {
+    uint lid = gl_LocalInvocationID.x;
+    float bv = -1.0 / 0.0;
+    uint bi = 0xFFFFFFFFu;
+    for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) {
+        float v = logits[pc.offset + i];
+        if (v > bv) { bv = v; bi = i; }  // strided ascending i: keeps the first maximum
+    }
+    best_value[lid] = bv;
+    best_index[lid] = bi;
+    barrier();
+    for (uint s = gl_WorkGroupSize.x / 2; s > 0; s >>= 1) {
+        if (lid < s) {
+            float ov = best_value[lid + s];
+            uint oi = best_index[lid + s];
+            if (ov > best_value[lid] || (ov == best_value[lid] && oi < best_index[lid])) {
+                best_value[lid] = ov;
+                best_index[lid] = oi;
+            }
+        }
+        barrier();
+    }
+    if (lid == 0) token[0] = best_index[0];
+}

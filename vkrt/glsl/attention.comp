@@ -1,0 +1,57 @@
+#version 450
+// Causal scaled-dot-product attention with grouped-query heads over the KV cache, one
+// workgroup per (query head, token), online softmax over blocks of positions (Milakov &
+// Gimelshein 2018; FlashAttention, Dao et al. 2022). Query token t sits at position pos0 + t
+// and attends to cache positions 0 ..= pos0 + t; query head h reads KV head
+// h / (n_heads / n_kv_heads).
+// q: [n_tokens, n_heads, head_dim] f32 (after RoPE); k_cache, v_cache: [n_ctx, n_kv_heads,
+// head_dim] f32; out: [n_tokens, n_heads, head_dim] f32.
+// local_size_x must equal head_dim: invocation d owns output dimension d and, while scoring,
+// cache position (block start + d). Dispatch: (n_heads, n_tokens, 1).
+layout(local_size_x_id = 0) in;
+layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
+layout(set = 0, binding = 1) readonly buffer K { float k_cache[]; };
+layout(set = 0, binding = 2) readonly buffer V { float v_cache[]; };
+layout(set = 0, binding = 3) writeonly buffer Out { float dst[]; };
+layout(push_constant) uniform Push {
+    uint n_heads; uint n_kv_heads; uint head_dim; uint pos0; float scale;
+} pc;
+shared float q_s[gl_WorkGroupSize.x];
+shared float p_s[gl_WorkGroupSize.x];
+
+void main() {
+    const uint B = gl_WorkGroupSize.x;
+    uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, d = gl_LocalInvocationID.x;
+    uint kvh = h / (pc.n_heads / pc.n_kv_heads);
+    uint row = pc.n_kv_heads * pc.head_dim;
+    uint last = pc.pos0 + t;  // inclusive
+    q_s[d] = q[(t * pc.n_heads + h) * pc.head_dim + d];
+    barrier();
+    float m = -1.0 / 0.0, l = 0.0, acc = 0.0;
+    for (uint base = 0; base <= last; base += B) {
+        uint p = base + d;
+        float s = -1.0 / 0.0;
+        if (p <= last) {
+            uint k0 = p * row + kvh * pc.head_dim;
+            s = 0.0;
+            for (uint j = 0; j < pc.head_dim; ++j) s += q_s[j] * k_cache[k0 + j];
+            s *= pc.scale;
+        }
+        p_s[d] = s;
+        barrier();
+        float block_max = m;
+        uint n = min(B, last + 1 - base);
+        for (uint j = 0; j < n; ++j) block_max = max(block_max, p_s[j]);
+        float correction = exp(m - block_max);
+        l *= correction;
+        acc *= correction;
+        for (uint j = 0; j < n; ++j) {
+            float e = exp(p_s[j] - block_max);
+            l += e;
+            acc += e * v_cache[(base + j) * row + kvh * pc.head_dim + d];
+        }
+        m = block_max;
+        barrier();
+    }
+    dst[(t * pc.n_heads + h) * pc.head_dim + d] = acc / l;
+}

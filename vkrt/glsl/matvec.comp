@@ -1,0 +1,20 @@
+#version 450
+// Matrix-vector product for decode: y[n] = sum_k W[n, k] * x[x_offset + k] (+ bias? no).
+// W: [n_rows, n_cols] f32 row-major (a GGUF tensor as numpy reads it, i.e. PyTorch's Linear
+// weight [out, in]); x: f32 with the input vector at element x_offset; y: [n_rows] f32.
+// Dispatch: (n_rows, 1, 1), one workgroup per output row. n_cols % 4 == 0.
+#extension GL_GOOGLE_include_directive : require
+#include "reduce.glsl"
+layout(set = 0, binding = 0) readonly buffer Wt { vec4 w[]; };
+layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
+layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
+layout(push_constant) uniform Push { uint n_cols; uint x_offset; } pc;
+
+void main() {
+    uint n = gl_WorkGroupID.x, cols4 = pc.n_cols / 4, x0 = pc.x_offset / 4;
+    float acc = 0.0;
+    for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x)
+        acc += dot(w[n * cols4 + k], x[x0 + k]);
+    acc = workgroup_sum(acc);
+    if (gl_LocalInvocationID.x == 0) y[n] = acc;
+}

@@ -1,0 +1,268 @@
+"""`Device`: the Vulkan instance, the physical-device choice, the logical device and its compute
+queue. The one place that knows about validation layers and device features.
+
+Choice (issue 2): `VKRT_DEVICE` (or `Device(index=N)`) picks by index as `list_devices()` lists
+them; otherwise the first discrete GPU, else the first device. No loader or no device raises
+`NoVulkanDriverError` saying how to install lavapipe.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vkrt import config
+from vkrt.errors import NoVulkanDriverError, VkrtError
+from vkrt.runtime.vk import INSTALL_HINT, NULL, check, ffi, lib, new, vk
+
+API_VERSION = vk.VK_MAKE_VERSION(1, 2, 0)
+VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+
+_TYPE_NAMES = {vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: "discrete",
+               vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: "integrated",
+               vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: "virtual",
+               vk.VK_PHYSICAL_DEVICE_TYPE_CPU: "cpu",
+               vk.VK_PHYSICAL_DEVICE_TYPE_OTHER: "other"}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What `vkrt devices` prints for one physical device."""
+    index: int
+    name: str
+    kind: str               # discrete | integrated | virtual | cpu | other
+    api_version: str        # e.g. "1.3.230"
+    driver_version: int
+
+
+class ValidationError(VkrtError):
+    """The Khronos validation layer reported an error (only with VKRT_VALIDATION=1)."""
+
+
+def _create_instance(validation: bool):
+    app = new("VkApplicationInfo*", {"sType": vk.VK_STRUCTURE_TYPE_APPLICATION_INFO,
+                                      "apiVersion": API_VERSION})
+    keep = [app]
+    info = {"sType": vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, "pApplicationInfo": app}
+    if validation:
+        layers = [p.layerName for p in vk.vkEnumerateInstanceLayerProperties()]
+        if VALIDATION_LAYER not in layers:
+            raise VkrtError(f"VKRT_VALIDATION=1 but {VALIDATION_LAYER} is not installed "
+                            "(Debian: apt-get install vulkan-validationlayers)")
+        names = [new("char[]", VALIDATION_LAYER.encode()), new("char[]", b"VK_EXT_debug_utils")]
+        layer_ptr = new("char*[1]", [names[0]])
+        ext_ptr = new("char*[1]", [names[1]])
+        # Synchronization validation is opt-in, through VkValidationFeaturesEXT (FACTS.md).
+        enables = new("VkValidationFeatureEnableEXT[1]",
+                      [vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT])
+        features = new("VkValidationFeaturesEXT*", {
+            "sType": vk.VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT,
+            "enabledValidationFeatureCount": 1, "pEnabledValidationFeatures": enables})
+        keep += [names, layer_ptr, ext_ptr, enables, features]
+        info.update(enabledLayerCount=1, ppEnabledLayerNames=layer_ptr,
+                    enabledExtensionCount=1, ppEnabledExtensionNames=ext_ptr, pNext=features)
+    create_info = new("VkInstanceCreateInfo*", info)
+    out = new("VkInstance*")
+    result = lib.vkCreateInstance(create_info, NULL, out)
+    if result == vk.VK_ERROR_INCOMPATIBLE_DRIVER:
+        raise NoVulkanDriverError(f"no Vulkan driver (ICD) found; {INSTALL_HINT}")
+    check(result, "vkCreateInstance")
+    return out[0]
+
+
+def _physical_devices(instance) -> list:
+    devices = vk.vkEnumeratePhysicalDevices(instance)
+    if not devices:
+        raise NoVulkanDriverError(f"the Vulkan loader found no device; {INSTALL_HINT}")
+    return devices
+
+
+def _info(index: int, pd) -> DeviceInfo:
+    p = vk.vkGetPhysicalDeviceProperties(pd)
+    v = p.apiVersion
+    return DeviceInfo(index, p.deviceName, _TYPE_NAMES.get(p.deviceType, "other"),
+                      f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}", p.driverVersion)
+
+
+def list_devices() -> list[DeviceInfo]:
+    """Every Vulkan physical device, in the order `VKRT_DEVICE` indexes them.
+
+    Raises: NoVulkanDriverError when there is no loader, driver or device.
+    """
+    instance = _create_instance(validation=False)
+    try:
+        return [_info(i, pd) for i, pd in enumerate(_physical_devices(instance))]
+    finally:
+        lib.vkDestroyInstance(instance, NULL)
+
+
+def _choose(infos: list[DeviceInfo], index: int | None) -> int:
+    if index is not None:
+        if not 0 <= index < len(infos):
+            raise VkrtError(f"device index {index} out of range: {len(infos)} Vulkan device(s) "
+                            "(see `vkrt devices`)")
+        return index
+    for info in infos:
+        if info.kind == "discrete":
+            return info.index
+    return 0
+
+
+class Device:
+    """One logical device with one compute queue.
+
+    Args:
+        index: physical-device index; default `VKRT_DEVICE`, else discrete GPU, else first.
+        validation: enable the Khronos validation layer with synchronization validation;
+            default `VKRT_VALIDATION`. Errors it reports are collected and raised by
+            `check_validation()` (the stream calls it after each fence wait).
+    Raises: NoVulkanDriverError, VkrtError (bad index, missing validation layer).
+    Use as a context manager, or call `close()`: Vulkan objects are released explicitly,
+    not by the garbage collector.
+    """
+
+    def __init__(self, index: int | None = None, validation: bool | None = None):
+        self.validation = config.VALIDATION.value if validation is None else validation
+        self.validation_errors: list[str] = []
+        self._closers: list = []
+        self._children: dict[int, object] = {}  # buffers, pipelines, streams: closed first
+        self.bytes_in_use = 0  # device memory allocated by Buffer, in bytes
+        self.instance = _create_instance(self.validation)
+        try:
+            self._setup(config.DEVICE.value if index is None else index)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, index: int | None) -> None:
+        if self.validation:
+            self._install_messenger()
+        pds = _physical_devices(self.instance)
+        infos = [_info(i, pd) for i, pd in enumerate(pds)]
+        self.info = infos[_choose(infos, index)]
+        self.physical = pds[self.info.index]
+        props = vk.vkGetPhysicalDeviceProperties(self.physical)
+        self.limits = props.limits
+        self.max_storage_buffer_range = props.limits.maxStorageBufferRange
+        self.max_push_constants_size = props.limits.maxPushConstantsSize
+        self.timestamp_period_ns = props.limits.timestampPeriod
+        families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
+        self.queue_family = next(i for i, f in enumerate(families)
+                                 if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)
+        self.timestamp_valid_bits = families[self.queue_family].timestampValidBits
+        self.memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        self._create_device()
+
+    def _install_messenger(self) -> None:
+        errors = self.validation_errors
+
+        @ffi.callback("VkBool32(VkDebugUtilsMessageSeverityFlagBitsEXT, "
+                      "VkDebugUtilsMessageTypeFlagsEXT, "
+                      "const VkDebugUtilsMessengerCallbackDataEXT*, void*)")
+        def callback(severity, types, data, user):
+            if severity & (vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT
+                           | vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT):
+                errors.append(ffi.string(data.pMessage).decode(errors="replace"))
+            return 0
+
+        create = vk.vkGetInstanceProcAddr(self.instance, "vkCreateDebugUtilsMessengerEXT")
+        destroy = vk.vkGetInstanceProcAddr(self.instance, "vkDestroyDebugUtilsMessengerEXT")
+        info = vk.VkDebugUtilsMessengerCreateInfoEXT(
+            messageSeverity=(vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT
+                             | vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT),
+            messageType=(vk.VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT
+                         | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT
+                         | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT),
+            pfnUserCallback=callback)
+        self._callback = callback  # the C side holds only a raw pointer
+        messenger = create(self.instance, info, None)
+        self._closers.append(lambda: destroy(self.instance, messenger, None))
+
+    def _create_device(self) -> None:
+        # 16-bit storage and float16 are enabled when present: shaders that use them without
+        # the features enabled trip VUID-RuntimeSpirv-storageBuffer16BitAccess-06331 (FACTS.md).
+        f11 = new("VkPhysicalDeviceVulkan11Features*",
+                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES})
+        f12 = new("VkPhysicalDeviceVulkan12Features*",
+                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, "pNext": f11})
+        f2 = new("VkPhysicalDeviceFeatures2*",
+                 {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, "pNext": f12})
+        lib.vkGetPhysicalDeviceFeatures2(self.physical, f2)
+        want11 = new("VkPhysicalDeviceVulkan11Features*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
+            "storageBuffer16BitAccess": f11.storageBuffer16BitAccess})
+        want12 = new("VkPhysicalDeviceVulkan12Features*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, "pNext": want11,
+            "shaderFloat16": f12.shaderFloat16, "storageBuffer8BitAccess": f12.storageBuffer8BitAccess,
+            "shaderInt8": f12.shaderInt8})
+        self.features = {"storageBuffer16BitAccess": bool(f11.storageBuffer16BitAccess),
+                         "shaderFloat16": bool(f12.shaderFloat16)}
+        priority = new("float[1]", [1.0])
+        queue_info = new("VkDeviceQueueCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+            "queueFamilyIndex": self.queue_family, "queueCount": 1, "pQueuePriorities": priority})
+        info = new("VkDeviceCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, "pNext": want12,
+            "queueCreateInfoCount": 1, "pQueueCreateInfos": queue_info})
+        out = new("VkDevice*")
+        check(lib.vkCreateDevice(self.physical, info, NULL, out), "vkCreateDevice")
+        self.handle = out[0]
+        self._closers.append(lambda: lib.vkDestroyDevice(self.handle, NULL))
+        queue = new("VkQueue*")
+        lib.vkGetDeviceQueue(self.handle, self.queue_family, 0, queue)
+        self.queue = queue[0]
+
+    def memory_type(self, required: int, preferred: int, type_bits: int) -> int:
+        """Index of a memory type allowed by `type_bits` with all `required` property flags,
+        preferring one that also has `preferred` (Vulkan spec 11.2.1, memory type selection)."""
+        mp = self.memory_properties
+        candidates = [i for i in range(mp.memoryTypeCount)
+                      if type_bits & (1 << i)
+                      and mp.memoryTypes[i].propertyFlags & required == required]
+        for i in candidates:
+            if mp.memoryTypes[i].propertyFlags & preferred == preferred:
+                return i
+        if not candidates:
+            raise VkrtError(f"{self.info.name}: no memory type with flags {required:#x}")
+        return candidates[0]
+
+    def adopt(self, child) -> None:
+        """Register an object whose `close()` must run before the device is destroyed."""
+        self._children[id(child)] = child
+
+    def release(self, child) -> None:
+        self._children.pop(id(child), None)
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def check_validation(self) -> None:
+        """Raise ValidationError with the first message if the validation layer reported any."""
+        if self.validation_errors:
+            msgs, self.validation_errors[:] = list(self.validation_errors), []
+            raise ValidationError(f"{len(msgs)} validation message(s); first: {msgs[0]}")
+
+    def wait_idle(self) -> None:
+        check(lib.vkDeviceWaitIdle(self.handle), "vkDeviceWaitIdle")
+
+    def close(self) -> None:
+        """Destroy the device and instance. Objects created from this device (buffers,
+        pipelines, streams) must be closed first; `Device.close` waits for the queue to idle."""
+        if getattr(self, "handle", None) is not None:
+            lib.vkDeviceWaitIdle(self.handle)
+        for child in reversed(list(self._children.values())):
+            child.close()
+        while self._closers:
+            self._closers.pop()()
+        self.handle = None
+        if self.instance is not None:
+            lib.vkDestroyInstance(self.instance, NULL)
+            self.instance = None
+
+    def __enter__(self) -> "Device":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Device({self.info.index}: {self.info.name}, {self.info.kind})"

@@ -1,0 +1,246 @@
+"""Compute pipelines built from the committed SPIR-V and its reflected metadata.
+
+`PipelineCache.get_pipeline(name, spec)` builds (once per name and specialization) the shader
+module, the descriptor-set layout (one storage buffer per reflected binding), the pipeline
+layout (one push-constant range of the reflected size) and the compute pipeline. What the host
+binds is hard-checked against what the shader declares: `Pipeline.check_bindings` raises
+`ShaderInterfaceError` naming the module, the declared and the given counts.
+"""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from vkrt.errors import ShaderInterfaceError
+from vkrt.gen.metadata import DEFAULT_SPIRV_DIR, ModuleMeta, load_modules, read_spirv
+from vkrt.runtime.device import Device
+from vkrt.runtime.memory import Buffer
+from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
+
+# Specialization data layout per reflected scalar type: a bool is a VkBool32 (Vulkan spec
+# 10.9 "Specialization Constants": "the size of a boolean ... is the size of VkBool32").
+_SPEC_FORMAT = {"bool": "<I", "int8": "<b", "uint8": "<B", "int16": "<h", "uint16": "<H",
+                "float16": "<e", "int32": "<i", "uint32": "<I", "float32": "<f",
+                "int64": "<q", "uint64": "<Q", "float64": "<d"}
+SETS_PER_POOL = 256
+
+
+class Pipeline:
+    """One specialized compute pipeline.
+
+    Attributes: `name`, `meta` (ModuleMeta), `local_size` (x, y, z after specialization),
+    `binding_numbers` (sorted), `writable` (tuple of bool per bound buffer, from
+    `writable_mask`), `push_constant_size` (bytes), `handle`, `layout`.
+    """
+
+    def __init__(self, device: Device, meta: ModuleMeta, spirv: bytes, spec: dict):
+        self.device, self.meta, self.name = device, meta, meta.name
+        self.handle = self.layout = self.set_layout = self.module = None
+        self._pools: list = []
+        self._sets: dict[tuple, object] = {}
+        self._free_in_pool = 0
+        try:
+            self._build(spirv, spec)
+        except BaseException:
+            self.close()
+            raise
+        device.adopt(self)
+
+    def _build(self, spirv: bytes, spec: dict) -> None:
+        meta, dev = self.meta, self.device
+        for b in meta.bindings:
+            if b.set != 0 or b.descriptor_type != "storage_buffer":
+                raise ShaderInterfaceError(
+                    f"{meta.name}: binding (set {b.set}, binding {b.binding}) is a "
+                    f"{b.descriptor_type}; the runtime binds storage buffers in set 0 only")
+        self.binding_numbers = tuple(sorted({b.binding for b in meta.bindings}))
+        assert len(self.binding_numbers) == meta.binding_count
+        self.writable = tuple(bool(meta.writable_mask >> n & 1) for n in self.binding_numbers)
+        self.push_constant_size = meta.push_constant_size
+        if self.push_constant_size > dev.max_push_constants_size:
+            raise ShaderInterfaceError(
+                f"{meta.name}: push constants of {self.push_constant_size} bytes exceed the "
+                f"device's maxPushConstantsSize {dev.max_push_constants_size}")
+        values = self._specialize(spec)
+
+        code = new("uint32_t[]", len(spirv) // 4)
+        ffi.memmove(code, spirv, len(spirv))
+        info = new("VkShaderModuleCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+            "codeSize": len(spirv), "pCode": code})
+        out = new("VkShaderModule*")
+        check(lib.vkCreateShaderModule(dev.handle, info, NULL, out), f"{meta.name}: shader module")
+        self.module = out[0]
+
+        n = meta.binding_count
+        layout_bindings = new("VkDescriptorSetLayoutBinding[]", [
+            {"binding": b, "descriptorType": vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+             "descriptorCount": 1, "stageFlags": vk.VK_SHADER_STAGE_COMPUTE_BIT}
+            for b in self.binding_numbers] or 1)
+        info = new("VkDescriptorSetLayoutCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+            "bindingCount": n, "pBindings": layout_bindings})
+        out = new("VkDescriptorSetLayout*")
+        check(lib.vkCreateDescriptorSetLayout(dev.handle, info, NULL, out), "set layout")
+        self.set_layout = out[0]
+        self._set_layout_ptr = new("VkDescriptorSetLayout[1]", [self.set_layout])
+
+        push_range = new("VkPushConstantRange*", {
+            "stageFlags": vk.VK_SHADER_STAGE_COMPUTE_BIT, "offset": 0,
+            "size": self.push_constant_size})
+        info = new("VkPipelineLayoutCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+            "setLayoutCount": 1, "pSetLayouts": self._set_layout_ptr,
+            "pushConstantRangeCount": 1 if self.push_constant_size else 0,
+            "pPushConstantRanges": push_range})
+        out = new("VkPipelineLayout*")
+        check(lib.vkCreatePipelineLayout(dev.handle, info, NULL, out), "pipeline layout")
+        self.layout = out[0]
+
+        entries, data = [], b""
+        for sc, value in values:
+            fmt = _SPEC_FORMAT[sc.type]
+            entries.append({"constantID": sc.id, "offset": len(data), "size": struct.calcsize(fmt)})
+            data += struct.pack(fmt, value)
+        map_entries = new("VkSpecializationMapEntry[]", entries or 1)
+        spec_data = new("char[]", data or b"\0")
+        spec_info = new("VkSpecializationInfo*", {
+            "mapEntryCount": len(entries), "pMapEntries": map_entries,
+            "dataSize": len(data), "pData": spec_data})
+        main = new("char[]", b"main")
+        info = new("VkComputePipelineCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+            "stage": {"sType": vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                      "stage": vk.VK_SHADER_STAGE_COMPUTE_BIT, "module": self.module,
+                      "pName": main, "pSpecializationInfo": spec_info},
+            "layout": self.layout})
+        out = new("VkPipeline*")
+        check(lib.vkCreateComputePipelines(dev.handle, NULL, 1, info, NULL, out),
+              f"{meta.name}: vkCreateComputePipelines")
+        self.handle = out[0]
+
+    def _specialize(self, spec: dict) -> list:
+        """Resolve `spec` (keys: constant name or id) against the reflected constants and
+        compute the specialized workgroup size. Raises ShaderInterfaceError on unknown keys."""
+        by_key = {}
+        for sc in self.meta.spec_constants:
+            by_key[sc.id] = sc
+            if sc.name:
+                by_key[sc.name] = sc
+        chosen = {}
+        for key, value in spec.items():
+            if key not in by_key:
+                declared = ", ".join(f"{sc.name or '?'}={sc.id}" for sc in self.meta.spec_constants)
+                raise ShaderInterfaceError(
+                    f"{self.name}: no specialization constant {key!r}; declared: {declared or 'none'}")
+            chosen[by_key[key].id] = (by_key[key], value)
+        self.spec = {sc.id: v for sc, v in chosen.values()}
+        self.local_size = tuple(
+            self.spec.get(sid, next((sc.default for sc in self.meta.spec_constants if sc.id == sid),
+                                    size)) if sid is not None else size
+            for size, sid in zip(self.meta.local_size, self.meta.local_size_spec_ids))
+        return sorted(chosen.values(), key=lambda p: p[0].id)
+
+    def check_bindings(self, buffers, push_nbytes: int) -> None:
+        """Raise ShaderInterfaceError unless `len(buffers)` equals the reflected
+        `binding_count` and `push_nbytes` equals the reflected `push_constant_size`."""
+        if len(buffers) != self.meta.binding_count:
+            raise ShaderInterfaceError(
+                f"{self.name}: shader declares {self.meta.binding_count} storage buffers, "
+                f"{len(buffers)} bound")
+        if push_nbytes != self.push_constant_size:
+            raise ShaderInterfaceError(
+                f"{self.name}: shader declares {self.push_constant_size} bytes of push "
+                f"constants, {push_nbytes} given")
+
+    def descriptor_set(self, buffers: tuple[Buffer, ...]):
+        """A `VkDescriptorSet[1]` binding `buffers` in order, written once per distinct tuple
+        of buffers and reused: a decode step binds the same buffers every token."""
+        key = tuple(b.serial for b in buffers)
+        found = self._sets.get(key)
+        if found is not None:
+            return found
+        limit = self.device.max_storage_buffer_range
+        for b in buffers:
+            if b.nbytes > limit:
+                raise ShaderInterfaceError(
+                    f"{self.name}: buffer {b.name!r} of {b.nbytes} bytes exceeds the device's "
+                    f"maxStorageBufferRange {limit}")
+        if self._free_in_pool == 0:
+            self._grow_pool()
+        alloc = new("VkDescriptorSetAllocateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+            "descriptorPool": self._pools[-1], "descriptorSetCount": 1,
+            "pSetLayouts": self._set_layout_ptr})
+        out = new("VkDescriptorSet[1]")
+        check(lib.vkAllocateDescriptorSets(self.device.handle, alloc, out), "descriptor set")
+        self._free_in_pool -= 1
+        if buffers:
+            infos = new("VkDescriptorBufferInfo[]", [
+                {"buffer": b.handle, "offset": 0, "range": b.nbytes} for b in buffers])
+            writes = new("VkWriteDescriptorSet[]", [
+                {"sType": vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, "dstSet": out[0],
+                 "dstBinding": n, "descriptorCount": 1,
+                 "descriptorType": vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, "pBufferInfo": infos + i}
+                for i, n in enumerate(self.binding_numbers)])
+            lib.vkUpdateDescriptorSets(self.device.handle, len(buffers), writes, 0, NULL)
+        self._sets[key] = out
+        return out
+
+    def _grow_pool(self) -> None:
+        size = new("VkDescriptorPoolSize*", {
+            "type": vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+            "descriptorCount": SETS_PER_POOL * max(1, self.meta.binding_count)})
+        info = new("VkDescriptorPoolCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+            "maxSets": SETS_PER_POOL, "poolSizeCount": 1, "pPoolSizes": size})
+        out = new("VkDescriptorPool*")
+        check(lib.vkCreateDescriptorPool(self.device.handle, info, NULL, out), "descriptor pool")
+        self._pools.append(out[0])
+        self._free_in_pool = SETS_PER_POOL
+
+    def close(self) -> None:
+        h = self.device.handle
+        for pool in self._pools:
+            lib.vkDestroyDescriptorPool(h, pool, NULL)
+        self._pools, self._sets = [], {}
+        for attr, destroy in (("handle", lib.vkDestroyPipeline),
+                              ("layout", lib.vkDestroyPipelineLayout),
+                              ("set_layout", lib.vkDestroyDescriptorSetLayout),
+                              ("module", lib.vkDestroyShaderModule)):
+            if getattr(self, attr) is not None:
+                destroy(h, getattr(self, attr), NULL)
+                setattr(self, attr, None)
+        self.device.release(self)
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.name}, spec={self.spec}, local_size={self.local_size})"
+
+
+class PipelineCache:
+    """Pipelines of one device, built on first use from the metadata in `spirv_dir`.
+
+    Raises: MetadataError (from `load_modules`) when the metadata is missing or stale.
+    """
+
+    def __init__(self, device: Device, spirv_dir: Path = DEFAULT_SPIRV_DIR):
+        self.device, self.spirv_dir = device, Path(spirv_dir)
+        self.modules = load_modules(self.spirv_dir)
+        self._pipelines: dict[tuple, Pipeline] = {}
+
+    def get_pipeline(self, name: str, spec: dict | None = None) -> Pipeline:
+        """The pipeline of module `name` specialized with `spec` ({constant name or id: value}).
+
+        Raises: ShaderInterfaceError for an unknown module or specialization constant.
+        """
+        spec = spec or {}
+        key = (name, tuple(sorted(spec.items(), key=lambda kv: str(kv[0]))))
+        found = self._pipelines.get(key)
+        if found is None:
+            if name not in self.modules:
+                raise ShaderInterfaceError(
+                    f"no shader module {name!r}; known: {', '.join(sorted(self.modules))}")
+            found = Pipeline(self.device, self.modules[name], read_spirv(name, self.spirv_dir), spec)
+            self._pipelines[key] = found
+        return found
+
