@@ -1,0 +1,2 @@
+// Included by fixtures: proves includes resolve against the shader directory.
+float sq(float x) { return x * x; }

@@ -1,0 +1,161 @@
+"""`gen-spirv` end to end: write, `--check` (current, stale, missing, extra), compile errors,
+`--reflect`, and the committed tree being current."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vkrt.gen import build, metadata
+from vkrt.gen.cli import main
+
+FIXTURES = Path(__file__).parent / "gen_fixtures"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def gen(*args: str) -> tuple[int, str]:
+    """Run gen-spirv in a subprocess (as users do); returns (exit status, stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "vkrt.gen.cli", *args], capture_output=True,
+                          text=True, cwd=REPO)
+    return proc.returncode, proc.stderr
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> tuple[Path, Path]:
+    """A shader dir (copies of two fixtures + their include) and its generated spirv dir."""
+    glsl, spirv = tmp_path / "glsl", tmp_path / "spirv"
+    glsl.mkdir()
+    for name in ("aliased.comp", "push_layout.comp", "common.glsl"):
+        shutil.copy(FIXTURES / name, glsl / name)
+    assert main(["--glsl-dir", str(glsl), "--spirv-dir", str(spirv)]) == 0
+    return glsl, spirv
+
+
+def test_committed_tree_is_current():
+    """The real vkrt/spirv matches vkrt/glsl byte for byte (what the pre-commit hook runs)."""
+    code, err = gen("--check")
+    assert code == 0, err
+
+
+def test_write_then_check_passes(tree):
+    glsl, spirv = tree
+    assert sorted(p.name for p in spirv.iterdir()) == [
+        "aliased.spv", "modules.json", "push_layout.spv"]
+    doc = json.loads((spirv / "modules.json").read_text())
+    assert doc["schema"] == 1 and doc["compiler"]["version"] == "13.1.1"
+    assert doc["modules"]["aliased"]["source"] == "aliased.comp"
+    assert (spirv / "modules.json").read_text().endswith("}\n")
+    assert gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv)) == (0, "")
+    # Regenerating gives identical bytes.
+    before = {p.name: p.read_bytes() for p in spirv.iterdir()}
+    assert main(["--glsl-dir", str(glsl), "--spirv-dir", str(spirv)]) == 0
+    assert {p.name: p.read_bytes() for p in spirv.iterdir()} == before
+
+
+def test_check_names_stale_module(tree):
+    glsl, spirv = tree
+    src = glsl / "push_layout.comp"
+    src.write_text(src.read_text().replace("local_size_x = 32", "local_size_x = 64"))
+    code, err = gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv))
+    assert code == 1
+    assert "push_layout: stale (SPIR-V bytes differ; metadata fields differ: local_size, " \
+           "sha256)" in err
+    assert "aliased" not in err
+
+
+def test_check_names_stale_metadata_only(tree):
+    glsl, spirv = tree
+    doc = json.loads((spirv / "modules.json").read_text())
+    doc["modules"]["aliased"]["writable_mask"] = 0
+    (spirv / "modules.json").write_text(json.dumps(doc))
+    code, err = gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv))
+    assert code == 1 and "aliased: stale (metadata fields differ: writable_mask)" in err
+
+
+def test_check_names_missing_module(tree):
+    glsl, spirv = tree
+    shutil.copy(glsl / "push_layout.comp", glsl / "newkernel.comp")
+    code, err = gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv))
+    assert code == 1 and "newkernel: missing module" in err
+    (spirv / "aliased.spv").unlink()
+    code, err = gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv))
+    assert code == 1 and "aliased: missing module (not in aliased.spv)" in err
+
+
+def test_check_names_extra_module_and_write_removes_it(tree):
+    glsl, spirv = tree
+    (glsl / "push_layout.comp").unlink()
+    code, err = gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv))
+    assert code == 1
+    assert "push_layout: extra module (in modules.json and push_layout.spv, no source)" in err
+    assert main(["--glsl-dir", str(glsl), "--spirv-dir", str(spirv)]) == 0
+    assert not (spirv / "push_layout.spv").exists()
+    assert gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv))[0] == 0
+
+
+def test_check_without_metadata(tree, tmp_path):
+    glsl, _ = tree
+    code, err = gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(tmp_path / "none"))
+    assert code == 1 and "modules.json is missing" in err
+
+
+def test_compile_error_names_file_and_line_and_writes_nothing(tree):
+    glsl, spirv = tree
+    before = {p.name: p.read_bytes() for p in spirv.iterdir()}
+    # An error inside the included file: glslang names the included file.
+    (glsl / "common.glsl").write_text("float sq(float x) {\n  return x * y;\n}\n")
+    code, err = gen("--glsl-dir", str(glsl), "--spirv-dir", str(spirv))
+    assert code == 1
+    assert f"aliased: {glsl.resolve() / 'common.glsl'}:2: 'y' : undeclared identifier" in err
+    assert "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in spirv.iterdir()} == before
+    # An error in the shader itself, in a fresh output dir: nothing created there.
+    (glsl / "common.glsl").write_text((FIXTURES / "common.glsl").read_text())
+    src = glsl / "push_layout.comp"
+    src.write_text(src.read_text().replace("pc.w[1]", "pc.w[1] +* 2"))
+    fresh = spirv.parent / "fresh"
+    code, err = gen("--glsl-dir", str(glsl), "--spirv-dir", str(fresh))
+    assert code == 1 and f"push_layout: {src.resolve()}:" in err
+    assert not fresh.exists() or not any(fresh.iterdir())
+    assert not list(spirv.parent.glob(".gen-spirv-*"))
+
+
+def test_reflect_prints_module_metadata(tree):
+    _, spirv = tree
+    proc = subprocess.run([sys.executable, "-m", "vkrt.gen.cli", "--reflect",
+                           str(spirv / "aliased.spv")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    stored = json.loads((spirv / "modules.json").read_text())["modules"]["aliased"]
+    assert set(printed) == set(stored)
+    assert {k: v for k, v in printed.items() if k not in ("source", "defines")} == \
+        {k: v for k, v in stored.items() if k not in ("source", "defines")}
+
+
+def test_reflect_refuses_non_spirv(tmp_path):
+    bad = tmp_path / "bad.spv"
+    bad.write_bytes(b"#version 450\nvoid main() {}\n")
+    code, err = gen("--reflect", str(bad))
+    assert code == 1
+    assert err.strip().splitlines() == [
+        "gen-spirv: bad: not a SPIR-V module (magic 0x72657623, expected 0x07230203)"]
+
+
+def test_loader_reads_tree_without_compiler(tree, monkeypatch):
+    _, spirv = tree
+    # The runtime path must not look for glslang at all.
+    monkeypatch.setattr(build.glslang, "find_compiler", lambda: pytest.fail("needs glslang"))
+    mods = metadata.load_modules(spirv)
+    assert sorted(mods) == ["aliased", "push_layout"]
+    a = mods["aliased"]
+    assert (a.binding_count, a.writable_mask, a.local_size, a.local_size_spec_ids) == \
+        (2, 0b10, (1, 1, 1), (0, None, None))
+    assert a.bindings == (metadata.Binding(0, 0, "storage_buffer", 1, False),
+                          metadata.Binding(0, 1, "storage_buffer", 1, True))
+    assert a.spec_constants[1] == metadata.SpecConstant(1, "N", "int32", -3)
+    assert mods["push_layout"].push_constant_size == 116
+    assert metadata.read_spirv("aliased", spirv)[:4] == b"\x03\x02\x23\x07"

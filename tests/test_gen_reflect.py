@@ -1,0 +1,250 @@
+"""Our SPIR-V reflection against Debian's `spirv-cross FILE.spv --reflect` (2021.01.15).
+
+Every fixture in tests/gen_fixtures (compiled here, or assembled from .spvasm) and every
+module of vkrt/glsl and of the committed vkrt/spirv is compared field by field: descriptor
+sets/bindings/types/counts, read-only and write-only flags, spec ids/types/defaults,
+workgroup size and which dimensions are spec constants, and the push-constant size.
+
+Known deviations of that spirv-cross, asserted rather than papered over:
+- it gives no push-constant block size: the size is recomputed here from its member offsets,
+  types, array/matrix strides;
+- for LocalSizeId (SPIR-V 1.6) it reports literal workgroup dimensions as 0;
+- it lists a SpecId shared by two constants twice (we list it once);
+- for a workgroup dimension that is a spec constant, `workgroup_size` holds the spec id, not
+  the default value.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vkrt.gen import compile as glslang
+from vkrt.gen import metadata
+from vkrt.gen.build import DEFAULT_GLSL_DIR
+from vkrt.gen.reflect import reflect
+
+FIXTURES = Path(__file__).parent / "gen_fixtures"
+SPIRV_CROSS = shutil.which("spirv-cross") or "/usr/bin/spirv-cross"
+
+# spirv-cross scalar names -> (our type name, bytes)
+_SCALARS = {"bool": ("bool", 4), "int": ("int32", 4), "uint": ("uint32", 4),
+            "float": ("float32", 4), "double": ("float64", 8), "half": ("float16", 2),
+            "int64_t": ("int64", 8), "uint64_t": ("uint64", 8), "short": ("int16", 2),
+            "ushort": ("uint16", 2), "int8_t": ("int8", 1), "uint8_t": ("uint8", 1)}
+_VEC_BASE = {"": "float", "i": "int", "u": "uint", "b": "bool", "d": "double", "f16": "half",
+             "i64": "int64_t", "u64": "uint64_t", "i16": "short", "u16": "ushort",
+             "i8": "int8_t", "u8": "uint8_t"}
+_DESCRIPTOR_KEYS = {"ssbos": "storage_buffer", "ubos": "uniform_buffer",
+                    "images": "storage_image", "textures": "combined_image_sampler",
+                    "separate_images": "sampled_image", "separate_samplers": "sampler"}
+
+
+def _assemble(src: Path, out: Path) -> None:
+    compiler = glslang.find_compiler()
+    spirv_as = Path(compiler.path).parent / "spirv-as"
+    env = {**os.environ, **compiler.env}
+    target = re.search(r"; target-env: (\S+)", src.read_text())
+    argv = [str(spirv_as), "--target-env", target.group(1) if target else "vulkan1.2",
+            "-o", str(out), str(src)]
+    subprocess.run(argv, check=True, env=env, capture_output=True)
+
+
+def _fixture_flags(src: Path) -> tuple[str, ...]:
+    """A fixture may ask for another target with a `// target-env: vulkan1.3` line."""
+    target = re.search(r"// target-env: (\S+)", src.read_text())
+    flags = list(glslang.FLAGS)
+    if target:
+        flags[flags.index("--target-env") + 1] = target.group(1)
+    return tuple(flags)
+
+
+def compile_fixture(src: Path, out_dir: Path) -> Path:
+    """Compile (.comp) or assemble (.spvasm) one fixture into out_dir; returns the .spv."""
+    out = out_dir / f"{src.stem}.spv"
+    if src.suffix == ".spvasm":
+        _assemble(src, out)
+        return out
+    compiler = glslang.find_compiler()
+    argv = [compiler.path, *_fixture_flags(src), f"-I{src.parent}", "-o", str(out), str(src)]
+    proc = subprocess.run(argv, capture_output=True, text=True,
+                          env={**os.environ, **compiler.env})
+    assert proc.returncode == 0, proc.stdout
+    return out
+
+
+def _scalar_or_vec(t: str) -> tuple[str, int]:
+    """(scalar name, component count) of a spirv-cross scalar/vector type name."""
+    if t in _SCALARS:
+        return t, 1
+    m = re.fullmatch(r"(|i|u|b|d|f16|i64|u64|i16|u16|i8|u8)vec([234])", t)
+    assert m, f"unknown spirv-cross type {t}"
+    return _VEC_BASE[m.group(1)], int(m.group(2))
+
+
+def _member_size(types: dict, mem: dict) -> int:
+    if mem.get("array"):
+        assert all(mem["array_size_is_literal"]), mem
+        return mem["array"][-1] * mem["array_stride"]  # outermost dimension is last
+    t = mem["type"]
+    if t.startswith("_"):
+        return _struct_size(types, t)
+    m = re.fullmatch(r"(|d|f16)mat(\d)(?:x(\d))?", t)
+    if m:
+        cols, rows = int(m.group(2)), int(m.group(3) or m.group(2))
+        return mem["matrix_stride"] * (rows if mem.get("row_major") else cols)
+    scalar, n = _scalar_or_vec(t)
+    return n * _SCALARS[scalar][1]
+
+
+def _struct_size(types: dict, type_key: str) -> int:
+    return max((m["offset"] + _member_size(types, m) for m in types[type_key]["members"]),
+               default=0)
+
+
+def spirv_cross(spv: Path) -> dict:
+    out = subprocess.run([SPIRV_CROSS, str(spv), "--reflect"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _is_local_size_id(meta_spv: bytes) -> bool:
+    # OpExecutionModeId (opcode 331) with LocalSizeId (38)
+    words = memoryview(meta_spv).cast("I")
+    return any(words[i] & 0xFFFF == 331 and words[i + 2] == 38 for i in range(5, len(words) - 2))
+
+
+def differences(spv: Path, ours: dict) -> list[str]:
+    """Where `ours` (reflect() output) disagrees with spirv-cross on `spv`; [] if nowhere."""
+    sc = spirv_cross(spv)
+    diffs = []
+    # Descriptors: group spirv-cross's per-declaration entries by (set, binding).
+    theirs: dict[tuple[int, int], list[tuple[str, dict]]] = {}
+    for key, kind in _DESCRIPTOR_KEYS.items():
+        for r in sc.get(key, []):
+            theirs.setdefault((r["set"], r["binding"]), []).append((kind, r))
+    mine = {(b["set"], b["binding"]): b for b in ours["bindings"]}
+    if set(theirs) != set(mine):
+        diffs.append(f"bindings: spirv-cross {sorted(theirs)} ours {sorted(mine)}")
+    for key in set(theirs) & set(mine):
+        b, decls = mine[key], theirs[key]
+        kinds = {k for k, _ in decls}
+        if kinds != {b["descriptor_type"]}:
+            diffs.append(f"{key}: descriptor type {kinds} vs {b['descriptor_type']}")
+        counts = {(r.get("array") or [1])[0] for _, r in decls}
+        if counts != {b["count"]}:
+            diffs.append(f"{key}: count {counts} vs {b['count']}")
+        if b["descriptor_type"] in ("storage_buffer", "storage_image"):
+            writable = any(not r.get("readonly", False) for _, r in decls)
+            readable = any(not r.get("writeonly", False) for _, r in decls)
+            if (writable, readable) != (b["writable"], b["readable"]):
+                diffs.append(f"{key}: writable/readable {(writable, readable)} vs "
+                             f"{(b['writable'], b['readable'])}")
+    ssbo0 = {bn for (s, bn), d in theirs.items() if s == 0 and d[0][0] == "storage_buffer"}
+    if len(ssbo0) != ours["binding_count"]:
+        diffs.append(f"binding_count {len(ssbo0)} vs {ours['binding_count']}")
+    mask = sum(1 << bn for bn in ssbo0
+               if any(not r.get("readonly", False) for _, r in theirs[(0, bn)]))
+    if mask != ours["writable_mask"]:
+        diffs.append(f"writable_mask {mask} vs {ours['writable_mask']}")
+    # Spec constants (deviation: duplicates listed twice -> dedupe by id).
+    specs: dict[int, dict] = {}
+    for s in sc.get("specialization_constants", []):
+        specs.setdefault(s["id"], s)
+    mine_specs = {s["id"]: s for s in ours["spec_ids"]}
+    if set(specs) != set(mine_specs):
+        diffs.append(f"spec ids {sorted(specs)} vs {sorted(mine_specs)}")
+    for sid in set(specs) & set(mine_specs):
+        t, d = specs[sid], mine_specs[sid]
+        if _SCALARS[t["type"]][0] != d["type"]:
+            diffs.append(f"spec {sid}: type {t['type']} vs {d['type']}")
+        default = t["default_value"]
+        if d["type"] == "bool":
+            same = bool(default) == d["default"] and isinstance(d["default"], bool)
+        elif d["type"].startswith("float"):
+            same = math.isclose(default, d["default"], rel_tol=1e-6, abs_tol=0)
+        else:
+            same = default == d["default"]
+        if not same:
+            diffs.append(f"spec {sid}: default {default} vs {d['default']}")
+    # Workgroup size.
+    ep = sc["entryPoints"][0]
+    local_size_id = _is_local_size_id(spv.read_bytes())
+    for dim in range(3):
+        value, is_spec = ep["workgroup_size"][dim], ep["workgroup_size_is_spec_constant_id"][dim]
+        sid = ours["local_size_spec_ids"][dim]
+        if is_spec:
+            if sid != value:
+                diffs.append(f"local_size dim {dim}: spec id {value} vs {sid}")
+            elif value in specs and specs[value]["default_value"] != ours["local_size"][dim]:
+                diffs.append(f"local_size dim {dim}: default {specs[value]['default_value']} "
+                             f"vs {ours['local_size'][dim]}")
+        elif sid is not None:
+            diffs.append(f"local_size dim {dim}: not a spec constant for spirv-cross, ours {sid}")
+        elif local_size_id and value == 0:
+            pass  # deviation: spirv-cross reports LocalSizeId literal dimensions as 0
+        elif value != ours["local_size"][dim]:
+            diffs.append(f"local_size dim {dim}: {value} vs {ours['local_size'][dim]}")
+    # Push constants: spirv-cross gives members only; size = max(offset + size), rounded to 4.
+    pcs = sc.get("push_constants", [])
+    size = (_struct_size(sc["types"], pcs[0]["type"]) + 3) // 4 * 4 if pcs else 0
+    if size != ours["push_constant_size"]:
+        diffs.append(f"push_constant_size {size} vs {ours['push_constant_size']}")
+    return diffs
+
+
+def _fixture_sources() -> list[Path]:
+    return sorted(p for p in FIXTURES.glob("*") if p.suffix in (".comp", ".spvasm")
+                  and not p.name.startswith("refused_"))
+
+
+@pytest.mark.parametrize("src", _fixture_sources(), ids=lambda p: p.name)
+def test_fixture_matches_spirv_cross(src: Path, tmp_path: Path):
+    spv = compile_fixture(src, tmp_path)
+    assert differences(spv, reflect(spv.read_bytes(), src.stem)) == []
+
+
+@pytest.mark.parametrize("src", sorted(DEFAULT_GLSL_DIR.glob("*.comp")), ids=lambda p: p.name)
+def test_package_shader_matches_spirv_cross(src: Path, tmp_path: Path):
+    spv = compile_fixture(src, tmp_path)
+    assert differences(spv, reflect(spv.read_bytes(), src.stem)) == []
+
+
+def test_committed_modules_match_spirv_cross():
+    """Every module of the committed vkrt/spirv: its metadata equals a fresh reflection of
+    its .spv, and that reflection agrees with spirv-cross. Fails if the tree is missing."""
+    doc = metadata.read_document()
+    assert doc["modules"], "vkrt/spirv/modules.json lists no module"
+    for name, committed in sorted(doc["modules"].items()):
+        spv = metadata.DEFAULT_SPIRV_DIR / f"{name}.spv"
+        ours = reflect(spv.read_bytes(), name)
+        assert {k: committed[k] for k in ours} == ours, name
+        assert differences(spv, ours) == [], name
+
+
+def test_comparison_can_fail(tmp_path: Path):
+    """The comparator itself notices a wrong answer in each field it checks."""
+    spv = compile_fixture(FIXTURES / "aliased.comp", tmp_path)
+    good = reflect(spv.read_bytes(), "aliased")
+    mutations = {
+        "writable": lambda m: m["bindings"][0].update(writable=True),
+        "binding": lambda m: m["bindings"][0].update(binding=7),
+        "count": lambda m: m["bindings"][0].update(count=2),
+        "binding_count": lambda m: m.update(binding_count=3),
+        "writable_mask": lambda m: m.update(writable_mask=3),
+        "spec default": lambda m: m["spec_ids"][1].update(default=3),
+        "spec type": lambda m: m["spec_ids"][1].update(type="uint32"),
+        "spec id": lambda m: m["spec_ids"][1].update(id=9),
+        "local_size spec id": lambda m: m.update(local_size_spec_ids=[None, None, None]),
+        "push size": lambda m: m.update(push_constant_size=12),
+    }
+    for what, mutate in mutations.items():
+        bad = json.loads(json.dumps(good))
+        mutate(bad)
+        assert differences(spv, bad), what

@@ -1,0 +1,402 @@
+"""Reflect a compute SPIR-V module: descriptors, spec constants, workgroup size, push constants.
+
+A small parser of the SPIR-V binary (spec: https://registry.khronos.org/SPIR-V/specs/unified1/
+SPIRV.html, "2.3 Physical Layout"); it never reads GLSL. `reflect(spirv, module)` returns the
+dict stored per module in `modules.json` (see `metadata.py`):
+
+- `bindings`: one entry per distinct (set, binding): `set`, `binding`, `descriptor_type`
+  (`storage_buffer`, `uniform_buffer`, `storage_image`, `sampled_image`, `sampler`,
+  `combined_image_sampler`, `storage_texel_buffer`, `uniform_texel_buffer`), `count` (array
+  length; 1 for a single descriptor, 0 for a runtime array), `writable`, `readable`, `names`
+  (block or variable names of every declaration aliased on that binding). Declared but unused
+  descriptors are reported too: the descriptor set layout must hold them.
+- `binding_count`: distinct binding numbers of storage buffers in set 0 (the runtime's set).
+- `writable_mask`: bit b set when set-0 storage-buffer binding b is writable.
+- `spec_ids`: `id`, `name` ("" when unnamed, e.g. glslang's local_size_x_id constant), `type`
+  (`bool`, `int8/16/32/64`, `uint8/16/32/64`, `float16/32/64`), `default`; sorted by id, one
+  entry per id.
+- `local_size`: [x, y, z] defaults; `local_size_spec_ids`: spec id or None per dimension.
+- `push_constant_size`: bytes from offset 0 to the end of the push-constant block's last
+  byte, rounded up to 4 (VkPushConstantRange.size must be a multiple of 4); 0 if none.
+- `sha256`: hex digest of the module bytes.
+
+Access rule (as SPIRV-Cross and SPIRV-Reflect): a buffer is read-only when the variable is
+NonWritable or every member of its block is (glslang decorates members); write-only likewise
+with NonReadable. An aliased binding is writable (readable) if any alias is. A uniform buffer
+is never writable.
+
+Refused with ReflectionError (one line naming the module): not SPIR-V; not exactly one entry
+point or one that is not GLCompute; decoration groups; a descriptor without DescriptorSet or
+Binding; aliases that disagree on descriptor type or count; an array of descriptors sized by a
+spec constant; a descriptor kind not listed above; more than one push-constant block; a
+push-constant member with spec-constant or runtime array length; a workgroup size that is
+missing or computed (OpSpecConstantOp).
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import defaultdict
+
+from vkrt.errors import ReflectionError
+
+MAGIC = 0x07230203
+
+# Opcodes (SPIR-V spec 3.52).
+OP_NAME, OP_MEMBER_NAME, OP_ENTRY_POINT, OP_EXECUTION_MODE = 5, 6, 15, 16
+OP_TYPE_BOOL, OP_TYPE_INT, OP_TYPE_FLOAT, OP_TYPE_VECTOR, OP_TYPE_MATRIX = 20, 21, 22, 23, 24
+OP_TYPE_IMAGE, OP_TYPE_SAMPLER, OP_TYPE_SAMPLED_IMAGE = 25, 26, 27
+OP_TYPE_ARRAY, OP_TYPE_RUNTIME_ARRAY, OP_TYPE_STRUCT, OP_TYPE_POINTER = 28, 29, 30, 32
+OP_TYPE_ACCELERATION_STRUCTURE = 5341
+OP_CONSTANT_TRUE, OP_CONSTANT_FALSE, OP_CONSTANT, OP_CONSTANT_COMPOSITE = 41, 42, 43, 44
+OP_SPEC_CONSTANT_TRUE, OP_SPEC_CONSTANT_FALSE, OP_SPEC_CONSTANT = 48, 49, 50
+OP_SPEC_CONSTANT_COMPOSITE, OP_SPEC_CONSTANT_OP = 51, 52
+OP_FUNCTION, OP_VARIABLE = 54, 59
+OP_DECORATE, OP_MEMBER_DECORATE, OP_DECORATION_GROUP = 71, 72, 73
+OP_EXECUTION_MODE_ID = 331
+_TYPE_OPS = {19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 39, 5341}
+_CONSTANT_OPS = {41, 42, 43, 44, 46, 48, 49, 50, 51, 52}
+
+# Decorations (3.20), storage classes (3.7), execution model/modes (3.3, 3.6), builtins (3.21).
+D_SPEC_ID, D_BLOCK, D_BUFFER_BLOCK, D_ROW_MAJOR = 1, 2, 3, 4
+D_ARRAY_STRIDE, D_MATRIX_STRIDE, D_BUILTIN = 6, 7, 11
+D_NON_WRITABLE, D_NON_READABLE, D_BINDING, D_DESCRIPTOR_SET, D_OFFSET = 24, 25, 33, 34, 35
+SC_UNIFORM_CONSTANT, SC_UNIFORM, SC_PUSH_CONSTANT, SC_STORAGE_BUFFER = 0, 2, 9, 12
+MODEL_GLCOMPUTE = 5
+MODE_LOCAL_SIZE, MODE_LOCAL_SIZE_ID = 17, 38
+BUILTIN_WORKGROUP_SIZE = 25
+DIM_BUFFER, DIM_SUBPASS_DATA = 5, 6
+_MODEL_NAMES = {0: "Vertex", 1: "TessellationControl", 2: "TessellationEvaluation",
+                3: "Geometry", 4: "Fragment", 5: "GLCompute", 6: "Kernel"}
+
+
+def _string(words: list[int], endian: str) -> tuple[str, int]:
+    """Decode a nul-terminated literal string; returns it and the number of words it used."""
+    raw = struct.pack(f"{endian}{len(words)}I", *words)
+    end = raw.find(b"\0")
+    if end < 0:
+        raise ValueError("unterminated string")
+    return raw[:end].decode("utf-8", "replace"), end // 4 + 1
+
+
+class _Module:
+    """The tables of one parsed module, keyed by result id."""
+
+    def __init__(self, spirv: bytes, module: str):
+        self.module = module
+        if len(spirv) < 20 or len(spirv) % 4:
+            self.fail(f"not a SPIR-V module ({len(spirv)} bytes, not a whole header of words)")
+        magic = struct.unpack_from("<I", spirv)[0]
+        if magic == MAGIC:
+            self.endian = "<"
+        elif magic == struct.unpack(">I", struct.pack("<I", MAGIC))[0]:
+            self.endian = ">"
+        else:
+            self.fail(f"not a SPIR-V module (magic 0x{magic:08x}, expected 0x{MAGIC:08x})")
+        words = list(struct.unpack(f"{self.endian}{len(spirv) // 4}I", spirv))
+        self.version = ((words[1] >> 16) & 0xFF, (words[1] >> 8) & 0xFF)
+        self.names: dict[int, str] = {}
+        self.member_names: dict[tuple[int, int], str] = {}
+        self.decorations: dict[int, dict[int, list[list[int]]]] = defaultdict(lambda: defaultdict(list))
+        self.member_decorations: dict[tuple[int, int], dict[int, list[int]]] = defaultdict(dict)
+        self.entry_points: list[tuple[int, int, str]] = []
+        self.modes: list[tuple[int, int, list[int]]] = []
+        self.types: dict[int, tuple[int, list[int]]] = {}
+        self.constants: dict[int, tuple[int, int, list[int]]] = {}
+        self.variables: list[tuple[int, int, int]] = []
+        pos = 5
+        try:
+            while pos < len(words):
+                count, op = words[pos] >> 16, words[pos] & 0xFFFF
+                if count == 0 or pos + count > len(words):
+                    self.fail(f"malformed instruction (opcode {op}) at word {pos}")
+                self._record(op, words[pos + 1:pos + count])
+                if op == OP_FUNCTION:
+                    break  # everything reflected is declared before the first function
+                pos += count
+        except (ValueError, IndexError) as e:
+            self.fail(f"malformed instruction at word {pos}: {e}")
+
+    def fail(self, what: str):
+        raise ReflectionError(f"{self.module}: {what}")
+
+    def _record(self, op: int, a: list[int]) -> None:
+        if op == OP_NAME:
+            self.names[a[0]] = _string(a[1:], self.endian)[0]
+        elif op == OP_MEMBER_NAME:
+            self.member_names[(a[0], a[1])] = _string(a[2:], self.endian)[0]
+        elif op == OP_ENTRY_POINT:
+            self.entry_points.append((a[0], a[1], _string(a[2:], self.endian)[0]))
+        elif op in (OP_EXECUTION_MODE, OP_EXECUTION_MODE_ID):
+            self.modes.append((a[0], a[1], a[2:]))
+        elif op == OP_DECORATE:
+            self.decorations[a[0]][a[1]].append(a[2:])
+        elif op == OP_MEMBER_DECORATE:
+            self.member_decorations[(a[0], a[1])][a[2]] = a[3:]
+        elif op == OP_DECORATION_GROUP:
+            self.fail("decoration groups (OpDecorationGroup) are not supported")
+        elif op in _TYPE_OPS:
+            self.types[a[0]] = (op, a[1:])
+        elif op in _CONSTANT_OPS:
+            self.constants[a[1]] = (op, a[0], a[2:])
+        elif op == OP_VARIABLE:
+            self.variables.append((a[0], a[1], a[2]))
+
+    # -- small queries -------------------------------------------------------------------
+    def deco(self, id_: int, decoration: int) -> list[int] | None:
+        """Literals of the first `decoration` on `id_`, or None when it is absent."""
+        found = self.decorations.get(id_, {}).get(decoration)
+        return found[0] if found else None
+
+    def type(self, id_: int) -> tuple[int, list[int]]:
+        if id_ not in self.types:
+            self.fail(f"id {id_} is not a type")
+        return self.types[id_]
+
+    def scalar_type(self, type_id: int) -> tuple[str, int]:
+        """`("int32", 32)`-style name and bit width of a scalar type."""
+        op, a = self.type(type_id)
+        if op == OP_TYPE_BOOL:
+            return "bool", 32
+        if op == OP_TYPE_INT:
+            return f"{'int' if a[1] else 'uint'}{a[0]}", a[0]
+        if op == OP_TYPE_FLOAT:
+            return f"float{a[0]}", a[0]
+        self.fail(f"type id {type_id} is not a scalar (opcode {op})")
+
+    def scalar_value(self, const_id: int) -> int | float | bool:
+        """The value (default, for a spec constant) of a scalar constant."""
+        if const_id not in self.constants:
+            self.fail(f"id {const_id} is not a constant")
+        op, type_id, lits = self.constants[const_id]
+        if op in (OP_CONSTANT_TRUE, OP_SPEC_CONSTANT_TRUE):
+            return True
+        if op in (OP_CONSTANT_FALSE, OP_SPEC_CONSTANT_FALSE):
+            return False
+        if op not in (OP_CONSTANT, OP_SPEC_CONSTANT):
+            self.fail(f"constant id {const_id} is not a scalar literal (opcode {op})")
+        name, width = self.scalar_type(type_id)
+        bits = lits[0] | (lits[1] << 32 if width == 64 else 0)
+        bits &= (1 << width) - 1
+        if name.startswith("float"):
+            fmt = {16: "e", 32: "f", 64: "d"}[width]
+            return struct.unpack(f"<{fmt}", bits.to_bytes(width // 8, "little"))[0]
+        if name.startswith("int") and bits >> (width - 1):
+            return bits - (1 << width)
+        return bits
+
+    def spec_id(self, const_id: int) -> int | None:
+        lits = self.deco(const_id, D_SPEC_ID)
+        return lits[0] if lits else None
+
+    def array_length(self, length_id: int, where: str) -> int:
+        op = self.constants.get(length_id, (None,))[0]
+        if op != OP_CONSTANT:
+            self.fail(f"{where}: array length is a specialization constant or not a constant")
+        return int(self.scalar_value(length_id))
+
+
+# -- descriptors ---------------------------------------------------------------------------
+def _all_members(m: _Module, struct_id: int, decoration: int) -> bool:
+    n = len(m.type(struct_id)[1])
+    return n > 0 and all(decoration in m.member_decorations.get((struct_id, i), {})
+                         for i in range(n))
+
+
+def _descriptor(m: _Module, var_id: int, storage: int, type_id: int) -> dict:
+    """Describe one descriptor variable (one declaration; aliases are merged later)."""
+    set_ = m.deco(var_id, D_DESCRIPTOR_SET)
+    binding = m.deco(var_id, D_BINDING)
+    label = m.names.get(var_id) or f"id {var_id}"
+    if set_ is None or binding is None:
+        m.fail(f"descriptor {label!r} lacks a DescriptorSet or Binding decoration")
+    where = f"set {set_[0]} binding {binding[0]}"
+    op, a = m.type(m.type(type_id)[1][1])  # the pointer's pointee
+    count, elem = 1, m.type(type_id)[1][1]
+    if op == OP_TYPE_ARRAY:
+        count, elem = m.array_length(a[1], where), a[0]
+    elif op == OP_TYPE_RUNTIME_ARRAY:
+        count, elem = 0, a[0]
+    op, a = m.type(elem)
+    non_writable = m.deco(var_id, D_NON_WRITABLE) is not None
+    non_readable = m.deco(var_id, D_NON_READABLE) is not None
+    name = m.names.get(var_id, "")
+    if op == OP_TYPE_STRUCT:
+        name = m.names.get(elem) or name
+        block = m.deco(elem, D_BLOCK) is not None
+        buffer_block = m.deco(elem, D_BUFFER_BLOCK) is not None
+        if storage == SC_STORAGE_BUFFER and block or storage == SC_UNIFORM and buffer_block:
+            kind = "storage_buffer"
+        elif storage == SC_UNIFORM and block:
+            kind = "uniform_buffer"
+        else:
+            m.fail(f"{where}: a struct in storage class {storage} is not a buffer block")
+        non_writable = non_writable or _all_members(m, elem, D_NON_WRITABLE)
+        non_readable = non_readable or _all_members(m, elem, D_NON_READABLE)
+        writable = kind == "storage_buffer" and not non_writable
+    elif op == OP_TYPE_IMAGE and storage == SC_UNIFORM_CONSTANT:
+        dim, sampled = a[1], a[5]
+        if dim == DIM_SUBPASS_DATA:
+            m.fail(f"{where}: input attachments are not supported in compute modules")
+        if sampled == 2:
+            kind = "storage_texel_buffer" if dim == DIM_BUFFER else "storage_image"
+            writable = not non_writable
+        else:
+            kind = "uniform_texel_buffer" if dim == DIM_BUFFER else "sampled_image"
+            writable = False
+    elif op == OP_TYPE_SAMPLER and storage == SC_UNIFORM_CONSTANT:
+        kind, writable = "sampler", False
+    elif op == OP_TYPE_SAMPLED_IMAGE and storage == SC_UNIFORM_CONSTANT:
+        kind, writable = "combined_image_sampler", False
+    else:
+        m.fail(f"{where}: unsupported descriptor (type opcode {op}, storage class {storage})")
+    return {"set": set_[0], "binding": binding[0], "descriptor_type": kind, "count": count,
+            "writable": writable, "readable": not non_readable, "names": [name]}
+
+
+def _bindings(m: _Module) -> list[dict]:
+    merged: dict[tuple[int, int], dict] = {}
+    for type_id, var_id, storage in m.variables:
+        if storage not in (SC_UNIFORM_CONSTANT, SC_UNIFORM, SC_STORAGE_BUFFER):
+            continue
+        d = _descriptor(m, var_id, storage, type_id)
+        key = (d["set"], d["binding"])
+        if key not in merged:
+            merged[key] = d
+            continue
+        old = merged[key]
+        for field in ("descriptor_type", "count"):
+            if old[field] != d[field]:
+                m.fail(f"set {key[0]} binding {key[1]}: aliased declarations disagree on "
+                       f"{field} ({old[field]} vs {d[field]})")
+        old["writable"] |= d["writable"]
+        old["readable"] |= d["readable"]
+        old["names"].append(d["names"][0])
+    return [merged[k] for k in sorted(merged)]
+
+
+# -- spec constants, workgroup size --------------------------------------------------------
+def _spec_constants(m: _Module) -> list[dict]:
+    by_id: dict[int, dict] = {}
+    for const_id, (op, type_id, _) in m.constants.items():
+        sid = m.spec_id(const_id)
+        if sid is None:
+            continue
+        if op not in (OP_SPEC_CONSTANT, OP_SPEC_CONSTANT_TRUE, OP_SPEC_CONSTANT_FALSE):
+            m.fail(f"SpecId {sid} decorates a non-scalar constant (opcode {op})")
+        entry = {"id": sid, "name": m.names.get(const_id, ""),
+                 "type": m.scalar_type(type_id)[0], "default": m.scalar_value(const_id)}
+        old = by_id.setdefault(sid, entry)
+        # Vulkan specializes every constant carrying the id; they must agree to be one entry.
+        if (old["type"], old["default"]) != (entry["type"], entry["default"]):
+            m.fail(f"SpecId {sid} is declared twice with different type/default "
+                   f"({old['type']} {old['default']} vs {entry['type']} {entry['default']})")
+        old["name"] = old["name"] or entry["name"]
+    return [by_id[k] for k in sorted(by_id)]
+
+
+def _dimension(m: _Module, const_id: int) -> tuple[int, int | None]:
+    """(default value, spec id or None) of one workgroup-size component."""
+    op = m.constants.get(const_id, (None,))[0]
+    if op not in (OP_CONSTANT, OP_SPEC_CONSTANT):
+        m.fail(f"workgroup size component id {const_id} is not a literal or spec constant")
+    return int(m.scalar_value(const_id)), m.spec_id(const_id) if op == OP_SPEC_CONSTANT else None
+
+
+def _local_size(m: _Module, entry_id: int) -> tuple[list[int], list[int | None]]:
+    dims: list[tuple[int, int | None]] | None = None
+    for target, mode, ops in m.modes:
+        if target != entry_id:
+            continue
+        if mode == MODE_LOCAL_SIZE:
+            dims = [(v, None) for v in ops[:3]]
+        elif mode == MODE_LOCAL_SIZE_ID:
+            dims = [_dimension(m, c) for c in ops[:3]]
+    # Below SPIR-V 1.6 local_size_x_id is a constant decorated BuiltIn WorkgroupSize; it
+    # overrides LocalSize (spec 3.21 WorkgroupSize).
+    for const_id, (op, _, parts) in m.constants.items():
+        builtin = m.deco(const_id, D_BUILTIN)
+        if builtin and builtin[0] == BUILTIN_WORKGROUP_SIZE:
+            if op not in (OP_CONSTANT_COMPOSITE, OP_SPEC_CONSTANT_COMPOSITE) or len(parts) != 3:
+                m.fail("WorkgroupSize is not a composite of three constants")
+            dims = [_dimension(m, c) for c in parts]
+    if dims is None:
+        m.fail("no LocalSize, LocalSizeId or WorkgroupSize: workgroup size unknown")
+    return [d[0] for d in dims], [d[1] for d in dims]
+
+
+# -- push constants ------------------------------------------------------------------------
+def _member_size(m: _Module, struct_id: int, index: int, type_id: int) -> int:
+    op, a = m.type(type_id)
+    where = f"push constant member {m.member_names.get((struct_id, index), index)!r}"
+    if op == OP_TYPE_ARRAY:
+        stride = m.deco(type_id, D_ARRAY_STRIDE)
+        if stride is None:
+            m.fail(f"{where}: array without ArrayStride")
+        return m.array_length(a[1], where) * stride[0]
+    if op == OP_TYPE_RUNTIME_ARRAY:
+        m.fail(f"{where}: runtime array in a push-constant block")
+    if op == OP_TYPE_STRUCT:
+        return _struct_size(m, type_id)
+    if op == OP_TYPE_MATRIX:
+        rows = m.type(a[0])[1][1]
+        decos = m.member_decorations.get((struct_id, index), {})
+        if D_MATRIX_STRIDE not in decos:
+            m.fail(f"{where}: matrix without MatrixStride")
+        # Column-major: one stride per column; row-major: one per row.
+        return decos[D_MATRIX_STRIDE][0] * (rows if D_ROW_MAJOR in decos else a[1])
+    if op == OP_TYPE_VECTOR:
+        return a[1] * m.scalar_type(a[0])[1] // 8
+    return m.scalar_type(type_id)[1] // 8
+
+
+def _struct_size(m: _Module, struct_id: int) -> int:
+    end = 0
+    for i, member_type in enumerate(m.type(struct_id)[1]):
+        offset = m.member_decorations.get((struct_id, i), {}).get(D_OFFSET)
+        if offset is None:
+            m.fail(f"struct id {struct_id} member {i} has no Offset")
+        end = max(end, offset[0] + _member_size(m, struct_id, i, member_type))
+    return end
+
+
+def _push_constant_size(m: _Module) -> int:
+    blocks = [t for t, _, storage in m.variables if storage == SC_PUSH_CONSTANT]
+    if len(blocks) > 1:
+        m.fail(f"{len(blocks)} push-constant blocks; at most one is supported")
+    if not blocks:
+        return 0
+    size = _struct_size(m, m.type(blocks[0])[1][1])
+    return (size + 3) // 4 * 4
+
+
+# -- the entry point -----------------------------------------------------------------------
+def reflect(spirv: bytes, module: str) -> dict:
+    """Reflect one compute module; `module` names it in error messages.
+
+    Returns the metadata dict described in this module's docstring (JSON-ready).
+
+    Raises:
+        ReflectionError: malformed SPIR-V, or a shape listed as refused in the docstring.
+    """
+    m = _Module(spirv, module)
+    if len(m.entry_points) != 1:
+        names = ", ".join(f"{_MODEL_NAMES.get(e[0], e[0])} {e[2]!r}" for e in m.entry_points)
+        m.fail(f"{len(m.entry_points)} entry points ({names or 'none'}); exactly one "
+               f"GLCompute entry point is supported")
+    model, entry_id, entry_name = m.entry_points[0]
+    if model != MODEL_GLCOMPUTE:
+        m.fail(f"entry point {entry_name!r} is {_MODEL_NAMES.get(model, model)}, not GLCompute")
+    bindings = _bindings(m)
+    ssbo_set0 = [b for b in bindings if b["set"] == 0 and b["descriptor_type"] == "storage_buffer"]
+    local_size, local_size_spec_ids = _local_size(m, entry_id)
+    return {
+        "sha256": hashlib.sha256(spirv).hexdigest(),
+        "binding_count": len(ssbo_set0),
+        "writable_mask": sum(1 << b["binding"] for b in ssbo_set0 if b["writable"]),
+        "bindings": bindings,
+        "spec_ids": _spec_constants(m),
+        "local_size": local_size,
+        "local_size_spec_ids": local_size_spec_ids,
+        "push_constant_size": _push_constant_size(m),
+    }
