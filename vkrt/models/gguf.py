@@ -1,0 +1,366 @@
+"""Reading a GGUF model file: metadata, tensor layout, weights dequantized to float32.
+
+A model file is untrusted input. `load_gguf` first walks the whole header itself with `struct`,
+checking every count, length, shape, type and offset against the file's size, and only then lets
+`gguf.GGUFReader` (which trusts the file: a corrupt count makes it loop or allocate for a very
+long time) parse it. Whatever goes wrong becomes a one-line `ModelFormatError` naming the file.
+
+Layout (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md): a 24-byte header (magic
+"GGUF", u32 version, u64 tensor count, u64 KV count), the KV pairs, the tensor infos (name,
+u32 n_dims, u64 dims[n_dims] innermost first, u32 ggml type, u64 offset), padding to
+`general.alignment`, then the tensor data.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+
+from vkrt.errors import ModelFormatError
+
+_HEADER = struct.Struct("<4sIQQ")  # magic, version, n_tensors, n_kv
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_ELEMENTS = 1 << 40  # far above any real tensor; stops products that overflow or mean nothing
+_MAX_NAME_BYTES = 1 << 16
+_DEFAULT_ALIGNMENT = 32
+# Fixed sizes of the scalar value types; STRING and ARRAY are handled apart.
+_SCALAR_SIZE = {
+    GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.BOOL: 1,
+    GGUFValueType.UINT16: 2, GGUFValueType.INT16: 2,
+    GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4, GGUFValueType.FLOAT32: 4,
+    GGUFValueType.UINT64: 8, GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8,
+}
+# Arrays longer than this are returned as numpy arrays (token types, scores), not lists.
+_LIST_MAX = 1024
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where and how one tensor is stored.
+
+    shape: numpy (row-major) order, outermost first: `blk.0.attn_q.weight` is (576, 576) =
+    [n_out, n_in]; the file stores the reverse (ggml's ne[0] innermost first).
+    ggml_type: the ggml type name, e.g. "Q4_1", "Q8_0", "F32", "F16".
+    offset: absolute byte offset of the data in the file; nbytes: its size in bytes.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: str
+    offset: int
+    nbytes: int
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from the mapped header."""
+
+    def __init__(self, buf, size: int, path: str):
+        self.buf, self.size, self.path, self.pos = buf, size, path, 0
+
+    def fail(self, problem: str) -> ModelFormatError:
+        return ModelFormatError(f"{self.path}: {problem}")
+
+    def take(self, nbytes: int, what: str) -> int:
+        """Advance past nbytes; returns the old position."""
+        if nbytes < 0 or self.pos + nbytes > self.size:
+            raise self.fail(f"truncated at byte {self.pos} reading {what} "
+                            f"({nbytes} bytes needed, file is {self.size} bytes)")
+        pos = self.pos
+        self.pos += nbytes
+        return pos
+
+    def unpack(self, fmt: str, what: str):
+        s = struct.Struct("<" + fmt)
+        return s.unpack_from(self.buf, self.take(s.size, what))
+
+    def string(self, what: str, max_bytes: int | None = None) -> bytes:
+        (n,) = self.unpack("Q", what + " length")
+        if max_bytes is not None and n > max_bytes:
+            raise self.fail(f"{what} is {n} bytes long (limit {max_bytes})")
+        pos = self.take(n, what)
+        return bytes(self.buf[pos:pos + n])
+
+
+def _value_type(cur: _Cursor, raw: int, what: str) -> GGUFValueType:
+    try:
+        return GGUFValueType(raw)
+    except ValueError:
+        raise cur.fail(f"{what} has unknown value type {raw}") from None
+
+
+def _skip_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> int | None:
+    """Skip one KV value; returns its u32 value when it is `general.alignment`."""
+    if vtype == GGUFValueType.STRING:
+        cur.string(f"value of {key!r}")
+    elif vtype == GGUFValueType.ARRAY:
+        (raw_itype, count) = cur.unpack("IQ", f"array header of {key!r}")
+        itype = _value_type(cur, raw_itype, f"array {key!r}")
+        if itype == GGUFValueType.ARRAY:
+            raise cur.fail(f"array {key!r} holds arrays (nested arrays are not supported)")
+        min_item = 8 if itype == GGUFValueType.STRING else _SCALAR_SIZE[itype]
+        if count * min_item > cur.size - cur.pos:
+            raise cur.fail(f"array {key!r} claims {count} items, more than the "
+                           f"{cur.size - cur.pos} bytes left in the file")
+        if itype == GGUFValueType.STRING:
+            for _ in range(count):
+                cur.string(f"item of {key!r}")
+        else:
+            cur.take(count * min_item, f"array {key!r}")
+    else:
+        pos = cur.take(_SCALAR_SIZE[vtype], f"value of {key!r}")
+        if key == "general.alignment":
+            if vtype != GGUFValueType.UINT32:
+                raise cur.fail(f"general.alignment has type {vtype.name}, expected UINT32")
+            return struct.unpack_from("<I", cur.buf, pos)[0]
+    return None
+
+
+def _scan(buf, size: int, path: str) -> list[TensorInfo]:
+    """Validate the header, KVs and tensor infos of a mapped GGUF; returns the tensor layout."""
+    cur = _Cursor(buf, size, path)
+    magic, version, n_tensors, n_kv = cur.unpack("4sIQQ", "the 24-byte header")
+    if magic != b"GGUF":
+        raise cur.fail(f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    if version & 0xFFFF == 0:
+        raise cur.fail(f"big-endian GGUF (version field {version:#x}) is not supported")
+    if version not in (2, 3):
+        raise cur.fail(f"GGUF version {version} is not supported (expected 2 or 3)")
+    # Smallest possible entries: a KV is key length + type + 1 byte; a tensor info is name
+    # length + n_dims + one dim + type + offset.
+    if n_kv * 13 + n_tensors * 32 > size - _HEADER.size:
+        raise cur.fail(f"header claims {n_tensors} tensors and {n_kv} metadata keys, "
+                       f"impossible in a {size}-byte file")
+
+    alignment = _DEFAULT_ALIGNMENT
+    for i in range(n_kv):
+        key_bytes = cur.string(f"key of metadata entry {i}", _MAX_NAME_BYTES)
+        try:
+            key = key_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            raise cur.fail(f"key of metadata entry {i} is not UTF-8") from None
+        (raw,) = cur.unpack("I", f"type of {key!r}")
+        align = _skip_value(cur, _value_type(cur, raw, repr(key)), key)
+        if align is not None:
+            if align == 0 or align & (align - 1):
+                raise cur.fail(f"general.alignment is {align}, not a power of two")
+            alignment = align
+
+    raw_infos = []
+    for i in range(n_tensors):
+        name = cur.string(f"name of tensor {i}", _MAX_NAME_BYTES).decode("utf-8", "replace")
+        (n_dims,) = cur.unpack("I", f"n_dims of tensor {name!r}")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise cur.fail(f"tensor {name!r} has {n_dims} dims (expected 1 to {_MAX_DIMS})")
+        dims = cur.unpack(f"{n_dims}Q", f"dims of tensor {name!r}")
+        raw_type, offset = cur.unpack("IQ", f"type and offset of tensor {name!r}")
+        raw_infos.append((name, dims, raw_type, offset))
+    data_start = -(-cur.pos // alignment) * alignment
+
+    infos, names = [], set()
+    for name, dims, raw_type, offset in raw_infos:
+        if name in names:
+            raise cur.fail(f"tensor {name!r} appears twice")
+        names.add(name)
+        try:
+            gtype = GGMLQuantizationType(raw_type)
+            block_size, type_size = GGML_QUANT_SIZES[gtype]
+        except (ValueError, KeyError):
+            raise cur.fail(f"tensor {name!r} has unknown ggml type {raw_type}") from None
+        n_elements = 1
+        for d in dims:
+            if d < 1:
+                raise cur.fail(f"tensor {name!r} has dims {list(dims)}: a dim is 0")
+            n_elements *= d
+            if n_elements > _MAX_ELEMENTS:
+                raise cur.fail(f"tensor {name!r} has dims {list(dims)}: too many elements")
+        if dims[0] % block_size:
+            raise cur.fail(f"tensor {name!r}: row length {dims[0]} is not a multiple of the "
+                           f"{gtype.name} block size {block_size}")
+        if offset % alignment:
+            raise cur.fail(f"tensor {name!r}: offset {offset} is not aligned to {alignment}")
+        nbytes = n_elements // block_size * type_size
+        end = data_start + offset + nbytes
+        if end > size:
+            raise cur.fail(f"tensor {name!r} ends at byte {end}, past the end of the "
+                           f"{size}-byte file (truncated or corrupt offset)")
+        infos.append(TensorInfo(name, tuple(reversed(dims)), gtype.name,
+                                data_start + offset, nbytes))
+    return infos
+
+
+def _field_value(field) -> Any:
+    """A metadata value: str, int, float, bool, list, or a numpy array for long numeric arrays."""
+    main = field.types[0]
+    if main == GGUFValueType.ARRAY and field.types[-1] != GGUFValueType.STRING:
+        if len(field.data) > _LIST_MAX:
+            return np.array([field.parts[i][0] for i in field.data])
+        return field.contents()
+    value = field.contents()
+    if main == GGUFValueType.BOOL:
+        return bool(value)
+    return value
+
+
+class GGUFFile:
+    """A validated GGUF file. Use `load_gguf(path)` to open one.
+
+    metadata: every KV pair, decoded: str, int, float, bool; arrays of strings as lists of str;
+    numeric arrays as lists, or numpy arrays when longer than 1024 items. The reader's own
+    `GGUF.*` pseudo-keys are left out.
+    The weights stay memory-mapped; `tensor_f32` dequantizes one tensor per call.
+    """
+
+    def __init__(self, path: str, reader: GGUFReader, infos: list[TensorInfo]):
+        self.path = path
+        self._reader = reader
+        self._infos = {info.name: info for info in infos}
+        self._tensors = {t.name: t for t in reader.tensors}
+        self.metadata: dict[str, Any] = {
+            key: _field_value(field) for key, field in reader.fields.items()
+            if not key.startswith("GGUF.")
+        }
+
+    @property
+    def architecture(self) -> str:
+        """`general.architecture`, e.g. "llama". ModelFormatError if missing."""
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise ModelFormatError(f"{self.path}: no general.architecture in the metadata")
+        return arch
+
+    @property
+    def tensor_names(self) -> list[str]:
+        """Tensor names in file order, e.g. "token_embd.weight", "blk.0.attn_q.weight"."""
+        return list(self._infos)
+
+    def tensor_info(self, name: str) -> TensorInfo:
+        """Shape (numpy order), ggml type name, offset and size of a tensor. KeyError if absent."""
+        return self._infos[name]
+
+    def tensor_f32(self, name: str) -> np.ndarray:
+        """The tensor dequantized to a new float32 array in numpy row-major order.
+
+        Shape is `tensor_info(name).shape`: a matrix is [rows, cols] as llama.cpp means it,
+        `blk.0.attn_q.weight` [n_out=576, n_in=576], `token_embd.weight` [n_vocab, n_embd].
+        Q and K keep llama.cpp's row order (RoPE on adjacent pairs; see FACTS.md).
+        Raises KeyError for an unknown name, ModelFormatError for a type gguf cannot dequantize.
+        """
+        info, t = self._infos[name], self._tensors[name]
+        try:
+            out = dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise ModelFormatError(f"{self.path}: tensor {name!r} has type {info.ggml_type}, "
+                                   "which cannot be dequantized") from None
+        return np.ascontiguousarray(out, dtype=np.float32).reshape(info.shape)
+
+    def tensor_raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as stored, a read-only uint8 view of length `nbytes` (no copy)."""
+        info = self._infos[name]
+        return self._reader.data[info.offset:info.offset + info.nbytes]
+
+
+def load_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Open and validate a GGUF file.
+
+    Raises ModelFormatError (one line, naming the file) when the file is missing, truncated,
+    corrupt, or uses a feature the reader cannot handle. Costs about 2 s for the default model
+    (GGUFReader walks the 49,152-token vocabulary item by item); weights are not read.
+    """
+    path = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise ModelFormatError(f"model file not found: {path}") from None
+    except OSError as e:
+        raise ModelFormatError(f"{path}: cannot open: {e.strerror or e}") from None
+    with f:
+        if size < _HEADER.size:
+            raise ModelFormatError(f"{path}: truncated: {size} bytes, shorter than the "
+                                   f"{_HEADER.size}-byte GGUF header")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            infos = _scan(buf, size, path)
+    try:
+        reader = GGUFReader(path)
+        return GGUFFile(path, reader, infos)
+    except ModelFormatError:
+        raise
+    except Exception as e:  # the file passed our checks; anything else the reader trips on
+        raise ModelFormatError(f"{path}: GGUFReader failed: {type(e).__name__}: {e}") from None
+
+
+@dataclass(frozen=True)
+class LlamaHParams:
+    """Hyperparameters of a `llama`-architecture GGUF, from its metadata.
+
+    head_dim = n_embd // n_head; rope_theta is `llama.rope.freq_base` (10000 when absent);
+    tied_embeddings is True when there is no `output.weight` (the logits reuse token_embd).
+    """
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    rope_theta: float
+    rms_eps: float
+    n_ctx: int
+    tied_embeddings: bool
+    bos_id: int | None
+    eos_id: int | None
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> "LlamaHParams":
+        """Raises ModelFormatError for another architecture or a missing/inconsistent key."""
+        arch = g.architecture
+        if arch != "llama":
+            raise ModelFormatError(f"{g.path}: unsupported architecture {arch!r} "
+                                   "(general.architecture; supported: 'llama')")
+        md = g.metadata
+
+        def need(key: str):
+            if key not in md:
+                raise ModelFormatError(f"{g.path}: missing metadata key {key!r}")
+            return md[key]
+
+        n_embd = int(need("llama.embedding_length"))
+        n_head = int(need("llama.attention.head_count"))
+        if n_head < 1 or n_embd % n_head:
+            raise ModelFormatError(f"{g.path}: embedding_length {n_embd} is not a multiple "
+                                   f"of head_count {n_head}")
+        n_head_kv = int(md.get("llama.attention.head_count_kv", n_head))
+        if n_head_kv < 1 or n_head % n_head_kv:
+            raise ModelFormatError(f"{g.path}: head_count {n_head} is not a multiple of "
+                                   f"head_count_kv {n_head_kv}")
+        if "token_embd.weight" not in g._infos:
+            raise ModelFormatError(f"{g.path}: no tensor 'token_embd.weight'")
+        embd_shape = g.tensor_info("token_embd.weight").shape
+        n_vocab = int(md.get("llama.vocab_size", embd_shape[0]))
+        if embd_shape != (n_vocab, n_embd):
+            raise ModelFormatError(f"{g.path}: token_embd.weight has shape {embd_shape}, "
+                                   f"expected ({n_vocab}, {n_embd})")
+        bos, eos = md.get("tokenizer.ggml.bos_token_id"), md.get("tokenizer.ggml.eos_token_id")
+        return cls(
+            n_layer=int(need("llama.block_count")),
+            n_embd=n_embd,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim=n_embd // n_head,
+            n_ff=int(need("llama.feed_forward_length")),
+            n_vocab=n_vocab,
+            rope_theta=float(md.get("llama.rope.freq_base", 10000.0)),
+            rms_eps=float(need("llama.attention.layer_norm_rms_epsilon")),
+            n_ctx=int(need("llama.context_length")),
+            tied_embeddings="output.weight" not in g._infos,
+            bos_id=None if bos is None else int(bos),
+            eos_id=None if eos is None else int(eos),
+        )
