@@ -206,3 +206,32 @@ def test_reference_greedy_counts(default_gguf, reference):
     tok = load_tokenizer(default_gguf)
     out = reference.greedy(tok.encode("1, 2, 3, 4, 5,"), 8)
     assert tok.decode(out).startswith(" 6, 7, 8")
+
+
+def test_random_header_corruption_gives_only_model_format_error(tmp_path):
+    # Flip bytes of a small but complete GGUF (strings, arrays, two tensors): every load must
+    # either succeed or raise ModelFormatError, never anything else, and never hang.
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_token_list(["<s>", "a", "b", "ab", "é"])
+    w.add_token_types([3, 1, 1, 1, 1])
+    w.add_token_merges(["a b"])
+    w.add_tensor("token_embd.weight", np.ones((5, 32), np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(32, np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    clean = path.read_bytes()
+    data_start = clean.index(b"blk.0.attn_norm.weight") + 64
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        data = bytearray(clean)
+        for pos in rng.integers(0, data_start, size=int(rng.integers(1, 4))):
+            data[pos] = int(rng.integers(0, 256)) if trial % 2 else 0xFF
+        path.write_bytes(bytes(data))
+        try:
+            load_gguf(path)
+        except ModelFormatError as e:
+            assert "\n" not in str(e)
