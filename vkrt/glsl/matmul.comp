@@ -1,30 +1,34 @@
 #version 450
 // Matrix-matrix product for prefill: y[t, n] = sum_k x[t, k] * W[n, k].
 // x: [n_tokens, n_cols] f32; W: [n_rows, n_cols] f32 (PyTorch Linear layout [out, in]);
-// y: [n_tokens, n_rows] f32. Shared-memory tiling, TILE x TILE outputs per workgroup.
-// Dispatch: (ceil(n_rows / TILE), ceil(n_tokens / TILE), 1).
-#define TILE 16
-layout(local_size_x = TILE, local_size_y = TILE) in;
-layout(set = 0, binding = 0) readonly buffer Wt { float w[]; };
-layout(set = 0, binding = 1) readonly buffer X { float x[]; };
+// y: [n_tokens, n_rows] f32; n_cols % 4 == 0.
+// One workgroup per (output row, tile of TOKENS tokens): each W row is read once per tile; the
+// invocations split k and reduce with subgroupAdd (no barrier when the workgroup size is the
+// subgroup size). Dispatch: (n_rows, ceil(n_tokens / TOKENS), 1).
+#extension GL_GOOGLE_include_directive : require
+#include "reduce.glsl"
+layout(constant_id = 1) const uint TOKENS = 8;
+layout(set = 0, binding = 0) readonly buffer Wt { vec4 w[]; };
+layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; } pc;
-shared float w_tile[TILE][TILE + 1];
-shared float x_tile[TILE][TILE + 1];
 
 void main() {
-    uint lx = gl_LocalInvocationID.x, ly = gl_LocalInvocationID.y;
-    uint n0 = gl_WorkGroupID.x * TILE, t0 = gl_WorkGroupID.y * TILE;
-    float acc = 0.0;
-    for (uint k0 = 0; k0 < pc.n_cols; k0 += TILE) {
-        // Thread (lx, ly) loads W[n0 + ly, k0 + lx] and x[t0 + ly, k0 + lx].
-        uint k = k0 + lx;
-        w_tile[ly][lx] = (n0 + ly < pc.n_rows && k < pc.n_cols) ? w[(n0 + ly) * pc.n_cols + k] : 0.0;
-        x_tile[ly][lx] = (t0 + ly < pc.n_tokens && k < pc.n_cols) ? x[(t0 + ly) * pc.n_cols + k] : 0.0;
-        barrier();
-        for (uint j = 0; j < TILE; ++j) acc += x_tile[ly][j] * w_tile[lx][j];
-        barrier();
+    uint n = gl_WorkGroupID.x, t0 = gl_WorkGroupID.y * TOKENS, cols4 = pc.n_cols / 4;
+    // Loops run to the constant TOKENS so the compiler keeps acc[] in registers; rows past
+    // n_tokens re-read the last row and are not stored.
+    float acc[TOKENS];
+    uint row[TOKENS];
+    for (uint j = 0; j < TOKENS; ++j) {
+        acc[j] = 0.0;
+        row[j] = min(t0 + j, pc.n_tokens - 1) * cols4;
     }
-    uint n = n0 + lx, t = t0 + ly;
-    if (n < pc.n_rows && t < pc.n_tokens) y[t * pc.n_rows + n] = acc;
+    for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x) {
+        vec4 wv = w[n * cols4 + k];
+        for (uint j = 0; j < TOKENS; ++j) acc[j] += dot(wv, x[row[j] + k]);
+    }
+    for (uint j = 0; j < TOKENS; ++j) {
+        float s = workgroup_sum(acc[j]);
+        if (gl_LocalInvocationID.x == 0 && t0 + j < pc.n_tokens) y[(t0 + j) * pc.n_rows + n] = s;
+    }
 }

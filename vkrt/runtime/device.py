@@ -144,6 +144,12 @@ class Device:
         self.max_storage_buffer_range = props.limits.maxStorageBufferRange
         self.max_push_constants_size = props.limits.maxPushConstantsSize
         self.timestamp_period_ns = props.limits.timestampPeriod
+        subgroup = new("VkPhysicalDeviceSubgroupProperties*",
+                       {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES})
+        props2 = new("VkPhysicalDeviceProperties2*",
+                     {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": subgroup})
+        lib.vkGetPhysicalDeviceProperties2(self.physical, props2)
+        self.subgroup_size = subgroup.subgroupSize  # 8 on lavapipe, 32 on NVIDIA
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
         self.queue_family = next(i for i, f in enumerate(families)
                                  if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)
