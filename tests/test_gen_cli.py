@@ -24,6 +24,12 @@ def gen(*args: str) -> tuple[int, str]:
     return proc.returncode, proc.stderr
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Keep the compile cache of these tests out of the user's ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
 @pytest.fixture
 def tree(tmp_path: Path) -> tuple[Path, Path]:
     """A shader dir (copies of two fixtures + their include) and its generated spirv dir."""

@@ -11,7 +11,9 @@ Known deviations of that spirv-cross, asserted rather than papered over:
 - for LocalSizeId (SPIR-V 1.6) it reports literal workgroup dimensions as 0;
 - it lists a SpecId shared by two constants twice (we list it once);
 - for a workgroup dimension that is a spec constant, `workgroup_size` holds the spec id, not
-  the default value.
+  the default value;
+- it prints no default value for 16- and 64-bit spec constants (only their type is compared);
+- it names texel buffers by type (`imageBuffer`, `samplerBuffer`) inside images/textures.
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ SPIRV_CROSS = shutil.which("spirv-cross") or "/usr/bin/spirv-cross"
 _SCALARS = {"bool": ("bool", 4), "int": ("int32", 4), "uint": ("uint32", 4),
             "float": ("float32", 4), "double": ("float64", 8), "half": ("float16", 2),
             "int64_t": ("int64", 8), "uint64_t": ("uint64", 8), "short": ("int16", 2),
-            "ushort": ("uint16", 2), "int8_t": ("int8", 1), "uint8_t": ("uint8", 1)}
+            "ushort": ("uint16", 2), "int8_t": ("int8", 1), "uint8_t": ("uint8", 1),
+            "int16_t": ("int16", 2), "uint16_t": ("uint16", 2), "float16_t": ("float16", 2)}
 _VEC_BASE = {"": "float", "i": "int", "u": "uint", "b": "bool", "d": "double", "f16": "half",
              "i64": "int64_t", "u64": "uint64_t", "i16": "short", "u16": "ushort",
              "i8": "int8_t", "u8": "uint8_t"}
@@ -128,7 +131,9 @@ def differences(spv: Path, ours: dict) -> list[str]:
     theirs: dict[tuple[int, int], list[tuple[str, dict]]] = {}
     for key, kind in _DESCRIPTOR_KEYS.items():
         for r in sc.get(key, []):
-            theirs.setdefault((r["set"], r["binding"]), []).append((kind, r))
+            texel = "storage_texel_buffer" if key == "images" else "uniform_texel_buffer"
+            kind_r = texel if r["type"].endswith("Buffer") else kind  # imageBuffer, ...
+            theirs.setdefault((r["set"], r["binding"]), []).append((kind_r, r))
     mine = {(b["set"], b["binding"]): b for b in ours["bindings"]}
     if set(theirs) != set(mine):
         diffs.append(f"bindings: spirv-cross {sorted(theirs)} ours {sorted(mine)}")
@@ -164,6 +169,10 @@ def differences(spv: Path, ours: dict) -> list[str]:
         t, d = specs[sid], mine_specs[sid]
         if _SCALARS[t["type"]][0] != d["type"]:
             diffs.append(f"spec {sid}: type {t['type']} vs {d['type']}")
+        if "default_value" not in t:
+            # deviation: this spirv-cross prints no default for 16- and 64-bit constants
+            assert d["type"][-2:] in ("16", "64"), t
+            continue
         default = t["default_value"]
         if d["type"] == "bool":
             same = bool(default) == d["default"] and isinstance(d["default"], bool)

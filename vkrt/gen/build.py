@@ -12,9 +12,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vkrt.errors import CompileError, MetadataError, ReflectionError
+from vkrt.errors import MetadataError, ReflectionError
 from vkrt.gen import compile as glslang
-from vkrt.gen import metadata
+from vkrt.gen import metadata, variants
+from vkrt.gen.cache import Cache
 from vkrt.gen.reflect import reflect
 
 DEFAULT_GLSL_DIR: Path = Path(__file__).resolve().parent.parent / "glsl"
@@ -30,18 +31,6 @@ class Tree:
 
     spirv: dict[str, bytes]
     modules_json: bytes
-
-
-def discover(glsl_dir: Path) -> list[glslang.Source]:
-    """The modules of `glsl_dir`: every `*.comp` is one module named after its stem.
-
-    Raises:
-        CompileError: `glsl_dir` is not a directory.
-    """
-    glsl_dir = Path(glsl_dir)
-    if not glsl_dir.is_dir():
-        raise CompileError(f"{glsl_dir}: no such shader directory")
-    return [glslang.Source(p.stem, p.resolve()) for p in sorted(glsl_dir.glob("*.comp"))]
 
 
 def check_runtime_shape(module: str, meta: dict) -> None:
@@ -62,17 +51,21 @@ def compiler_info(compiler: glslang.Compiler) -> dict:
             "version": compiler.version, "flags": list(glslang.FLAGS)}
 
 
-def build(glsl_dir: Path = DEFAULT_GLSL_DIR, jobs: int | None = None) -> Tree:
-    """Compile and reflect every module of `glsl_dir`, in memory.
+def build(glsl_dir: Path = DEFAULT_GLSL_DIR, jobs: int | None = None,
+          cache_dir: Path | None = None) -> Tree:
+    """Compile and reflect every module of `glsl_dir` (see variants.py), in memory.
+
+    `cache_dir`: compile cache (see cache.py); None compiles everything.
 
     Raises:
-        CompileError: compiler missing or of another version, or a shader failed.
+        CompileError: compiler missing or of another version, bad variants manifest, or a
+            shader failed (every failing module is listed).
         ReflectionError: a module has a shape reflect() or the runtime refuses.
     """
     glsl_dir = Path(glsl_dir).resolve()
-    sources = discover(glsl_dir)
+    sources = variants.discover(glsl_dir)
     compiler = glslang.find_compiler()
-    spirv = glslang.compile_all(compiler, sources, glsl_dir, jobs)
+    spirv = glslang.compile_all(compiler, sources, glsl_dir, jobs, Cache(cache_dir).compile)
     modules = {}
     for s in sources:
         meta = reflect(spirv[s.module], s.module)

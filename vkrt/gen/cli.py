@@ -3,7 +3,7 @@
     gen-spirv                 rebuild and write; deletes .spv files of removed modules
     gen-spirv --check         rebuild in memory; exit 1 listing stale/missing/extra modules
     gen-spirv --reflect F.spv print one module's metadata as JSON
-    --glsl-dir D, --spirv-dir O, -j N
+    --glsl-dir D, --spirv-dir O, -j N, --cache-dir D, --no-cache
 
 Errors print one line per problem on stderr (no traceback) and exit 1; nothing is written.
 """
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from vkrt.errors import VkrtError
-from vkrt.gen import build, metadata
+from vkrt.gen import build, cache, metadata
 from vkrt.gen.reflect import reflect
 
 
@@ -40,11 +40,14 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--reflect", type=Path, metavar="FILE.spv",
                    help="print the metadata of one SPIR-V module and exit")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compiles")
+    p.add_argument("--cache-dir", type=Path, default=cache.default_dir(),
+                   help="compile cache (default: %(default)s)")
+    p.add_argument("--no-cache", action="store_true", help="recompile every module")
     args = p.parse_args(argv)
     if args.reflect:
         print(_reflect_file(args.reflect))
         return 0
-    tree = build.build(args.glsl_dir, args.jobs)
+    tree = build.build(args.glsl_dir, args.jobs, None if args.no_cache else args.cache_dir)
     if args.check:
         problems = build.check(tree, args.spirv_dir)
         for line in problems:

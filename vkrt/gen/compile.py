@@ -32,6 +32,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from vkrt.errors import CompileError
 
@@ -149,8 +150,13 @@ def compile_source(compiler: Compiler, source: Source, include_dir: Path,
 
 
 def compile_all(compiler: Compiler, sources: list[Source], include_dir: Path,
-                jobs: int | None = None) -> dict[str, bytes]:
+                jobs: int | None = None,
+                compile_one: Callable[[Compiler, Source, Path], bytes] | None = None,
+                ) -> dict[str, bytes]:
     """Compile `sources` in parallel threads; returns module name -> SPIR-V bytes.
+
+    `compile_one` replaces `compile_source` (the cache passes its own); `jobs` defaults to
+    twice the CPU count (the threads only wait on glslang processes).
 
     Raises:
         CompileError: one or more modules failed; the message holds every failure, in
@@ -158,8 +164,8 @@ def compile_all(compiler: Compiler, sources: list[Source], include_dir: Path,
     """
     jobs = jobs or min(32, (os.cpu_count() or 1) * 2)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {s.module: pool.submit(compile_source, compiler, s, include_dir)
-                   for s in sources}
+        one = compile_one or compile_source
+        futures = {s.module: pool.submit(one, compiler, s, include_dir) for s in sources}
     results, errors = {}, []
     for module in sorted(futures):
         try:

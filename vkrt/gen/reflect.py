@@ -247,7 +247,9 @@ def _descriptor(m: _Module, var_id: int, storage: int, type_id: int) -> dict:
     elif op == OP_TYPE_SAMPLER and storage == SC_UNIFORM_CONSTANT:
         kind, writable = "sampler", False
     elif op == OP_TYPE_SAMPLED_IMAGE and storage == SC_UNIFORM_CONSTANT:
-        kind, writable = "combined_image_sampler", False
+        # A GLSL samplerBuffer is a sampled image of Dim Buffer: a uniform texel buffer.
+        buffer = m.type(a[0])[1][1] == DIM_BUFFER
+        kind, writable = ("uniform_texel_buffer" if buffer else "combined_image_sampler"), False
     else:
         m.fail(f"{where}: unsupported descriptor (type opcode {op}, storage class {storage})")
     return {"set": set_[0], "binding": binding[0], "descriptor_type": kind, "count": count,

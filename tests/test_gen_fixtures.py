@@ -1,0 +1,81 @@
+"""Each shape the reflection supports or refuses, as a fixture in tests/gen_fixtures with its
+expected metadata written out in `<name>.expected.json` (sha256 left out: it is checked
+against the bytes instead). `refused_*` fixtures expect `{"refused": "<message>"}`.
+
+Fixtures and what they pin down:
+- access.comp: readonly, writeonly, readonly writeonly, plain, restrict, coherent, volatile,
+  per-member readonly (some members: writable; all members: read-only).
+- var_decorations.spvasm: NonWritable/NonReadable on the variable; an alias pair where one
+  declaration is NonWritable and the other is not (writable).
+- aliased.comp: two blocks on one binding (counted once, writable if any alias is), includes.
+- buffer_shapes.comp: array of 4 buffers (count 4), runtime array of buffers (count 0),
+  structs in blocks.
+- descriptors.comp: set 1, uniform buffer, storage images (readonly/writeonly/array), sampler,
+  sampled image, combined image sampler, storage/uniform texel buffers.
+- unused.comp: a declared-but-unused buffer is reported like a used one (writable, counted).
+- spec_types.comp: bool/int/uint/float of 16/32/64 bits, negative and extreme defaults, ids out
+  of order, composites and expressions (not listed).
+- workgroup_spec_v12.comp / _v13.comp: local_size_x_id/z_id through the WorkgroupSize builtin
+  (SPIR-V 1.5) and through LocalSizeId (1.6), with a SpecId emitted twice.
+- wg_default.comp: local_size_x = 64 with local_size_x_id: default 64.
+- push_layout.comp: push constants starting at offset 16 with an array, a column-major and a
+  row-major matrix and a nested struct: 116 bytes.
+- refused_*: two entry points, no compute entry point, a buffer without Binding, one SpecId
+  with two different defaults.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from test_gen_reflect import FIXTURES, compile_fixture
+from vkrt.errors import ReflectionError
+from vkrt.gen.cli import main
+from vkrt.gen.reflect import reflect
+
+SOURCES = sorted(p for p in FIXTURES.iterdir() if p.suffix in (".comp", ".spvasm"))
+
+
+def test_every_fixture_has_expectations():
+    missing = [p.name for p in SOURCES if not (FIXTURES / f"{p.stem}.expected.json").exists()]
+    assert missing == []
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.name)
+def test_fixture_metadata(src: Path, tmp_path: Path):
+    expected = json.loads((FIXTURES / f"{src.stem}.expected.json").read_text())
+    data = compile_fixture(src, tmp_path).read_bytes()
+    if "refused" in expected:
+        with pytest.raises(ReflectionError) as err:
+            reflect(data, src.stem)
+        assert str(err.value) == expected["refused"]
+        assert "\n" not in str(err.value)
+        return
+    got = reflect(data, src.stem)
+    assert got.pop("sha256") == hashlib.sha256(data).hexdigest()
+    assert sorted(got) == sorted(expected)
+    for key in expected:  # key by key, so a failure names the field
+        assert got[key] == expected[key], key
+    # Defaults keep their JSON type: bools stay bools, floats stay floats.
+    for spec, want in zip(got["spec_ids"], expected["spec_ids"]):
+        assert type(spec["default"]) is type(want["default"]), spec
+
+
+@pytest.mark.parametrize("name, binding", [
+    ("descriptors", "descriptors: set 0 binding 1 is uniform_buffer x1"),
+    ("buffer_shapes", "buffer_shapes: set 0 binding 1 is storage_buffer x4"),
+])
+def test_gen_spirv_refuses_what_the_runtime_cannot_bind(name, binding, tmp_path, capsys):
+    glsl = tmp_path / "glsl"
+    glsl.mkdir()
+    shutil.copy(FIXTURES / f"{name}.comp", glsl)
+    out = tmp_path / "spirv"
+    assert main(["--glsl-dir", str(glsl), "--spirv-dir", str(out), "--no-cache"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gen-spirv: {binding}; the runtime binds only single storage buffers "
+                   f"in set 0"]
+    assert not out.exists()
