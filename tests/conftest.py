@@ -27,7 +27,7 @@ def default_gguf(default_model_path):
 @pytest.fixture(scope="session")
 def hf_tokenizer(default_model_path):
     """transformers' tokenizer built from the default GGUF (the oracle for ours)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers  # a test dependency: a missing one fails, never skips
     return transformers.AutoTokenizer.from_pretrained(
         os.path.dirname(default_model_path), gguf_file=os.path.basename(default_model_path))
 
@@ -35,6 +35,30 @@ def hf_tokenizer(default_model_path):
 @pytest.fixture(scope="session")
 def reference(default_model_path) -> TransformersReference:
     """transformers' fp32 CPU model of the default GGUF: `.logits(ids)`, `.greedy(ids, n)`."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    # A hard failure, not a skip: CI installs the test extra, and a reference that silently
+    # skips would let the token-exact gate pass without running.
+    for module in ("torch", "transformers", "accelerate"):
+        try:
+            __import__(module)
+        except ImportError:
+            pytest.fail(f"the reference needs {module}: pip install -e '.[test]'", pytrace=False)
     return TransformersReference(default_model_path)
+
+
+@pytest.fixture(scope="session")
+def device():
+    """One Vulkan device for the session (lavapipe in CI), closed at the end."""
+    from vkrt.runtime.device import Device
+
+    with Device() as d:
+        yield d
+
+
+@pytest.fixture(scope="session")
+def llama(device, default_gguf):
+    """The default model resident on `device` (f32 weights, ~0.5 GB)."""
+    from vkrt.models.llama import Llama
+
+    model = Llama.from_gguf(device, default_gguf)
+    yield model
+    model.close()

@@ -153,13 +153,16 @@ class Pipeline:
                 f"{self.name}: shader declares {self.push_constant_size} bytes of push "
                 f"constants, {push_nbytes} given")
 
-    def descriptor_set(self, buffers: tuple[Buffer, ...]):
+    def descriptor_set(self, buffers: tuple[Buffer, ...], counters=None):
         """A `VkDescriptorSet[1]` binding `buffers` in order, written once per distinct tuple
-        of buffers and reused: a decode step binds the same buffers every token."""
+        of buffers and reused: a decode step binds the same buffers every token. A write is
+        counted in `counters.descriptor_sets` when given."""
         key = tuple(b.serial for b in buffers)
         found = self._sets.get(key)
         if found is not None:
             return found
+        if counters is not None:
+            counters.descriptor_sets += 1
         limit = self.device.max_storage_buffer_range
         for b in buffers:
             if b.nbytes > limit:

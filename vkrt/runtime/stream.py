@@ -101,7 +101,7 @@ class Stream:
         push_nbytes = 0 if push is None else len(push) if isinstance(push, bytes) else push.nbytes
         pipeline.check_bindings(buffers, push_nbytes)
         buffers = tuple(buffers)
-        sets = pipeline.descriptor_set(buffers)
+        sets = pipeline.descriptor_set(buffers, self.counters)
         reads = tuple(b.serial for b, w in zip(buffers, pipeline.writable) if not w)
         writes = tuple(b.serial for b, w in zip(buffers, pipeline.writable) if w)
         self._begin()

@@ -1,0 +1,93 @@
+"""SmolLM2-135M-Instruct on vkrt against transformers fp32 on the CPU (the reference).
+
+Exact tokens where the reference's greedy choice is robust; teacher-forced logits elsewhere,
+because most prompts hit near-ties (top-1/top-2 gaps of 0.02-0.12, shared/FACTS.md) where any
+fp32 reordering may flip the argmax.
+
+Logit tolerance: 1e-3 absolute. Both sides are fp32 over the same dequantized weights and
+differ only in summation order (subgroup reductions, online softmax); measured on lavapipe the
+largest difference over these prompts is 5e-5 to 9e-5, and the numpy forward in reference.py
+sits 9.2e-5 from transformers. 1e-3 is the issue's fp32 figure, 10x above what we see, and
+100x below the smallest top-2 gap that decides a greedy token in these prompts.
+"""
+import numpy as np
+import pytest
+
+from vkrt.models.generate import Sampling, generate
+from vkrt.models.tokenizer import Tokenizer
+
+LOGIT_ATOL = 1e-3
+TIE_GAP = 1e-3  # argmax must agree wherever the reference's top-2 gap exceeds this
+
+
+@pytest.fixture(scope="module")
+def tok(default_gguf):
+    return Tokenizer.from_metadata(default_gguf.metadata)
+
+
+def chat_ids(tok, default_gguf, text):
+    from vkrt.models.chat import render_chat
+
+    rendered = render_chat(default_gguf.metadata["tokenizer.chat_template"],
+                           [{"role": "user", "content": text}], add_generation_prompt=True)
+    return tok.encode(rendered, add_bos=False)
+
+
+def test_greedy_32_tokens_exact(llama, reference, tok):
+    prompt = tok.encode("1, 2, 3, 4, 5,")
+    expected = reference.greedy(prompt, 32)
+    got = generate(llama, prompt, 32).tokens
+    assert got == expected, (tok.decode(got), tok.decode(expected))
+
+
+def test_chat_greedy_exact(llama, reference, tok, default_gguf):
+    prompt = chat_ids(tok, default_gguf, "Count from 1 to 10.")
+    expected = reference.greedy(prompt, 24)
+    got = generate(llama, prompt, 24, eos_id=tok.eos_id).tokens
+    assert got == expected[:len(got)] and (len(got) == 24 or got[-1] == tok.eos_id)
+
+
+@pytest.mark.parametrize("text,chat", [
+    ("The capital of France is", False),
+    ("def fibonacci(n):", False),
+    ("What is the tallest mountain in the world?", True),
+    ("Write a haiku about the sea.", True),
+])
+def test_teacher_forced_logits(llama, reference, tok, default_gguf, text, chat):
+    prompt = chat_ids(tok, default_gguf, text) if chat else tok.encode(text)
+    ids = prompt + reference.greedy(prompt, 16)
+    ref = reference.logits(ids)
+    ours = llama.logits(ids)
+    assert ours.shape == ref.shape
+    err = np.abs(ours - ref).max()
+    assert err < LOGIT_ATOL, f"max |logit diff| {err:.2e}"
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    decided = (top2[:, 1] - top2[:, 0]) > TIE_GAP
+    assert decided.sum() >= len(ids) // 2  # the comparison below must cover real positions
+    np.testing.assert_array_equal(ours.argmax(1)[decided], ref.argmax(1)[decided])
+
+
+def test_decode_step_counters(llama, tok):
+    """One decode step: one submit, one fence wait, one 4-byte host read; every dispatch of
+    the forward recorded once; no descriptor set written once the buffers are bound."""
+    hp = llama.hp
+    prompt = tok.encode("Hello")
+    generate(llama, prompt, 2)                       # warm: descriptor sets written
+    before = llama.stream.counters.snapshot()
+    generate(llama, prompt, 3)
+    d = llama.stream.counters.since(before)
+    per_layer = 10 + 6   # attention block 10 dispatches, MLP block 6 (llama.py)
+    per_token = 1 + per_layer * hp.n_layer + 3       # embed; layers; norm, logits, argmax
+    assert d["dispatches"] == 3 * per_token
+    assert d["barriers"] == d["dispatches"]          # FullBarrier: one before every dispatch
+    assert d["submits"] == d["fence_waits"] == 3
+    assert d["host_reads"] == 3 and d["read_bytes"] == 3 * 4
+    assert d["descriptor_sets"] == 0
+
+
+def test_sampling_is_seeded(llama, tok):
+    prompt = tok.encode("Once upon a time")
+    hot = Sampling(temperature=1.5, top_p=0.95, seed=7)
+    a = generate(llama, prompt, 8, hot).tokens
+    assert a == generate(llama, prompt, 8, hot).tokens          # same seed, same tokens
+    assert a != generate(llama, prompt, 8).tokens               # and not the greedy path
