@@ -223,3 +223,19 @@ def test_reflect_refuses_unreadable_or_truncated(tmp_path, content):
         path.write_bytes(content)
     code, err = gen("--reflect", str(path))
     assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_compiler_exit_status_is_honoured(tree, tmp_path, monkeypatch, capsys):
+    """A compiler that writes output yet exits non-zero is a failure (never ignore it)."""
+    glsl, spirv = tree
+    fake = tmp_path / "glslangValidator"
+    fake.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "Glslang Version: 11:13.1.1" '
+                    '&& exit 0\nwhile [ "$1" != -o ]; do shift; done\ncp "$0" "$2"\n'
+                    'echo "ERROR: x.comp:3: boom"\nexit 2\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(build.glslang, "_candidates", lambda: [(str(fake), {})])
+    before = {p.name: p.read_bytes() for p in spirv.iterdir()}
+    assert main(["--glsl-dir", str(glsl), "--spirv-dir", str(spirv), "--no-cache"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "gen-spirv: aliased: x.comp:3: boom", "gen-spirv: push_layout: x.comp:3: boom"]
+    assert {p.name: p.read_bytes() for p in spirv.iterdir()} == before

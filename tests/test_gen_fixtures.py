@@ -19,7 +19,9 @@ Fixtures and what they pin down:
   (SPIR-V 1.5) and through LocalSizeId (1.6), with a SpecId emitted twice.
 - wg_default.comp: local_size_x = 64 with local_size_x_id: default 64.
 - push_layout.comp: push constants starting at offset 16 with an array, a column-major and a
-  row-major matrix and a nested struct: 116 bytes.
+  row-major matrix and a nested struct: 116 bytes; push_row_major.comp (48: a row-major
+  matrix last is rows x MatrixStride) and push_array_tail.comp (80: arrays of mat2 and vec4
+  sized by ArrayStride).
 - refused_*: two entry points, no compute entry point, a buffer without Binding, one SpecId
   with two different defaults.
 """

@@ -4,7 +4,8 @@ glslang, and check the reflection against what generated them (and against spirv
 Random per shader: 1-6 bindings at random binding numbers, 1-3 aliased declarations each with
 random access qualifiers and element types; 0-4 spec constants of random scalar types, ids and
 defaults; a workgroup size whose dimensions are literals or spec constants; an optional
-push-constant block of random scalars, vectors, matrices and arrays.
+push-constant block of random scalars, vectors, column- and
+row-major matrices and arrays of them (std430 offsets computed here).
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ QUALIFIERS = ["", "readonly", "writeonly", "readonly writeonly", "restrict", "co
 ELEMENTS = ["float", "uint", "int", "vec4"]
 # push-constant member type -> (std430 alignment, size in bytes, GLSL read expression suffix)
 PUSH_TYPES = {"uint": (4, 4, ""), "float": (4, 4, ""), "vec2": (8, 8, ".x"),
-              "vec4": (16, 16, ".x"), "mat4": (16, 64, "[0][0]")}
+              "vec4": (16, 16, ".x"), "mat4": (16, 64, "[0][0]"), "mat2x4": (16, 32, "[0][0]"),
+              "layout(row_major) mat2x4": (8, 32, "[0][0]")}
 
 
 @dataclass
@@ -92,9 +94,11 @@ def generate(rng: random.Random) -> Shader:
         for k in range(rng.randint(1, 5)):
             t = rng.choice(list(PUSH_TYPES))
             align, size, suffix = PUSH_TYPES[t]
-            n = rng.choice([0, 0, 2, 3]) if t in ("uint", "float") else 0
+            n = rng.choice([0, 0, 2, 3])
             offset = (offset + align - 1) // align * align
             explicit = f"layout(offset = {offset}) " if k == 0 else ""
+            if explicit and t.startswith("layout"):
+                explicit, t = "", f"layout(offset = {offset}, row_major) mat2x4"
             members.append(f"{explicit}{t} m{k}{f'[{n}]' if n else ''};")
             reads.append(f"float(pc.m{k}{'[0]' if n else ''}{suffix})")
             offset += size * (n or 1)
