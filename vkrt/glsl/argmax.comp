@@ -1,6 +1,7 @@
 #version 450
 // Greedy sampling on the GPU: out[0] = the smallest index of the largest of
 // logits[offset .. offset + n) (torch.argmax's tie rule). logits: f32; out: [1] u32.
+// All -inf gives 0 (as torch). NaN compares false and is skipped; torch would pick it.
 // Dispatch: (1, 1, 1), one workgroup.
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Logits { float logits[]; };
@@ -12,10 +13,12 @@ shared uint best_index[gl_WorkGroupSize.x];
 void main() {
     uint lid = gl_LocalInvocationID.x;
     float bv = -1.0 / 0.0;
-    uint bi = 0xFFFFFFFFu;
+    uint bi = 0xFFFFFFFFu;  // "none": loses every comparison below
     for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) {
         float v = logits[pc.offset + i];
-        if (v > bv) { bv = v; bi = i; }  // strided ascending i: keeps the first maximum
+        // Strided ascending i keeps the first maximum; the first element seen is taken even
+        // when it is -inf, so an all -inf row yields index 0.
+        if (v > bv || bi == 0xFFFFFFFFu) { bv = v; bi = i; }
     }
     best_value[lid] = bv;
     best_index[lid] = bi;
@@ -24,7 +27,8 @@ void main() {
         if (lid < s) {
             float ov = best_value[lid + s];
             uint oi = best_index[lid + s];
-            if (ov > best_value[lid] || (ov == best_value[lid] && oi < best_index[lid])) {
+            bool better = ov > best_value[lid] || (ov == best_value[lid] && oi < best_index[lid]);
+            if (oi != 0xFFFFFFFFu && (better || best_index[lid] == 0xFFFFFFFFu)) {
                 best_value[lid] = ov;
                 best_index[lid] = oi;
             }

@@ -1,8 +1,9 @@
 #version 450
-// Matrix-vector product for decode: y[n] = sum_k W[n, k] * x[x_offset + k] (+ bias? no).
+// Matrix-vector product for decode: y[n] = sum_k W[n, k] * x[x_offset + k].
 // W: [n_rows, n_cols] f32 row-major (a GGUF tensor as numpy reads it, i.e. PyTorch's Linear
 // weight [out, in]); x: f32 with the input vector at element x_offset; y: [n_rows] f32.
-// Dispatch: (n_rows, 1, 1), one workgroup per output row. n_cols % 4 == 0.
+// Dispatch: (n_rows, 1, 1), one workgroup per output row. n_cols % 4 == 0 and
+// x_offset % 4 == 0 (vec4 loads; the host asserts both).
 #extension GL_GOOGLE_include_directive : require
 #include "reduce.glsl"
 layout(set = 0, binding = 0) readonly buffer Wt { vec4 w[]; };

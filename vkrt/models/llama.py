@@ -147,6 +147,7 @@ class Llama:
                 n_out: int, x_row: int = 0) -> None:
         """y[t, :] = weight @ x[x_row + t, :]; weight [n_out, n_in]."""
         s = self.stream
+        assert n_in % 4 == 0, "matvec/matmul load vec4"
         if n_tokens == 1:
             s.dispatch(self.k_matvec, (weight, x, y), (n_out, 1, 1),
                        np.array([n_in, x_row * n_in], np.uint32))

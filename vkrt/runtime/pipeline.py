@@ -161,8 +161,6 @@ class Pipeline:
         found = self._sets.get(key)
         if found is not None:
             return found
-        if counters is not None:
-            counters.descriptor_sets += 1
         limit = self.device.max_storage_buffer_range
         for b in buffers:
             if b.nbytes > limit:
@@ -187,6 +185,8 @@ class Pipeline:
                  "descriptorType": vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, "pBufferInfo": infos + i}
                 for i, n in enumerate(self.binding_numbers)])
             lib.vkUpdateDescriptorSets(self.device.handle, len(buffers), writes, 0, NULL)
+        if counters is not None:
+            counters.descriptor_sets += 1
         self._sets[key] = out
         return out
 

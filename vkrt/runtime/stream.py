@@ -87,7 +87,6 @@ class Stream:
     def _barrier(self) -> None:
         lib.vkCmdPipelineBarrier(self.cmd, _WORK_STAGES, _WORK_STAGES, 0, 1, self._full,
                                  0, NULL, 0, NULL)
-        self.counters.barriers += 1
 
     def dispatch(self, pipeline: Pipeline, buffers, groups: tuple[int, int, int],
                  push: bytes | np.ndarray | None = None) -> None:
@@ -107,6 +106,7 @@ class Stream:
         self._begin()
         if self.barriers.before_dispatch(reads, writes):
             self._barrier()
+            self.counters.barriers += 1
         cmd = self.cmd
         lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
         lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout,
@@ -154,7 +154,7 @@ class Stream:
     def _copy_buffer(self, src: Buffer, dst: Buffer, src_offset: int, dst_offset: int,
                      nbytes: int) -> None:
         self._begin()
-        self._barrier()
+        self._barrier()  # staging copies happen only at host access: not counted as dispatch barriers
         self._copy.srcOffset, self._copy.dstOffset, self._copy.size = src_offset, dst_offset, nbytes
         lib.vkCmdCopyBuffer(self.cmd, src.handle, dst.handle, 1, self._copy)
         self.finish()
