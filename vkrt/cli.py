@@ -33,19 +33,22 @@ def _generate(args) -> int:
     if args.max_tokens < 1:
         raise VkrtError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     gguf = load_gguf(path)
+    hp = LlamaHParams.from_gguf(gguf)  # refuses an unsupported architecture first
     tokenizer = Tokenizer.from_metadata(gguf.metadata, path)
     if args.chat:
         template = gguf.metadata.get("tokenizer.chat_template")
         if not template:
             raise VkrtError(f"{path}: --chat given but the model has no tokenizer.chat_template")
+        def token_text(i: int | None) -> str:
+            return "" if i is None else tokenizer.decode([i])
+
         text = render_chat(template, [{"role": "user", "content": args.prompt}],
-                           add_generation_prompt=True,
-                           bos_token=tokenizer.decode([tokenizer.bos_id]) if tokenizer.bos_id is not None else "",
-                           eos_token=tokenizer.decode([tokenizer.eos_id]) if tokenizer.eos_id is not None else "")
+                           add_generation_prompt=True, bos_token=token_text(tokenizer.bos_id),
+                           eos_token=token_text(tokenizer.eos_id))
         prompt_ids = tokenizer.encode(text, add_bos=False)
     else:
         prompt_ids = tokenizer.encode(args.prompt)
-    check_context(LlamaHParams.from_gguf(gguf).n_ctx, len(prompt_ids), args.max_tokens)
+    check_context(hp.n_ctx, len(prompt_ids), args.max_tokens)
     with Device(args.device) as device:
         model = Llama.from_gguf(device, gguf, progress=sys.stderr.isatty() or args.progress)
         stream = tokenizer.stream(skip_special=True)
