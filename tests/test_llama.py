@@ -91,3 +91,17 @@ def test_sampling_is_seeded(llama, tok):
     a = generate(llama, prompt, 8, hot).tokens
     assert a == generate(llama, prompt, 8, hot).tokens          # same seed, same tokens
     assert a != generate(llama, prompt, 8).tokens               # and not the greedy path
+
+
+def test_decode_clean_under_validation(default_gguf, tok):
+    """Prefill and decode with the Khronos validation layer and synchronization validation
+    on: any message raises from the stream's fence wait (Device.check_validation)."""
+    from vkrt.models.llama import Llama
+    from vkrt.runtime.device import Device
+
+    with Device(validation=True) as device:
+        model = Llama.from_gguf(device, default_gguf)
+        tokens = generate(model, tok.encode("1, 2, 3,"), 5).tokens
+        model.close()
+        assert device.validation_errors == []
+    assert tok.decode(tokens) == " 4, 5"   # " ", "4", ",", " ", "5": greedy, as transformers
