@@ -97,7 +97,9 @@ class _Module:
         self.version = ((words[1] >> 16) & 0xFF, (words[1] >> 8) & 0xFF)
         self.names: dict[int, str] = {}
         self.member_names: dict[tuple[int, int], str] = {}
-        self.decorations: dict[int, dict[int, list[list[int]]]] = defaultdict(lambda: defaultdict(list))
+        # id -> decoration -> literals of each occurrence
+        self.decorations: dict[int, dict[int, list[list[int]]]] = defaultdict(
+            lambda: defaultdict(list))
         self.member_decorations: dict[tuple[int, int], dict[int, list[int]]] = defaultdict(dict)
         self.entry_points: list[tuple[int, int, str]] = []
         self.modes: list[tuple[int, int, list[int]]] = []
