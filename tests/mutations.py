@@ -1,0 +1,118 @@
+"""Mutation gate: break one mechanism at a time and prove the suite notices.
+
+    python tests/mutations.py            # every mutation (several minutes on 2 cores)
+    python tests/mutations.py -k barrier # those whose name contains "barrier"
+
+Each mutation copies the work tree to a temporary folder, replaces one exact snippet (it must
+occur exactly once), regenerates the SPIR-V when a shader changed, and runs the tests that
+guard the mechanism with `python -m pytest -x` in the copy (`-m` puts the copy first on
+sys.path, so the mutated package is the one imported). A mutation is CAUGHT when pytest fails.
+Exit status 1 if any mutation is MISSED or no longer applies. Not part of CI (it reruns the
+model tests once per mutation); run it after changing a mechanism or its tests.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GEN_TESTS = ["tests/test_gen_cli.py", "tests/test_gen_reflect.py", "tests/test_gen_fixtures.py",
+             "tests/test_gen_variants.py", "tests/test_gen_property.py"]
+
+# (name, file, old snippet, new snippet, tests that must fail)
+MUTATIONS = [
+    # -- runtime ---------------------------------------------------------------------------
+    ("no barrier before a dispatch", "vkrt/runtime/barriers.py",
+     "        return True", "        return False",
+     ["tests/test_llama.py::test_decode_clean_under_validation",
+      "tests/test_llama.py::test_decode_step_counters"]),
+    ("descriptor-set cache off", "vkrt/runtime/pipeline.py",
+     "        if found is not None:\n            return found\n        limit",
+     "        limit",
+     ["tests/test_runtime.py", "tests/test_llama.py::test_decode_step_counters"]),
+    ("writable_mask ignored (everything written)", "vkrt/runtime/pipeline.py",
+     "bool(meta.writable_mask >> n & 1)", "True", ["tests/test_runtime.py"]),
+    ("host read does not drain", "vkrt/runtime/stream.py",
+     "        self.finish()\n        t = time.perf_counter_ns()\n        if buffer.mapped is not None:\n            out",
+     "        t = time.perf_counter_ns()\n        if buffer.mapped is not None:\n            out",
+     ["tests/test_kernels.py"]),
+    ("no binding-count check", "vkrt/runtime/pipeline.py",
+     "        if len(buffers) != self.meta.binding_count:", "        if False:",
+     ["tests/test_runtime.py"]),
+    ("device close leaks its children", "vkrt/runtime/device.py",
+     "            child.close()", "            pass", ["tests/test_runtime.py"]),
+    # -- kernels ---------------------------------------------------------------------------
+    ("argmax keeps the last maximum", "vkrt/glsl/argmax.comp",
+     "oi < best_index[lid]", "oi > best_index[lid]", ["tests/test_kernels.py"]),
+    ("attention not causal", "vkrt/glsl/attention.comp",
+     "uint last = pc.pos0 + t;", "uint last = pc.pos0 + gl_NumWorkGroups.y - 1;",
+     ["tests/test_kernels.py"]),
+    ("rope rotates the wrong way", "vkrt/glsl/rope.comp",
+     "v.x * c - v.y * s, v.x * s + v.y * c", "v.x * c + v.y * s, -v.x * s + v.y * c",
+     ["tests/test_kernels.py", "tests/test_llama.py::test_greedy_32_tokens_exact"]),
+    # -- model -----------------------------------------------------------------------------
+    ("grouped-query heads share KV head 0", "vkrt/glsl/attention.comp",
+     "uint kvh = h / (pc.n_heads / pc.n_kv_heads);", "uint kvh = 0;",
+     ["tests/test_llama.py::test_greedy_32_tokens_exact"]),
+    ("KV cache written at position 0", "vkrt/models/llama.py",
+     "np.array([kvw, pos0], np.uint32)", "np.array([kvw, 0], np.uint32)",
+     ["tests/test_llama.py::test_greedy_32_tokens_exact"]),
+    # -- gen-spirv -------------------------------------------------------------------------
+    ("reflection ignores member NonWritable", "vkrt/gen/reflect.py",
+     "non_writable = non_writable or _all_members(m, elem, D_NON_WRITABLE)",
+     "non_writable = non_writable", GEN_TESTS),
+    ("aliased binding: last alias wins", "vkrt/gen/reflect.py",
+     'old["writable"] |= d["writable"]', 'old["writable"] = d["writable"]', GEN_TESTS),
+    ("no WorkgroupSize override", "vkrt/gen/reflect.py",
+     "if builtin and builtin[0] == BUILTIN_WORKGROUP_SIZE:", "if False:", GEN_TESTS),
+    ("--check ignores SPIR-V bytes", "vkrt/gen/build.py",
+     "!= tree.spirv[name]:", "!= tree.spirv[name] and False:", GEN_TESTS),
+    ("loader skips the sha256 check", "vkrt/gen/metadata.py",
+     "if digest != meta.sha256:", "if False:", GEN_TESTS),
+    ("compiler version not pinned", "vkrt/gen/compile.py",
+     "if version == PINNED_VERSION:", "if version:", GEN_TESTS),
+]
+
+
+def run(name: str, file: str, old: str, new: str, tests: list[str]) -> bool:
+    with tempfile.TemporaryDirectory(prefix="vkrt-mut-") as tmp:
+        work = Path(tmp) / "work"
+        shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(
+            ".git", "__pycache__", ".venv", ".cache", ".gl", ".whl", ".m1", ".m2"))
+        path = work / file
+        text = path.read_text()
+        if text.count(old) != 1:
+            print(f"STALE   {name}: snippet found {text.count(old)} times in {file}")
+            return False
+        path.write_text(text.replace(old, new))
+        env = dict(os.environ, XDG_CACHE_HOME=str(Path(tmp) / "cache"))
+        if file.startswith("vkrt/glsl/"):
+            gen = subprocess.run([sys.executable, "-m", "vkrt.gen.cli"], cwd=work, env=env,
+                                 capture_output=True, text=True)
+            if gen.returncode:
+                print(f"STALE   {name}: the mutated shader does not compile: {gen.stderr[-200:]}")
+                return False
+        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                            *tests], cwd=work, env=env, capture_output=True, text=True)
+        tail = (r.stdout.strip().splitlines() or [r.stderr[-200:]])[-1]
+        caught = r.returncode != 0
+        print(f"{'CAUGHT' if caught else 'MISSED'}  {name}: {tail}", flush=True)
+        return caught
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-k", default="", help="run the mutations whose name contains this")
+    args = ap.parse_args()
+    results = [run(*m) for m in MUTATIONS if args.k in m[0]]
+    print(f"{sum(results)}/{len(results)} mutations caught")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
