@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vkrt.models.llama import rope_table
 from vkrt.runtime.device import Device
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
@@ -154,12 +155,6 @@ def test_copy_rows_into_larger_buffer(gpu):
     np.testing.assert_array_equal(got, want)
 
 
-def inv_freq(head_dim: int, theta: float = 10000.0) -> np.ndarray:
-    """As transformers computes it: 1 / theta^(2i / head_dim), in f32."""
-    return (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32)
-                            / head_dim)).astype(np.float32)
-
-
 @pytest.mark.parametrize("n_heads,head_dim,n_tokens,pos0,dst_row,rows", [
     (3, 16, 4, 7, 5, 12),    # Q-like: rotated rows land at dst_row in a larger buffer
     (2, 32, 1, 30, 30, 33),  # decode step writing K straight into a cache row
@@ -167,22 +162,22 @@ def inv_freq(head_dim: int, theta: float = 10000.0) -> np.ndarray:
 def test_rope_adjacent_pairs(gpu, n_heads, head_dim, n_tokens, pos0, dst_row, rows):
     r = rng(5)
     x = randn(r, n_tokens, n_heads, head_dim)
-    freqs = inv_freq(head_dim)
+    table = rope_table(head_dim, 10000.0, pos0 + n_tokens)   # [positions, head_dim/2, (cos, sin)]
     pairs = n_heads * head_dim // 2
-    bx, bf, bd = gpu.upload(x), gpu.upload(freqs), gpu.filled(rows * n_heads * head_dim)
+    bx, bf, bd = gpu.upload(x), gpu.upload(table), gpu.filled(rows * n_heads * head_dim)
     gpu.run("rope", {0: ELEMENTWISE}, (bx, bf, bd), (groups(pairs, ELEMENTWISE), n_tokens, 1),
             push(n_heads, head_dim, pos0, dst_row))
     got = gpu.read(bd).reshape(rows, n_heads, head_dim)
 
-    # The angle is formed in f32 as the shader does (pos * inv_freq), then rotated in float64.
-    pos = np.arange(pos0, pos0 + n_tokens, dtype=np.float32)
-    angle = (pos[:, None] * freqs[None, :]).astype(np.float64)[:, None, :]  # [T, 1, D/2]
+    # Rotation in float64 with the table's f32 (cos, sin) of each position.
+    cos = table[pos0:pos0 + n_tokens, None, :, 0].astype(np.float64)   # [T, 1, D/2]
+    sin = table[pos0:pos0 + n_tokens, None, :, 1].astype(np.float64)
     x0, x1 = x[..., 0::2].astype(np.float64), x[..., 1::2].astype(np.float64)
     want = np.empty((n_tokens, n_heads, head_dim))
-    want[..., 0::2] = x0 * np.cos(angle) - x1 * np.sin(angle)
-    want[..., 1::2] = x0 * np.sin(angle) + x1 * np.cos(angle)
-    # f32 sin/cos of angles up to 37 rad, two products and a difference that may cancel, so
-    # the bound is absolute for inputs |x| < ~4: measured max abs error 2.7e-7; bound 1e-6.
+    want[..., 0::2] = x0 * cos - x1 * sin
+    want[..., 1::2] = x0 * sin + x1 * cos
+    # Two f32 products and a sum that may cancel: absolute bound for |x| < ~4 of a few f32
+    # ulps of 4 (4.8e-7 each); bound 1e-6.
     np.testing.assert_allclose(got[dst_row:dst_row + n_tokens], want, rtol=0, atol=1e-6)
     untouched = np.ones(rows, bool)
     untouched[dst_row:dst_row + n_tokens] = False

@@ -366,3 +366,22 @@ def test_missing_driver_is_one_line_saying_how_to_install():
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("vkrt: error: ")
     assert "mesa-vulkan-drivers" in lines[0] and "lavapipe" in lines[0]
+
+
+def test_staging_path_round_trip_and_one_submit_per_read():
+    """The path a discrete GPU takes (device memory the host cannot map), forced on lavapipe:
+    writes and reads go through staging copies recorded into the stream's own submissions."""
+    with Device(direct_host_access=False) as dev:
+        stream, cache = Stream(dev), PipelineCache(dev)
+        x = np.arange(100, dtype=np.float32)
+        a, b = stream.upload(x, name="a"), stream.upload(2 * x, name="b")
+        assert a.mapped is None and b.mapped is None
+        before = stream.counters.snapshot()
+        stream.write(a, x + 1)                                     # staging copy, recorded
+        stream.dispatch(cache.get_pipeline("add", {0: 64}), (a, b), (2, 1, 1),
+                        np.array([100], np.uint32))
+        got = stream.read(a)
+        d = stream.counters.since(before)
+        np.testing.assert_array_equal(got, 3 * x + 1)
+        assert d["submits"] == d["fence_waits"] == 2               # write drains, read submits once
+        stream.close()

@@ -16,6 +16,8 @@ import numpy as np
 from vkrt.errors import VkrtError
 from vkrt.models.llama import Llama
 
+KV_CACHE_STEP = 256  # positions
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -81,7 +83,10 @@ def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
     n_prompt = len(prompt_ids)
     check_context(hp.n_ctx, n_prompt, max_tokens)
     if model.max_seq < n_prompt + max_tokens:
-        model.setup_caches(n_prompt + max_tokens)
+        # Grown in steps of KV_CACHE_STEP positions so that a run of short generations keeps
+        # its buffers (and the descriptor sets that name them).
+        steps = -(-(n_prompt + max_tokens) // KV_CACHE_STEP)
+        model.setup_caches(min(hp.n_ctx, steps * KV_CACHE_STEP))
     rng = np.random.Generator(np.random.PCG64(sampling.seed))
     greedy = sampling.temperature <= 0.0
     result = GenerationResult(n_prompt)

@@ -29,6 +29,21 @@ def _groups(n: int, block: int) -> int:
     return (n + block - 1) // block
 
 
+def rope_table(head_dim: int, theta: float, n_positions: int) -> np.ndarray:
+    """(cos, sin) of every RoPE angle: f32 `[n_positions, head_dim / 2, 2]`.
+
+    As transformers' default RoPE computes them (modeling_rope_utils
+    `_compute_default_rope_parameters`, LlamaRotaryEmbedding.forward): inv_freq =
+    1 / theta^(2i / head_dim) in f32, angle = position * inv_freq in f32, then cos and sin,
+    here evaluated in f64 and rounded to f32 (correctly rounded, as torch's CPU f32 cos/sin
+    are to within an ulp).
+    """
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
+    inv_freq = (1.0 / (np.float32(theta) ** exponent)).astype(np.float32)
+    angle = (np.arange(n_positions, dtype=np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)
+    return np.stack([np.cos(angle), np.sin(angle)], axis=-1).astype(np.float32)
+
+
 @dataclass
 class Activations:
     """Scratch buffers for a forward over up to `n_tokens` tokens, `[tokens, width]` f32."""
@@ -62,12 +77,13 @@ class Llama:
     """
 
     def __init__(self, device: Device, hp: LlamaHParams, weights: dict[str, Buffer],
-                 stream: Stream, pipelines: PipelineCache, inv_freq: Buffer):
+                 stream: Stream, pipelines: PipelineCache):
         self.device, self.hp, self.w = device, hp, weights
-        self.stream, self.pipelines, self.inv_freq = stream, pipelines, inv_freq
+        self.stream, self.pipelines = stream, pipelines
         self.acts: Activations | None = None
         self.k_cache: list[Buffer] = []
         self.v_cache: list[Buffer] = []
+        self.rope: Buffer | None = None   # rope_table for positions 0 .. max_seq - 1
         self.max_seq = 0
         p = pipelines.get_pipeline
         # Reductions run one subgroup per workgroup: no barriers (see glsl/reduce.glsl).
@@ -103,19 +119,17 @@ class Llama:
         for name in tqdm(names, desc="loading weights", unit="tensor", disable=not progress,
                          leave=False):
             weights[name] = stream.upload(gguf.tensor_f32(name), name=name)
-        # inv_freq exactly as transformers' default RoPE init computes it in f32
-        # (modeling_rope_utils._compute_default_rope_parameters).
-        exponent = np.arange(0, hp.head_dim, 2, dtype=np.int64).astype(np.float32) / hp.head_dim
-        inv_freq = (1.0 / (np.float32(hp.rope_theta) ** exponent)).astype(np.float32)
-        return cls(device, hp, weights, stream, PipelineCache(device),
-                   stream.upload(inv_freq, name="inv_freq"))
+        return cls(device, hp, weights, stream, PipelineCache(device))
 
     # -- buffers ---------------------------------------------------------------------------
     def setup_caches(self, max_seq: int) -> None:
-        """Allocate the KV cache for sequences of up to `max_seq` tokens (prompt + generated)."""
+        """Allocate the KV cache and the RoPE table for sequences of up to `max_seq` tokens
+        (prompt + generated)."""
         hp = self.hp
-        for b in self.k_cache + self.v_cache:
+        self.stream.finish()
+        for b in self.k_cache + self.v_cache + ([self.rope] if self.rope else []):
             b.close()
+        self.rope = self.stream.upload(rope_table(hp.head_dim, hp.rope_theta, max_seq), name="rope")
         row = hp.n_head_kv * hp.head_dim * F32
         self.k_cache = [Buffer(self.device, max_seq * row, name=f"blk.{i}.k_cache")
                         for i in range(hp.n_layer)]
@@ -175,10 +189,10 @@ class Llama:
         self._linear(a.xn, w[blk + "attn_v.weight"], a.v, T, hp.n_embd, kvw)
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
         half = hp.head_dim // 2
-        s.dispatch(self.k_rope, (a.q, self.inv_freq, a.q_rope),
+        s.dispatch(self.k_rope, (a.q, self.rope, a.q_rope),
                    (_groups(hp.n_head * half, ELEMENTWISE_BLOCK), T, 1),
                    np.array([hp.n_head, hp.head_dim, pos0, 0], np.uint32))
-        s.dispatch(self.k_rope, (a.k, self.inv_freq, k_cache),
+        s.dispatch(self.k_rope, (a.k, self.rope, k_cache),
                    (_groups(hp.n_head_kv * half, ELEMENTWISE_BLOCK), T, 1),
                    np.array([hp.n_head_kv, hp.head_dim, pos0, pos0], np.uint32))
         s.dispatch(self.k_copy_rows, (a.v, v_cache), (_groups(kvw, ELEMENTWISE_BLOCK), T, 1),
@@ -246,7 +260,7 @@ class Llama:
         self.stream.finish()
         if self.acts is not None:
             self.acts.close()
-        for b in [*self.w.values(), *self.k_cache, *self.v_cache, self.inv_freq]:
+        for b in [*self.w.values(), *self.k_cache, *self.v_cache, *([self.rope] if self.rope else [])]:
             b.close()
         self.stream.close()
 

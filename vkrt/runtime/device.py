@@ -114,13 +114,18 @@ class Device:
         validation: enable the Khronos validation layer with synchronization validation;
             default `VKRT_VALIDATION`. Errors it reports are collected and raised by
             `check_validation()` (the stream calls it after each fence wait).
+        direct_host_access: map device-local buffers when their memory is host-visible, so
+            host reads and writes are a memcpy; default True on CPU and integrated devices.
+            False forces the staging-copy path a discrete GPU takes (tests use it on lavapipe).
     Raises: NoVulkanDriverError, VkrtError (bad index, missing validation layer).
     Use as a context manager, or call `close()`: Vulkan objects are released explicitly,
     not by the garbage collector.
     """
 
-    def __init__(self, index: int | None = None, validation: bool | None = None):
+    def __init__(self, index: int | None = None, validation: bool | None = None,
+                 direct_host_access: bool | None = None):
         self.validation = config.VALIDATION.value if validation is None else validation
+        self.direct_host_access = direct_host_access
         self.validation_errors: list[str] = []
         self._closers: list = []
         self._children: dict[int, object] = {}  # buffers, pipelines, streams: closed first
@@ -139,6 +144,8 @@ class Device:
         infos = [_info(i, pd) for i, pd in enumerate(pds)]
         self.info = infos[_choose(infos, index)]
         self.physical = pds[self.info.index]
+        if self.direct_host_access is None:
+            self.direct_host_access = self.info.kind in ("cpu", "integrated")
         props = vk.vkGetPhysicalDeviceProperties(self.physical)
         self.limits = props.limits
         self.max_storage_buffer_range = props.limits.maxStorageBufferRange

@@ -72,7 +72,7 @@ class Buffer:
             required, preferred = HOST, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
         else:
             required = DEVICE_LOCAL
-            preferred = HOST if dev.info.kind in ("cpu", "integrated") else 0
+            preferred = HOST if dev.direct_host_access else 0
         type_index = dev.memory_type(required, preferred, req.memoryTypeBits)
         info = new("VkMemoryAllocateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
@@ -84,7 +84,7 @@ class Buffer:
         dev.bytes_in_use += req.size
         check(lib.vkBindBufferMemory(dev.handle, self.handle, self.memory, 0), "vkBindBufferMemory")
         flags = dev.memory_properties.memoryTypes[type_index].propertyFlags
-        if flags & HOST == HOST:
+        if flags & HOST == HOST and (host_visible or dev.direct_host_access):
             ptr = new("void**")
             check(lib.vkMapMemory(dev.handle, self.memory, 0, self.nbytes, 0, ptr), "vkMapMemory")
             self.mapped = ffi.buffer(ptr[0], self.nbytes)

@@ -37,7 +37,8 @@ class Stream:
         self.device = device
         self.barriers = barriers or FullBarrier()
         self.counters, self.profiler = Counters(), Profiler()
-        self.pool = self.fence = self._staging = None
+        self.pool = self.fence = None
+        self._staging: dict[str, Buffer] = {}
         self._recording = False
         h = device.handle
         info = new("VkCommandPoolCreateInfo*", {
@@ -144,42 +145,52 @@ class Stream:
         self.device.check_validation()
 
     # -- host access -----------------------------------------------------------------------
-    def _staging_for(self, nbytes: int) -> Buffer:
-        if self._staging is None or self._staging.nbytes < nbytes:
-            if self._staging is not None:
-                self._staging.close()
-            self._staging = Buffer(self.device, nbytes, host_visible=True, name="staging")
-        return self._staging
+    def _staging_for(self, direction: str, nbytes: int) -> Buffer:
+        """The host-visible staging buffer for `direction` ("up" or "down"), grown to `nbytes`.
+        Two buffers, so that growing the readback buffer can never free the upload buffer that
+        a recorded, not yet submitted copy still reads."""
+        staging = self._staging.get(direction)
+        if staging is None or staging.nbytes < nbytes:
+            if staging is not None:
+                staging.close()
+            staging = Buffer(self.device, nbytes, host_visible=True, name=f"staging-{direction}")
+            self._staging[direction] = staging
+        return staging
 
-    def _copy_buffer(self, src: Buffer, dst: Buffer, src_offset: int, dst_offset: int,
+    def _record_copy(self, src: Buffer, dst: Buffer, src_offset: int, dst_offset: int,
                      nbytes: int) -> None:
+        """Record a copy behind a full barrier (transfer stages are in the barrier's scope,
+        so the dispatch barrier that follows also orders the copy before later readers)."""
         self._begin()
-        self._barrier()  # staging copies happen only at host access: not counted as dispatch barriers
+        self._barrier()  # not counted: counters.barriers counts barriers before dispatches
         self._copy.srcOffset, self._copy.dstOffset, self._copy.size = src_offset, dst_offset, nbytes
         lib.vkCmdCopyBuffer(self.cmd, src.handle, dst.handle, 1, self._copy)
-        self.finish()
 
     def read(self, buffer: Buffer, dtype=np.float32, count: int | None = None,
              offset: int = 0) -> np.ndarray:
-        """Drain the queue and return a copy of `count` elements of `dtype` at byte `offset`
-        of `buffer` (default: to the end). Returns a 1-D numpy array."""
+        """Submit what is recorded, wait for it (drains), and return a copy of `count` elements
+        of `dtype` at byte `offset` of `buffer` (default: to the end), as a 1-D numpy array.
+        A buffer the host cannot map is copied through the staging buffer in the same
+        submission: one submit and one fence wait per read either way."""
         dtype = np.dtype(dtype)
         nbytes = buffer.nbytes - offset if count is None else count * dtype.itemsize
-        self.finish()
-        t = time.perf_counter_ns()
-        if buffer.mapped is not None:
-            out = np.frombuffer(buffer.mapped, dtype=np.uint8, count=nbytes, offset=offset).copy()
-        else:
-            staging = self._staging_for(nbytes)
-            self._copy_buffer(buffer, staging, offset, 0, nbytes)
+        if buffer.mapped is None:
+            staging = self._staging_for("down", nbytes)
+            self._record_copy(buffer, staging, offset, 0, nbytes)
+            self.finish()
             out = staging.host_view()[:nbytes].copy()
+        else:
+            self.finish()
+            out = np.frombuffer(buffer.mapped, dtype=np.uint8, count=nbytes, offset=offset).copy()
         self.counters.host_reads += 1
         self.counters.read_bytes += nbytes
-        self.profiler.add("transfer", t)
         return out.view(dtype)
 
     def write(self, buffer: Buffer, array: np.ndarray, offset: int = 0) -> None:
-        """Drain the queue, then copy `array`'s bytes into `buffer` at byte `offset`.
+        """Copy `array`'s bytes into `buffer` at byte `offset`, ordered after everything
+        recorded so far and before everything recorded after. Drains the queue first (the
+        host must not overwrite memory the GPU may still read); a buffer the host cannot map
+        gets a staging copy recorded into the next submission.
 
         Raises: ValueError when the bytes do not fit."""
         data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
@@ -191,9 +202,9 @@ class Stream:
         if buffer.mapped is not None:
             buffer.host_view()[offset:offset + data.nbytes] = data
         else:
-            staging = self._staging_for(data.nbytes)
+            staging = self._staging_for("up", data.nbytes)
             staging.host_view()[:data.nbytes] = data
-            self._copy_buffer(staging, buffer, 0, offset, data.nbytes)
+            self._record_copy(staging, buffer, 0, offset, data.nbytes)
         self.counters.host_writes += 1
         self.counters.write_bytes += data.nbytes
         self.profiler.add("transfer", t)
@@ -213,7 +224,7 @@ class Stream:
         if self.fence is not None:
             lib.vkDestroyFence(h, self.fence, NULL)
             self.fence = None
-        if self._staging is not None:
-            self._staging.close()
-            self._staging = None
+        for staging in self._staging.values():
+            staging.close()
+        self._staging = {}
         self.device.release(self)
