@@ -33,8 +33,8 @@ class Gpu:
     """One device, stream and pipeline cache shared by the module; buffers made through it are
     closed after each test so `bytes_in_use` does not grow across tests."""
 
-    def __init__(self):
-        self.device = Device()
+    def __init__(self, direct_host_access: bool | None = None):
+        self.device = Device(direct_host_access=direct_host_access)
         self.stream = Stream(self.device)
         self.cache = PipelineCache(self.device)
         self.sg = self.device.subgroup_size
@@ -72,9 +72,9 @@ def groups(n: int, block: int) -> int:
     return (n + block - 1) // block
 
 
-@pytest.fixture(scope="module")
-def gpu_module():
-    gpu = Gpu()
+@pytest.fixture(scope="module", params=[None, False], ids=["host-access", "staging"])
+def gpu_module(request):
+    gpu = Gpu(request.param)
     yield gpu
     gpu.device.close()
     assert gpu.device._children == {}

@@ -126,7 +126,6 @@ class Llama:
         """Allocate the KV cache and the RoPE table for sequences of up to `max_seq` tokens
         (prompt + generated)."""
         hp = self.hp
-        self.stream.finish()
         for b in self.k_cache + self.v_cache + ([self.rope] if self.rope else []):
             b.close()
         self.rope = self.stream.upload(rope_table(hp.head_dim, hp.rope_theta, max_seq), name="rope")
@@ -141,7 +140,6 @@ class Llama:
         if self.acts is not None and self.acts.n_tokens >= n_tokens:
             return self.acts
         if self.acts is not None:
-            self.stream.finish()
             self.acts.close()
         hp, d, T = self.hp, self.device, n_tokens
         qw, kvw = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
@@ -257,7 +255,6 @@ class Llama:
 
     def close(self) -> None:
         """Free every buffer and the stream (pipelines are freed with the device)."""
-        self.stream.finish()
         if self.acts is not None:
             self.acts.close()
         for b in [*self.w.values(), *self.k_cache, *self.v_cache, *([self.rope] if self.rope else [])]:

@@ -241,6 +241,16 @@ class Device:
         """Register an object whose `close()` must run before the device is destroyed."""
         self._children[id(child)] = child
 
+    def drain(self) -> None:
+        """Submit and wait for the work every stream of this device has recorded: called before
+        a buffer is destroyed, since a recorded (or in-flight) command may still name it
+        (Vulkan spec, vkDestroyBuffer: "All submitted commands that refer to buffer ... must
+        have completed execution")."""
+        for child in list(self._children.values()):
+            finish = getattr(child, "finish", None)
+            if finish is not None:
+                finish()
+
     def release(self, child) -> None:
         self._children.pop(id(child), None)
 

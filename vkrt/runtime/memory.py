@@ -95,9 +95,13 @@ class Buffer:
         assert self.mapped is not None, f"buffer {self.name!r} is not host-visible"
         return np.frombuffer(self.mapped, dtype=dtype)
 
-    def close(self) -> None:
-        """Unmap, free and destroy; safe to call twice."""
+    def close(self, drain: bool = True) -> None:
+        """Drain the device's streams (a recorded command may name this buffer), then unmap,
+        free and destroy; safe to call twice. `drain=False` is for an owner that knows no
+        recorded or in-flight command names the buffer."""
         dev = self.device
+        if drain and self.handle is not None and dev.handle is not None:
+            dev.drain()
         if self.memory is not None:
             if self.mapped is not None:
                 lib.vkUnmapMemory(dev.handle, self.memory)

@@ -20,6 +20,7 @@ from vkrt.runtime.profiler import Counters, Profiler
 from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
 
 FENCE_TIMEOUT_NS = 60 * 10**9
+STAGING_MIN_BYTES = 1 << 20
 _ALL_ACCESS = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
                | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
 _WORK_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
@@ -152,7 +153,10 @@ class Stream:
         staging = self._staging.get(direction)
         if staging is None or staging.nbytes < nbytes:
             if staging is not None:
-                staging.close()
+                # No command names it: reads finish right after recording their copy, and
+                # writes finish before they touch the upload buffer.
+                staging.close(drain=False)
+            nbytes = max(nbytes, STAGING_MIN_BYTES)
             staging = Buffer(self.device, nbytes, host_visible=True, name=f"staging-{direction}")
             self._staging[direction] = staging
         return staging
@@ -216,15 +220,19 @@ class Stream:
         return buffer
 
     def close(self) -> None:
+        """Discard anything recorded but not submitted, wait for the queue, and destroy the
+        stream's command pool, fence and staging buffers."""
         h = self.device.handle
+        self._recording = False
         if self.pool is not None:
             lib.vkQueueWaitIdle(self.device.queue)
+        for staging in self._staging.values():
+            staging.close(drain=False)
+        self._staging = {}
+        if self.pool is not None:
             lib.vkDestroyCommandPool(h, self.pool, NULL)
             self.pool = None
         if self.fence is not None:
             lib.vkDestroyFence(h, self.fence, NULL)
             self.fence = None
-        for staging in self._staging.values():
-            staging.close()
-        self._staging = {}
         self.device.release(self)
