@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from reference import INSTALL_HINT, TransformersReference, find_default_model
+from reference import TransformersReference
+from vkrt.models.default_model import INSTALL_HINT, find_default_model
 
 
 @pytest.fixture(scope="session")

