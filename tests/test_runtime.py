@@ -387,3 +387,11 @@ def test_staging_path_round_trip_and_one_submit_per_read():
         np.testing.assert_array_equal(got, 3 * x + 1)
         assert d["submits"] == d["fence_waits"] == 2               # write drains, read submits once
         stream.close()
+
+
+@pytest.mark.parametrize("value", [1.5, -3, 2**32])
+def test_spec_constant_value_out_of_type(rt, value):
+    _, _, cache = rt
+    with pytest.raises(ShaderInterfaceError,
+                       match=rf"^add: specialization constant 0 is uint32; cannot take {value}$"):
+        cache.get_pipeline("add", {0: value})

@@ -101,7 +101,12 @@ class Pipeline:
         for sc, value in values:
             fmt = _SPEC_FORMAT[sc.type]
             entries.append({"constantID": sc.id, "offset": len(data), "size": struct.calcsize(fmt)})
-            data += struct.pack(fmt, value)
+            try:
+                data += struct.pack(fmt, value)
+            except struct.error:
+                raise ShaderInterfaceError(
+                    f"{meta.name}: specialization constant {sc.name or sc.id} is {sc.type}; "
+                    f"cannot take {value!r}") from None
         map_entries = new("VkSpecializationMapEntry[]", entries or 1)
         spec_data = new("char[]", data or b"\0")
         spec_info = new("VkSpecializationInfo*", {

@@ -41,7 +41,15 @@ class Stream:
         self.pool = self.fence = None
         self._staging: dict[str, Buffer] = {}
         self._recording = False
-        h = device.handle
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        device.adopt(self)
+
+    def _create(self) -> None:
+        device, h = self.device, self.device.handle
         info = new("VkCommandPoolCreateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             "flags": vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
@@ -78,7 +86,6 @@ class Stream:
             "srcAccessMask": vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
             "dstAccessMask": vk.VK_ACCESS_HOST_READ_BIT})
         self._copy = new("VkBufferCopy*")
-        device.adopt(self)
 
     # -- recording -------------------------------------------------------------------------
     def _begin(self) -> None:
