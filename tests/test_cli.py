@@ -72,6 +72,15 @@ def test_unsupported_architecture(tmp_path):
                           "unsupported architecture 'mamba'")
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+    (["--top-p", "0"], "--top-p in (0, 1]"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+])
+def test_bad_generation_flags(default_model_path, flags, words):
+    assert_one_line_error(run_cli("generate", "hi", "--model", default_model_path, *flags), words)
+
+
 def test_context_overflow_is_refused(default_model_path):
     # SmolLM2's context is 8192 tokens (llama.context_length).
     assert_one_line_error(run_cli("generate", "hi", "--max-tokens", "9000",

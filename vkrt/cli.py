@@ -32,6 +32,9 @@ def _generate(args) -> int:
                         f"`{INSTALL_HINT}`, or pass --model PATH.gguf")
     if args.max_tokens < 1:
         raise VkrtError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise VkrtError(f"--temperature must be >= 0 and --top-p in (0, 1]; got "
+                        f"{args.temperature} and {args.top_p}")
     gguf = load_gguf(path)
     hp = LlamaHParams.from_gguf(gguf)  # refuses an unsupported architecture first
     tokenizer = Tokenizer.from_metadata(gguf.metadata, path)
