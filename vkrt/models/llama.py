@@ -10,6 +10,7 @@ once; activations and the KV cache are f32 device buffers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from struct import pack
 
 import numpy as np
 
@@ -98,6 +99,7 @@ class Llama:
         self.k_silu_mul = p("silu_mul", {0: ELEMENTWISE_BLOCK})
         self.k_add = p("add", {0: ELEMENTWISE_BLOCK})
         self.k_argmax = p("argmax", {0: ARGMAX_BLOCK})
+        self.attn_scale = 1.0 / float(np.sqrt(hp.head_dim))  # softmax(q k^T / sqrt(d))
 
     @classmethod
     def from_gguf(cls, device: Device, gguf: GGUFFile, progress: bool = False) -> "Llama":
@@ -162,20 +164,19 @@ class Llama:
         assert n_in % 4 == 0, "matvec/matmul load vec4"
         if n_tokens == 1:
             s.dispatch(self.k_matvec, (weight, x, y), (n_out, 1, 1),
-                       np.array([n_in, x_row * n_in], np.uint32))
+                       pack("<2I", n_in, x_row * n_in))
         else:
             assert x_row == 0
             s.dispatch(self.k_matmul, (weight, x, y), (n_out, _groups(n_tokens, MATMUL_TOKENS), 1),
-                       np.array([n_in, n_out, n_tokens], np.uint32))
+                       pack("<3I", n_in, n_out, n_tokens))
 
     def _rmsnorm(self, x: Buffer, weight: Buffer, out: Buffer, n_tokens: int) -> None:
-        push = np.zeros(2, np.uint32)
-        push[0], push[1:] = self.hp.n_embd, np.float32(self.hp.rms_eps).view(np.uint32)
-        self.stream.dispatch(self.k_rmsnorm, (x, weight, out), (n_tokens, 1, 1), push)
+        self.stream.dispatch(self.k_rmsnorm, (x, weight, out), (n_tokens, 1, 1),
+                             pack("<If", self.hp.n_embd, self.hp.rms_eps))
 
     def _elementwise(self, kernel, buffers, n: int) -> None:
         self.stream.dispatch(kernel, buffers, (_groups(n, ELEMENTWISE_BLOCK), 1, 1),
-                             np.array([n], np.uint32))
+                             pack("<I", n))
 
     def _attention_block(self, layer: int, a: Activations, T: int, pos0: int) -> None:
         hp, s, w = self.hp, self.stream, self.w
@@ -189,15 +190,14 @@ class Llama:
         half = hp.head_dim // 2
         s.dispatch(self.k_rope, (a.q, self.rope, a.q_rope),
                    (_groups(hp.n_head * half, ELEMENTWISE_BLOCK), T, 1),
-                   np.array([hp.n_head, hp.head_dim, pos0, 0], np.uint32))
+                   pack("<4I", hp.n_head, hp.head_dim, pos0, 0))
         s.dispatch(self.k_rope, (a.k, self.rope, k_cache),
                    (_groups(hp.n_head_kv * half, ELEMENTWISE_BLOCK), T, 1),
-                   np.array([hp.n_head_kv, hp.head_dim, pos0, pos0], np.uint32))
+                   pack("<4I", hp.n_head_kv, hp.head_dim, pos0, pos0))
         s.dispatch(self.k_copy_rows, (a.v, v_cache), (_groups(kvw, ELEMENTWISE_BLOCK), T, 1),
-                   np.array([kvw, pos0], np.uint32))
-        push = np.array([hp.n_head, hp.n_head_kv, hp.head_dim, pos0, 0], np.uint32)
-        push[4:] = np.float32(1.0 / np.sqrt(hp.head_dim)).view(np.uint32)
-        s.dispatch(self.k_attention, (a.q_rope, k_cache, v_cache, a.attn), (hp.n_head, T, 1), push)
+                   pack("<2I", kvw, pos0))
+        s.dispatch(self.k_attention, (a.q_rope, k_cache, v_cache, a.attn), (hp.n_head, T, 1),
+                   pack("<4If", hp.n_head, hp.n_head_kv, hp.head_dim, pos0, self.attn_scale))
         self._linear(a.attn, w[blk + "attn_output.weight"], a.proj, T, qw, hp.n_embd)
         self._elementwise(self.k_add, (a.x, a.proj), T * hp.n_embd)
 
@@ -228,7 +228,7 @@ class Llama:
         a = self._activations(T)
         self.stream.dispatch(self.k_embed, (w["token_embd.weight"], ids, a.x),
                              (_groups(hp.n_embd, ELEMENTWISE_BLOCK), T, 1),
-                             np.array([hp.n_embd], np.uint32))
+                             pack("<I", hp.n_embd))
         for layer in range(hp.n_layer):
             self._attention_block(layer, a, T, pos0)
             self._mlp_block(layer, a, T)
@@ -241,7 +241,7 @@ class Llama:
             self._linear(a.xn, output, a.logits, 1, hp.n_embd, hp.n_vocab, x_row=T - 1)
             last_row = 0
         self.stream.dispatch(self.k_argmax, (a.logits, a.token), (1, 1, 1),
-                             np.array([hp.n_vocab, last_row], np.uint32))
+                             pack("<2I", hp.n_vocab, last_row))
 
     def logits(self, token_ids: list[int]) -> np.ndarray:
         """Teacher-forced logits `[len(token_ids), n_vocab]` f32 of one forward from position 0."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 from vkrt.errors import ShaderInterfaceError
 from vkrt.gen.metadata import DEFAULT_SPIRV_DIR, ModuleMeta, load_modules, read_spirv
@@ -23,6 +24,15 @@ _SPEC_FORMAT = {"bool": "<I", "int8": "<b", "uint8": "<B", "int16": "<h", "uint1
                 "float16": "<e", "int32": "<i", "uint32": "<I", "float32": "<f",
                 "int64": "<q", "uint64": "<Q", "float64": "<d"}
 SETS_PER_POOL = 256
+
+
+class BoundSet(NamedTuple):
+    """A written descriptor set and what a dispatch through it accesses: `reads` and
+    `writes` are the serials of the buffers on read-only and on writable bindings
+    (from the reflected `writable_mask`)."""
+    set: object      # VkDescriptorSet[1], the array vkCmdBindDescriptorSets takes
+    reads: tuple
+    writes: tuple
 
 
 class Pipeline:
@@ -158,11 +168,14 @@ class Pipeline:
                 f"{self.name}: shader declares {self.push_constant_size} bytes of push "
                 f"constants, {push_nbytes} given")
 
-    def descriptor_set(self, buffers: tuple[Buffer, ...], counters=None):
-        """A `VkDescriptorSet[1]` binding `buffers` in order, written once per distinct tuple
-        of buffers and reused: a decode step binds the same buffers every token. A write is
-        counted in `counters.descriptor_sets` when given."""
-        key = tuple(b.serial for b in buffers)
+    def bind(self, buffers, counters=None) -> BoundSet:
+        """The descriptor set binding `buffers` in order, with the read and write sets it
+        implies. Written once per distinct tuple of buffers and reused: a decode step binds
+        the same buffers every token. A write is counted in `counters.descriptor_sets`.
+
+        Raises: ShaderInterfaceError when a buffer exceeds maxStorageBufferRange.
+        """
+        key = tuple([b.serial for b in buffers])
         found = self._sets.get(key)
         if found is not None:
             return found
@@ -192,8 +205,10 @@ class Pipeline:
             lib.vkUpdateDescriptorSets(self.device.handle, len(buffers), writes, 0, NULL)
         if counters is not None:
             counters.descriptor_sets += 1
-        self._sets[key] = out
-        return out
+        bound = BoundSet(out, tuple(k for k, w in zip(key, self.writable) if not w),
+                         tuple(k for k, w in zip(key, self.writable) if w))
+        self._sets[key] = bound
+        return bound
 
     def _grow_pool(self) -> None:
         size = new("VkDescriptorPoolSize*", {

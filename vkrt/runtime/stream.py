@@ -108,18 +108,15 @@ class Stream:
         t0 = time.perf_counter_ns()
         push_nbytes = 0 if push is None else len(push) if isinstance(push, bytes) else push.nbytes
         pipeline.check_bindings(buffers, push_nbytes)
-        buffers = tuple(buffers)
-        sets = pipeline.descriptor_set(buffers, self.counters)
-        reads = tuple(b.serial for b, w in zip(buffers, pipeline.writable) if not w)
-        writes = tuple(b.serial for b, w in zip(buffers, pipeline.writable) if w)
+        bound = pipeline.bind(buffers, self.counters)
         self._begin()
-        if self.barriers.before_dispatch(reads, writes):
+        if self.barriers.before_dispatch(bound.reads, bound.writes):
             self._barrier()
             self.counters.barriers += 1
         cmd = self.cmd
         lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
         lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout,
-                                    0, 1, sets, 0, NULL)
+                                    0, 1, bound.set, 0, NULL)
         if push_nbytes:
             lib.vkCmdPushConstants(cmd, pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                    push_nbytes, ffi.from_buffer(push))
