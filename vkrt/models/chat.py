@@ -51,7 +51,7 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
 
 def _environment() -> ImmutableSandboxedEnvironment:
     env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+                         extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
