@@ -129,3 +129,12 @@ def test_decode_clean_under_validation(default_gguf, tok):
         model.close()
         assert device.validation_errors == []
     assert tok.decode(tokens) == " 4, 5"   # " ", "4", ",", " ", "5": greedy, as transformers
+
+
+def test_generation_scratch_fits_the_storage_range(llama):
+    """Generation keeps one row of logits: a [tokens, n_vocab] buffer for a long prompt would
+    pass maxStorageBufferRange (128 MiB on lavapipe: 682 tokens of SmolLM2) and be refused."""
+    a = llama.activations(2048)
+    assert a.logits.nbytes >= llama.hp.n_vocab * 4
+    assert max(b.nbytes for b in vars(a).values() if hasattr(b, "nbytes")) \
+        <= llama.device.max_storage_buffer_range

@@ -395,3 +395,20 @@ def test_spec_constant_value_out_of_type(rt, value):
     with pytest.raises(ShaderInterfaceError,
                        match=rf"^add: specialization constant 0 is uint32; cannot take {value}$"):
         cache.get_pipeline("add", {0: value})
+
+
+def test_fence_timeout_is_a_clear_error():
+    """A submission that outlasts VKRT_FENCE_TIMEOUT_S raises a VkrtError naming the switch
+    (the CLI prints it as one line), not a bare TimeoutError."""
+    with Device() as dev:
+        stream, cache = Stream(dev), PipelineCache(dev)
+        rows, cols = 4096, 4096                               # 64 MiB of weights: ~tens of ms
+        w = stream.upload(np.ones((rows, cols), np.float32))
+        x = stream.upload(np.ones(cols, np.float32))
+        y = Buffer(dev, rows * 4)
+        stream.dispatch(cache.get_pipeline("matvec", {0: dev.subgroup_size}), (w, x, y),
+                        (rows, 1, 1), np.array([cols, 0], np.uint32))
+        with config.FENCE_TIMEOUT_S.override("1e-9"):
+            with pytest.raises(VkrtError, match=r"did not finish within 1e-09 s \(VKRT_FENCE_TIMEOUT_S\)"):
+                stream.finish()
+        dev.wait_idle()

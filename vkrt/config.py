@@ -62,4 +62,9 @@ PROFILE: Switch[bool] = Switch(
     "VKRT_PROFILE", _bool, False,
     "Print the stream's counters and host-phase profile after `vkrt generate`.")
 
-ALL = (DEVICE, VALIDATION, MODEL, PROFILE)
+FENCE_TIMEOUT_S: Switch[float] = Switch(
+    "VKRT_FENCE_TIMEOUT_S", float, 600.0,
+    "Seconds the host waits for one submission before giving up (a 700-token prefill of "
+    "SmolLM2 takes over a minute on lavapipe).")
+
+ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S)

@@ -91,7 +91,7 @@ def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
     greedy = sampling.temperature <= 0.0
     result = GenerationResult(n_prompt)
     t0 = time.perf_counter()
-    a = model._activations(n_prompt)
+    a = model.activations(n_prompt)
     s.write(a.ids, np.asarray(prompt_ids, np.uint32))
     ids_buffer, n_tokens, pos = a.ids, n_prompt, 0
     for step in range(max_tokens):

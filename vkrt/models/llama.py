@@ -14,6 +14,7 @@ from struct import pack
 
 import numpy as np
 
+from vkrt.errors import ModelFormatError
 from vkrt.models.gguf import GGUFFile, LlamaHParams
 from vkrt.runtime.device import Device
 from vkrt.runtime.memory import Buffer
@@ -47,8 +48,11 @@ def rope_table(head_dim: int, theta: float, n_positions: int) -> np.ndarray:
 
 @dataclass
 class Activations:
-    """Scratch buffers for a forward over up to `n_tokens` tokens, `[tokens, width]` f32."""
+    """Scratch buffers for a forward over up to `n_tokens` tokens, `[tokens, width]` f32, with
+    logits for up to `logit_rows` of them (1 for generation: a [tokens, n_vocab] buffer
+    passes maxStorageBufferRange, 128 MiB on lavapipe, beyond 682 tokens of SmolLM2)."""
     n_tokens: int
+    logit_rows: int
     ids: Buffer      # [tokens] u32
     x: Buffer        # [tokens, n_embd] residual stream
     xn: Buffer       # [tokens, n_embd] normed
@@ -61,7 +65,7 @@ class Activations:
     gate: Buffer     # [tokens, n_ff]
     up: Buffer       # [tokens, n_ff]
     act: Buffer      # [tokens, n_ff]
-    logits: Buffer   # [tokens, n_vocab]
+    logits: Buffer   # [logit_rows, n_vocab]
     token: Buffer    # [1] u32, argmax of the last logits row
 
     def close(self) -> None:
@@ -112,7 +116,6 @@ class Llama:
 
         hp = LlamaHParams.from_gguf(gguf)
         if hp.n_embd % 4 or hp.n_ff % 4 or hp.head_dim % 2:
-            from vkrt.errors import ModelFormatError
             raise ModelFormatError(f"{gguf.path}: n_embd {hp.n_embd} and n_ff {hp.n_ff} must be "
                                    f"multiples of 4 and head_dim {hp.head_dim} even")
         stream = Stream(device)
@@ -138,11 +141,15 @@ class Llama:
                         for i in range(hp.n_layer)]
         self.max_seq = max_seq
 
-    def _activations(self, n_tokens: int) -> Activations:
-        if self.acts is not None and self.acts.n_tokens >= n_tokens:
-            return self.acts
-        if self.acts is not None:
-            self.acts.close()
+    def activations(self, n_tokens: int, logit_rows: int = 1) -> Activations:
+        """Scratch buffers for a forward of `n_tokens` tokens keeping `logit_rows` rows of
+        logits; reallocated (larger) only when the current ones are too small."""
+        a = self.acts
+        if a is not None and a.n_tokens >= n_tokens and a.logit_rows >= logit_rows:
+            return a
+        if a is not None:
+            n_tokens, logit_rows = max(n_tokens, a.n_tokens), max(logit_rows, a.logit_rows)
+            a.close()
         hp, d, T = self.hp, self.device, n_tokens
         qw, kvw = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
 
@@ -150,10 +157,11 @@ class Llama:
             return Buffer(d, T * width * F32, name=name)
 
         self.acts = Activations(
-            T, buf(1, "ids"), buf(hp.n_embd, "x"), buf(hp.n_embd, "xn"), buf(qw, "q"),
+            T, logit_rows, buf(1, "ids"), buf(hp.n_embd, "x"), buf(hp.n_embd, "xn"), buf(qw, "q"),
             buf(kvw, "k"), buf(kvw, "v"), buf(qw, "q_rope"), buf(qw, "attn"),
             buf(hp.n_embd, "proj"), buf(hp.n_ff, "gate"), buf(hp.n_ff, "up"),
-            buf(hp.n_ff, "act"), buf(hp.n_vocab, "logits"), Buffer(d, F32, name="token"))
+            buf(hp.n_ff, "act"),
+            Buffer(d, logit_rows * hp.n_vocab * F32, name="logits"), Buffer(d, F32, name="token"))
         return self.acts
 
     # -- kernels ---------------------------------------------------------------------------
@@ -225,7 +233,7 @@ class Llama:
         if pos0 + T > self.max_seq:
             raise ValueError(f"positions {pos0}..{pos0 + T - 1} exceed the KV cache of "
                              f"{self.max_seq} tokens (setup_caches)")
-        a = self._activations(T)
+        a = self.activations(T, T if all_logits else 1)
         self.stream.dispatch(self.k_embed, (w["token_embd.weight"], ids, a.x),
                              (_groups(hp.n_embd, ELEMENTWISE_BLOCK), T, 1),
                              pack("<I", hp.n_embd))
@@ -248,7 +256,7 @@ class Llama:
         T = len(token_ids)
         if self.max_seq < T:
             self.setup_caches(T)
-        a = self._activations(T)
+        a = self.activations(T, T)
         self.stream.write(a.ids, np.asarray(token_ids, np.uint32))
         self.forward(a.ids, T, 0, all_logits=True)
         return self.stream.read(a.logits, np.float32, T * self.hp.n_vocab).reshape(T, -1)
@@ -265,7 +273,6 @@ class Llama:
 def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
     """The GGUF tensor names the forward reads, checked present with the shapes it assumes.
     Raises ModelFormatError naming the first missing or misshapen tensor."""
-    from vkrt.errors import ModelFormatError
 
     qw, kvw = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
     shapes = {"token_embd.weight": (hp.n_vocab, hp.n_embd), "output_norm.weight": (hp.n_embd,)}

@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from vkrt import config
+from vkrt.errors import VkrtError
 from vkrt.runtime.barriers import FullBarrier
 from vkrt.runtime.device import Device
 from vkrt.runtime.memory import Buffer
@@ -19,7 +21,6 @@ from vkrt.runtime.pipeline import Pipeline
 from vkrt.runtime.profiler import Counters, Profiler
 from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
 
-FENCE_TIMEOUT_NS = 60 * 10**9
 STAGING_MIN_BYTES = 1 << 20
 _ALL_ACCESS = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
                | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
@@ -137,10 +138,12 @@ class Stream:
         check(lib.vkQueueSubmit(self.device.queue, 1, self._submit, self.fence), "vkQueueSubmit")
         self.counters.submits += 1
         t = self.profiler.add("submit", t)
+        timeout_s = config.FENCE_TIMEOUT_S.value
         result = lib.vkWaitForFences(self.device.handle, 1, self._fence, vk.VK_TRUE,
-                                     FENCE_TIMEOUT_NS)
+                                     int(timeout_s * 1e9))
         if result == vk.VK_TIMEOUT:
-            raise TimeoutError(f"GPU work did not finish within {FENCE_TIMEOUT_NS / 1e9:.0f} s")
+            raise VkrtError(f"GPU work did not finish within {timeout_s:g} s "
+                            f"(VKRT_FENCE_TIMEOUT_S) on {self.device.name}")
         check(result, "vkWaitForFences")
         self.counters.fence_waits += 1
         self.profiler.add("wait", t)
