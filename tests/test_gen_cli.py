@@ -52,7 +52,7 @@ def test_write_then_check_passes(tree):
     assert sorted(p.name for p in spirv.iterdir()) == [
         "aliased.spv", "modules.json", "push_layout.spv"]
     doc = json.loads((spirv / "modules.json").read_text())
-    assert doc["schema"] == 1 and doc["compiler"]["version"] == "13.1.1"
+    assert doc["schema"] == 2 and doc["compiler"]["version"] == "13.1.1"
     assert doc["modules"]["aliased"]["source"] == "aliased.comp"
     assert (spirv / "modules.json").read_text().endswith("}\n")
     assert gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv)) == (0, "")
@@ -160,8 +160,10 @@ def test_loader_reads_tree_without_compiler(tree, monkeypatch):
     a = mods["aliased"]
     assert (a.binding_count, a.writable_mask, a.local_size, a.local_size_spec_ids) == \
         (2, 0b10, (1, 1, 1), (0, None, None))
-    assert a.bindings == (metadata.Binding(0, 0, "storage_buffer", 1, False),
-                          metadata.Binding(0, 1, "storage_buffer", 1, True))
+    assert a.bindings == (metadata.Binding(0, 0, "storage_buffer", 1, False, True, "A"),
+                          metadata.Binding(0, 1, "storage_buffer", 1, True, True, "Bf/Bh"))
+    assert a.push_constants == (metadata.PushConstant("n", 0, 4, "uint32"),
+                                metadata.PushConstant("s", 4, 4, "float32"))
     assert a.spec_constants[1] == metadata.SpecConstant(1, "N", "int32", -3)
     assert mods["push_layout"].push_constant_size == 116
     assert metadata.read_spirv("aliased", spirv)[:4] == b"\x03\x02\x23\x07"
@@ -197,7 +199,7 @@ def test_hand_edited_tree_is_refused_by_loader_and_check(tree):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda d: d.update(schema=2), "schema 2, expected 1"),
+    (lambda d: d.update(schema=1), "schema 1, expected 2"),
     (lambda d: d["modules"]["aliased"].pop("bindings"), "module 'aliased' is malformed"),
     (lambda d: d.pop("modules"), "no 'modules' table"),
 ])

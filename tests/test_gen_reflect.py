@@ -205,6 +205,12 @@ def differences(spv: Path, ours: dict) -> list[str]:
     size = (_struct_size(sc["types"], pcs[0]["type"]) + 3) // 4 * 4 if pcs else 0
     if size != ours["push_constant_size"]:
         diffs.append(f"push_constant_size {size} vs {ours['push_constant_size']}")
+    # Members: name, offset and size of each, in declaration order.
+    members = sc["types"][pcs[0]["type"]]["members"] if pcs else []
+    theirs = [(m["name"], m["offset"], _member_size(sc["types"], m)) for m in members]
+    mine = [(p["name"], p["offset"], p["size"]) for p in ours["push_constants"]]
+    if theirs != mine:
+        diffs.append(f"push_constants: spirv-cross {theirs} ours {mine}")
     return diffs
 
 
@@ -252,6 +258,8 @@ def test_comparison_can_fail(tmp_path: Path):
         "spec id": lambda m: m["spec_ids"][1].update(id=9),
         "local_size spec id": lambda m: m.update(local_size_spec_ids=[None, None, None]),
         "push size": lambda m: m.update(push_constant_size=12),
+        "push member offset": lambda m: m["push_constants"][0].update(offset=4),
+        "push member name": lambda m: m["push_constants"][0].update(name="other"),
     }
     for what, mutate in mutations.items():
         bad = json.loads(json.dumps(good))

@@ -5,12 +5,12 @@ The runtime imports only this file of `vkrt.gen` (no glslang needed). `load_modu
 and returns frozen `ModuleMeta` records. `render` produces the file's bytes: sorted keys,
 indent 1, trailing newline, so equal metadata gives equal bytes.
 
-Schema 1:
-    {"schema": 1,
+Schema 2 (1 lacked `push_constants`):
+    {"schema": 2,
      "compiler": {"name", "package", "version", "flags"},
      "modules": {"<module>": {"source", "defines", "sha256", "binding_count", "writable_mask",
                               "bindings", "spec_ids", "local_size", "local_size_spec_ids",
-                              "push_constant_size"}}}
+                              "push_constant_size", "push_constants"}}}
 The per-module fields are documented in `reflect.py`.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from vkrt.errors import MetadataError
 
-SCHEMA = 1
+SCHEMA = 2
 FILENAME = "modules.json"
 DEFAULT_SPIRV_DIR: Path = Path(__file__).resolve().parent.parent / "spirv"
 
@@ -41,13 +41,27 @@ class SpecConstant:
 @dataclass(frozen=True)
 class Binding:
     """One descriptor binding; `count` is the array length (1 single, 0 runtime array);
-    `writable` when any declaration aliased on it may be written."""
+    `writable` (`readable`) when any declaration aliased on it may be written (read): from the
+    NonWritable / NonReadable decorations."""
 
     set: int
     binding: int
     descriptor_type: str
     count: int
     writable: bool
+    readable: bool
+    name: str
+
+
+@dataclass(frozen=True)
+class PushConstant:
+    """One top-level member of the push-constant block: `name`, byte `offset` and `size`,
+    `type` (a scalar type such as `uint32`/`float32`, or `vector`/`matrix`/`array`/`struct`)."""
+
+    name: str
+    offset: int
+    size: int
+    type: str
 
 
 @dataclass(frozen=True)
@@ -56,7 +70,8 @@ class ModuleMeta:
 
     `binding_count`: distinct set-0 storage-buffer bindings; `writable_mask`: bit b = binding b
     written; `local_size`: workgroup size defaults; `local_size_spec_ids`: SpecId overriding each
-    dimension, or None; `push_constant_size`: bytes of push constants from offset 0.
+    dimension, or None; `push_constant_size`: bytes of push constants from offset 0;
+    `push_constants`: the block's members by declaration order.
     """
 
     name: str
@@ -68,6 +83,7 @@ class ModuleMeta:
     local_size: tuple[int, int, int]
     local_size_spec_ids: tuple[int | None, int | None, int | None]
     push_constant_size: int
+    push_constants: tuple[PushConstant, ...]
 
 
 def render(compiler: dict, modules: dict[str, dict]) -> bytes:
@@ -102,11 +118,14 @@ def _module(name: str, d: dict) -> ModuleMeta:
         name=name, sha256=d["sha256"], binding_count=int(d["binding_count"]),
         writable_mask=int(d["writable_mask"]),
         bindings=tuple(Binding(b["set"], b["binding"], b["descriptor_type"], b["count"],
-                               b["writable"]) for b in d["bindings"]),
+                               b["writable"], b["readable"], "/".join(b["names"]))
+                       for b in d["bindings"]),
         spec_constants=tuple(SpecConstant(s["id"], s["name"], s["type"], s["default"])
                              for s in d["spec_ids"]),
         local_size=tuple(d["local_size"]), local_size_spec_ids=tuple(d["local_size_spec_ids"]),
-        push_constant_size=int(d["push_constant_size"]))
+        push_constant_size=int(d["push_constant_size"]),
+        push_constants=tuple(PushConstant(p["name"], p["offset"], p["size"], p["type"])
+                             for p in d["push_constants"]))
 
 
 def read_spirv(name: str, spirv_dir: Path = DEFAULT_SPIRV_DIR) -> bytes:

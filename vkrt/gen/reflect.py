@@ -18,6 +18,10 @@ dict stored per module in `modules.json` (see `metadata.py`):
 - `local_size`: [x, y, z] defaults; `local_size_spec_ids`: spec id or None per dimension.
 - `push_constant_size`: bytes from offset 0 to the end of the push-constant block's last
   byte, rounded up to 4 (VkPushConstantRange.size must be a multiple of 4); 0 if none.
+- `push_constants`: the block's top-level members in declaration order: `name` (the member
+  name, or its index as a string when unnamed), `offset` and `size` in bytes, `type` (a scalar
+  type name as for `spec_ids`, or `vector`, `matrix`, `array`, `struct`). The runtime packs
+  push constants by these names (`vkrt/runtime/op.py`).
 - `sha256`: hex digest of the module bytes.
 
 Access rule (as SPIRV-Cross and SPIRV-Reflect): a buffer is read-only when the variable is
@@ -366,14 +370,27 @@ def _struct_size(m: _Module, struct_id: int) -> int:
     return end
 
 
-def _push_constant_size(m: _Module) -> int:
+_COMPOSITE_KINDS = {OP_TYPE_VECTOR: "vector", OP_TYPE_MATRIX: "matrix", OP_TYPE_ARRAY: "array",
+                    OP_TYPE_STRUCT: "struct"}
+
+
+def _push_constants(m: _Module) -> tuple[int, list[dict]]:
+    """(push_constant_size, members) of the module's one push-constant block, or (0, [])."""
     blocks = [t for t, _, storage in m.variables if storage == SC_PUSH_CONSTANT]
     if len(blocks) > 1:
         m.fail(f"{len(blocks)} push-constant blocks; at most one is supported")
     if not blocks:
-        return 0
-    size = _struct_size(m, m.type(blocks[0])[1][1])
-    return (size + 3) // 4 * 4
+        return 0, []
+    struct_id = m.type(blocks[0])[1][1]
+    size = _struct_size(m, struct_id)
+    members = []
+    for i, member_type in enumerate(m.type(struct_id)[1]):
+        op = m.type(member_type)[0]
+        kind = _COMPOSITE_KINDS.get(op) or m.scalar_type(member_type)[0]
+        members.append({"name": m.member_names.get((struct_id, i), str(i)),
+                        "offset": m.member_decorations[(struct_id, i)][D_OFFSET][0],
+                        "size": _member_size(m, struct_id, i, member_type), "type": kind})
+    return (size + 3) // 4 * 4, members
 
 
 # -- the entry point -----------------------------------------------------------------------
@@ -396,6 +413,7 @@ def reflect(spirv: bytes, module: str) -> dict:
     bindings = _bindings(m)
     ssbo_set0 = [b for b in bindings if b["set"] == 0 and b["descriptor_type"] == "storage_buffer"]
     local_size, local_size_spec_ids = _local_size(m, entry_id)
+    push_constant_size, push_constants = _push_constants(m)
     return {
         "sha256": hashlib.sha256(spirv).hexdigest(),
         "binding_count": len(ssbo_set0),
@@ -404,5 +422,6 @@ def reflect(spirv: bytes, module: str) -> dict:
         "spec_ids": _spec_constants(m),
         "local_size": local_size,
         "local_size_spec_ids": local_size_spec_ids,
-        "push_constant_size": _push_constant_size(m),
+        "push_constant_size": push_constant_size,
+        "push_constants": push_constants,
     }
