@@ -20,9 +20,11 @@ import pytest
 
 from vkrt.models.llama import rope_table
 from vkrt.runtime.device import Device
+from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.stream import Stream
+from vkrt.runtime.tensor import Tensor
 
 ELEMENTWISE = 64   # elementwise kernels' workgroup size, as in llama.py
 F32 = 4
@@ -40,20 +42,23 @@ class Gpu:
         self.sg = self.device.subgroup_size
         self.buffers: list[Buffer] = []
 
-    def upload(self, array: np.ndarray) -> Buffer:
-        b = self.stream.upload(np.ascontiguousarray(array))
-        self.buffers.append(b)
-        return b
+    def upload(self, array: np.ndarray) -> Tensor:
+        t = self.stream.upload(np.ascontiguousarray(array))
+        self.buffers.append(t.buffer)
+        return t
 
-    def filled(self, n: int, value=SENTINEL, dtype=np.float32) -> Buffer:
-        """A buffer of n elements all equal to `value` (to detect writes where none belong)."""
+    def filled(self, n: int, value=SENTINEL, dtype=np.float32) -> Tensor:
+        """A tensor of n elements all equal to `value` (to detect writes where none belong)."""
         return self.upload(np.full(n, value, dtype))
 
-    def read(self, buffer: Buffer, dtype=np.float32) -> np.ndarray:
-        return self.stream.read(buffer, dtype)
+    def read(self, t: Tensor, dtype=np.float32) -> np.ndarray:
+        """The whole buffer under `t` as a 1-D array of `dtype`."""
+        return self.stream.read(Tensor.of(t.buffer, np.dtype(dtype).name))
 
-    def run(self, name: str, spec: dict, buffers, groups, push) -> None:
-        self.stream.dispatch(self.cache.get_pipeline(name, spec), buffers, groups, push)
+    def run(self, name: str, spec: dict, tensors, groups, push) -> None:
+        """One dispatch with raw push-constant bytes (the kernels' contract, not the ops')."""
+        pipeline = self.cache.get_pipeline(name, spec)
+        self.stream.record([Dispatch(pipeline, tuple(tensors), groups, push.tobytes(), name)])
 
     def close_buffers(self) -> None:
         while self.buffers:

@@ -15,6 +15,8 @@ import pytest
 
 from vkrt.models.generate import Sampling, generate
 from vkrt.models.tokenizer import Tokenizer
+from vkrt.runtime.barriers import plan, stages
+from vkrt.runtime.tensor import Tensor
 
 LOGIT_ATOL = 1e-3
 TIE_GAP = 1e-3  # argmax must agree wherever the reference's top-2 gap exceeds this
@@ -25,6 +27,13 @@ def tok(default_gguf):
     return Tokenizer.from_metadata(default_gguf.metadata)
 
 
+@pytest.fixture(params=["tracked", "always"])
+def arm(request, llama, monkeypatch):
+    """The model's stream in one barrier arm (VKRT_BARRIERS): tracked or always."""
+    monkeypatch.setattr(llama.stream.tracker, "always", request.param == "always")
+    return request.param
+
+
 def chat_ids(tok, default_gguf, text):
     from vkrt.models.chat import render_chat
 
@@ -33,14 +42,14 @@ def chat_ids(tok, default_gguf, text):
     return tok.encode(rendered, add_bos=False)
 
 
-def test_greedy_32_tokens_exact(llama, reference, tok):
+def test_greedy_32_tokens_exact(llama, reference, tok, arm):
     prompt = tok.encode("1, 2, 3, 4, 5,")
     expected = reference.greedy(prompt, 32)
     got = generate(llama, prompt, 32).tokens
     assert got == expected, (tok.decode(got), tok.decode(expected))
 
 
-def test_chat_greedy_exact(llama, reference, tok, default_gguf):
+def test_chat_greedy_exact(llama, reference, tok, default_gguf, arm):
     prompt = chat_ids(tok, default_gguf, "Count from 1 to 10.")
     expected = reference.greedy(prompt, 24)
     got = generate(llama, prompt, 24, eos_id=tok.eos_id).tokens
@@ -67,26 +76,81 @@ def test_teacher_forced_logits(llama, reference, tok, default_gguf, text, chat):
     np.testing.assert_array_equal(ours.argmax(1)[decided], ref.argmax(1)[decided])
 
 
-def _decode_step_counters(model, tok):
-    hp = model.hp
+# Per decoded token of a Llama forward (llama.py `step`): dispatches, and the barriers the
+# tracker proves. Per layer 16 dispatches in 11 dependent stages: attn_norm | q, k, v |
+# rope q, rope k into the cache, v into the cache | attention | attn_output | residual add |
+# ffn_norm | gate, up | silu*mul | down | residual add. Around the layers: the embedding (its
+# RAW barrier is on the token id that the previous step's argmax wrote, in an earlier
+# submission), then output_norm | output | argmax.
+def per_token(n_layer: int) -> dict:
+    return {"dispatches": 1 + 16 * n_layer + 3, "tracked": 1 + 11 * n_layer + 3}
+
+
+def _decode_step_counters(model, tok, arm="tracked"):
     prompt = tok.encode("Hello")
     generate(model, prompt, 3)                       # warm: descriptor sets written
     before = model.stream.counters.snapshot()
     generate(model, prompt, 3)
     d = model.stream.counters.since(before)
-    per_layer = 10 + 6   # attention block 10 dispatches, MLP block 6 (llama.py)
-    per_token = 1 + per_layer * hp.n_layer + 3       # embed; layers; norm, logits, argmax
-    assert d["dispatches"] == 3 * per_token
-    assert d["barriers"] == d["dispatches"]          # FullBarrier: one before every dispatch
+    want = per_token(model.hp.n_layer)
+    decode = model.step(model.acts.token, 1, 10)     # the decode step as data
+    assert len(decode) == want["dispatches"]
+    # Three forwards: the prompt's, then two decode steps, each followed by a 4-byte read.
+    assert d["dispatches"] == 3 * want["dispatches"]
+    n = want["tracked"]
+    staging = model.acts.token.buffer.mapped is None
+    assert d["copies"] == (4 if staging else 0)      # the prompt's upload, three readbacks
+    if arm == "always":
+        assert d["barriers"] == d["dispatches"] + d["copies"]
+    elif not staging:
+        # The prompt's embedding reads ids the host wrote into mapped memory: nothing pending.
+        assert d["barriers"] == d["barriers_raw"] == 3 * n - 1
+        assert d["stages"] == 3 * n
+    else:
+        # Staging: the prompt's embedding waits for the ids upload and each readback for the
+        # argmax (transfer barriers); a decode step's embedding then reads a token id that
+        # the readback's barrier already ordered: no barrier, but a new stage.
+        assert d["barriers_raw"] == 3 * (n - 1)
+        assert d["barriers_transfer"] == 4
+        assert d["barriers"] == 3 * (n - 1) + 4
+        assert d["stages"] == 3 * (n - 1) + 7
+    assert d["barriers_waw"] == d["barriers_war"] == 0
     assert d["submits"] == d["fence_waits"] == 3
     assert d["host_reads"] == 3 and d["read_bytes"] == 3 * 4
     assert d["descriptor_sets"] == 0
 
 
-def test_decode_step_counters(llama, tok):
+@pytest.mark.parametrize("mode", ["tracked", "always"])
+def test_decode_step_counters(llama, tok, mode, monkeypatch):
     """One decode step: one submit, one fence wait, one 4-byte host read; every dispatch of
-    the forward recorded once; no descriptor set written once the buffers are bound."""
-    _decode_step_counters(llama, tok)
+    the forward recorded once; barriers only on proven dependencies (tracked) or before
+    every dispatch (always); no descriptor set written once the views are bound."""
+    monkeypatch.setattr(llama.stream.tracker, "always", mode == "always")
+    _decode_step_counters(llama, tok, mode)
+
+
+def test_decode_step_plan_without_recording(llama):
+    """The decode step as data: the tracker's plan names where each barrier falls. Independent
+    products share one barrier: Q, K and V; RoPE of Q, of K and the V cache write; gate and
+    up."""
+    hp = llama.hp
+    llama.setup_caches(max(llama.max_seq, 64))
+    a = llama.activations(1)
+    step = llama.step(a.token, 1, 10)
+    # A token id written by the previous step's argmax is pending: the plan starts there.
+    argmax = llama.step(a.token, 1, 9)[-1]
+    decisions = plan([argmax] + step)[1:]
+    names = [d.name for d in step]
+    barrier_at = {n for n, c in zip(names, decisions) if c}
+    for i in range(hp.n_layer):
+        b = f"blk.{i}."
+        assert {b + "attn_norm", b + "attn_q", b + "rope_q", b + "attn", b + "attn_output",
+                b + "attn_residual", b + "ffn_norm", b + "ffn_gate", b + "ffn_silu_mul",
+                b + "ffn_down", b + "ffn_residual"} <= barrier_at
+        assert not {b + "attn_k", b + "attn_v", b + "rope_k", b + "v_cache",
+                    b + "ffn_up"} & barrier_at
+    assert set(decisions) == {"RAW", None}
+    assert sum(map(bool, decisions)) == stages(decisions) == per_token(hp.n_layer)["tracked"]
 
 
 def test_decode_step_counters_through_staging(default_gguf, tok):
@@ -97,9 +161,8 @@ def test_decode_step_counters_through_staging(default_gguf, tok):
 
     with Device(direct_host_access=False) as device:
         model = Llama.from_gguf(device, default_gguf)
-        assert model.acts is None or model.acts.token.mapped is None
         _decode_step_counters(model, tok)
-        assert model.acts.token.mapped is None
+        assert model.acts.token.buffer.mapped is None
         model.close()
 
 
@@ -136,5 +199,5 @@ def test_generation_scratch_fits_the_storage_range(llama):
     pass maxStorageBufferRange (128 MiB on lavapipe: 682 tokens of SmolLM2) and be refused."""
     a = llama.activations(2048)
     assert a.logits.nbytes >= llama.hp.n_vocab * 4
-    assert max(b.nbytes for b in vars(a).values() if hasattr(b, "nbytes")) \
+    assert max(t.nbytes for t in vars(a).values() if isinstance(t, Tensor)) \
         <= llama.device.max_storage_buffer_range

@@ -67,4 +67,16 @@ FENCE_TIMEOUT_S: Switch[float] = Switch(
     "Seconds the host waits for one submission before giving up (a 700-token prefill of "
     "SmolLM2 takes over a minute on lavapipe).")
 
-ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S)
+
+def _barriers(raw: str) -> str:
+    if raw not in ("always", "tracked"):
+        raise ValueError(f"VKRT_BARRIERS={raw!r}: expected 'always' or 'tracked'")
+    return raw
+
+
+BARRIERS: Switch[str] = Switch(
+    "VKRT_BARRIERS", _barriers, "tracked",
+    "`tracked`: a pipeline barrier only before a dispatch or copy that depends on pending "
+    "work (RAW, WAW, WAR on byte ranges); `always`: one before every dispatch and copy.")
+
+ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS)

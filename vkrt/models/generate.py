@@ -97,10 +97,10 @@ def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
     for step in range(max_tokens):
         model.forward(ids_buffer, n_tokens, pos)
         if greedy:
-            token = int(s.read(a.token, np.uint32, 1)[0])
+            token = int(s.read(a.token)[0])
             ids_buffer = a.token        # the next embedding reads the argmax in place
         else:
-            token = _sample(s.read(a.logits, np.float32, hp.n_vocab), sampling, rng)
+            token = _sample(s.read(a.logits.rows(0, 1))[0], sampling, rng)
             s.write(a.ids, np.array([token], np.uint32))
             ids_buffer = a.ids
         if step == 0:

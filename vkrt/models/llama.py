@@ -1,34 +1,28 @@
 """The Llama family on vkrt: weights from a GGUF, the forward pass as a list of dispatches.
 
-Read `Llama.forward` top to bottom: it is the architecture (Touvron et al. 2023; the layer
-order of transformers' modeling_llama.py). Tensor names are the GGUF's (`token_embd`,
-`blk.N.attn_q`, ...), so the loader needs no rename table. Shapes: `[tokens, hidden]`.
+Read `Llama.step` top to bottom: it is the architecture (Touvron et al. 2023; the layer
+order of transformers' modeling_llama.py), emitted as data (a list of `Dispatch` records named
+after the GGUF tensors: `token_embd`, `blk.N.attn_q`, ...) that the stream records. Tensor
+names are the GGUF's, so the loader needs no rename table. Shapes: `[tokens, hidden]`.
 
 Weights are dequantized to f32 on the host at load (gguf's numpy dequantizer) and uploaded
-once; activations and the KV cache are f32 device buffers.
+once; activations (views of one buffer) and the KV cache (views of another) are f32.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from struct import pack
 
 import numpy as np
 
 from vkrt.errors import ModelFormatError
+from vkrt.kernels import Kernels
 from vkrt.models.gguf import GGUFFile, LlamaHParams
 from vkrt.runtime.device import Device
+from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.stream import Stream
-
-ELEMENTWISE_BLOCK = 64   # workgroup size of elementwise kernels
-ARGMAX_BLOCK = 256
-MATMUL_TOKENS = 8        # tokens per matmul workgroup (each W row read once per tile)
-F32 = 4
-
-
-def _groups(n: int, block: int) -> int:
-    return (n + block - 1) // block
+from vkrt.runtime.tensor import Tensor
 
 
 def rope_table(head_dim: int, theta: float, n_positions: int) -> np.ndarray:
@@ -46,63 +40,80 @@ def rope_table(head_dim: int, theta: float, n_positions: int) -> np.ndarray:
     return np.stack([np.cos(angle), np.sin(angle)], axis=-1).astype(np.float32)
 
 
+def _aligned(nbytes: int, align: int) -> int:
+    return -(-nbytes // align) * align
+
+
 @dataclass
 class Activations:
-    """Scratch buffers for a forward over up to `n_tokens` tokens, `[tokens, width]` f32, with
-    logits for up to `logit_rows` of them (1 for generation: a [tokens, n_vocab] buffer
-    passes maxStorageBufferRange, 128 MiB on lavapipe, beyond 682 tokens of SmolLM2)."""
+    """Scratch tensors for a forward over up to `n_tokens` tokens, `[tokens, width]` f32, with
+    logits for up to `logit_rows` of them (1 for generation: a [tokens, n_vocab] view
+    passes maxStorageBufferRange, 128 MiB on lavapipe, beyond 682 tokens of SmolLM2).
+    All are disjoint views of one buffer (`arena`): the tracker orders them by byte range."""
     n_tokens: int
     logit_rows: int
-    ids: Buffer      # [tokens] u32
-    x: Buffer        # [tokens, n_embd] residual stream
-    xn: Buffer       # [tokens, n_embd] normed
-    q: Buffer        # [tokens, n_head * head_dim]
-    k: Buffer        # [tokens, n_head_kv * head_dim]
-    v: Buffer        # [tokens, n_head_kv * head_dim]
-    q_rope: Buffer   # [tokens, n_head * head_dim]
-    attn: Buffer     # [tokens, n_head * head_dim]
-    proj: Buffer     # [tokens, n_embd] attention or MLP output before the residual add
-    gate: Buffer     # [tokens, n_ff]
-    up: Buffer       # [tokens, n_ff]
-    act: Buffer      # [tokens, n_ff]
-    logits: Buffer   # [logit_rows, n_vocab]
-    token: Buffer    # [1] u32, argmax of the last logits row
+    arena: Buffer
+    ids: Tensor      # [tokens] u32
+    x: Tensor        # [tokens, n_embd] residual stream
+    xn: Tensor       # [tokens, n_embd] normed
+    q: Tensor        # [tokens, n_head * head_dim]
+    k: Tensor        # [tokens, n_head_kv * head_dim]
+    v: Tensor        # [tokens, n_head_kv * head_dim]
+    q_rope: Tensor   # [tokens, n_head * head_dim]
+    attn: Tensor     # [tokens, n_head * head_dim]
+    proj: Tensor     # [tokens, n_embd] attention or MLP output before the residual add
+    gate: Tensor     # [tokens, n_ff]
+    up: Tensor       # [tokens, n_ff]
+    act: Tensor      # [tokens, n_ff]
+    logits: Tensor   # [logit_rows, n_vocab]
+    token: Tensor    # [1] u32, argmax of the last logits row
+
+    @classmethod
+    def allocate(cls, device: Device, hp: LlamaHParams, n_tokens: int,
+                 logit_rows: int) -> "Activations":
+        """One buffer holding every view, each at an offset aligned to the device's
+        minStorageBufferOffsetAlignment."""
+        qw, kvw, T = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, n_tokens
+        layout = {"ids": ("uint32", (T,)), "x": ("float32", (T, hp.n_embd)),
+                  "xn": ("float32", (T, hp.n_embd)), "q": ("float32", (T, qw)),
+                  "k": ("float32", (T, kvw)), "v": ("float32", (T, kvw)),
+                  "q_rope": ("float32", (T, qw)), "attn": ("float32", (T, qw)),
+                  "proj": ("float32", (T, hp.n_embd)), "gate": ("float32", (T, hp.n_ff)),
+                  "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
+                  "logits": ("float32", (logit_rows, hp.n_vocab)), "token": ("uint32", (1,))}
+        align = device.min_storage_buffer_offset_alignment
+        offsets, end = {}, 0
+        for name, (_, shape) in layout.items():
+            offsets[name] = end
+            end += _aligned(int(np.prod(shape)) * 4, align)
+        arena = Buffer(device, end, name="activations")
+        views = {name: Tensor(arena, offsets[name], int(np.prod(shape)) * 4, dtype, shape, name)
+                 for name, (dtype, shape) in layout.items()}
+        return cls(T, logit_rows, arena, **views)
 
     def close(self) -> None:
-        for b in vars(self).values():
-            if isinstance(b, Buffer):
-                b.close()
+        self.arena.close()
 
 
 class Llama:
     """A Llama-architecture model resident on one device.
 
     Build with `Llama.from_gguf(device, gguf)`. `setup_caches(max_seq)` allocates the KV cache:
-    per layer `k_cache`, `v_cache` of `[max_seq, n_head_kv * head_dim]` f32.
+    one buffer holding, per layer, `k_cache[i]` and `v_cache[i]`, views of
+    `[max_seq, n_head_kv * head_dim]` f32.
     """
 
-    def __init__(self, device: Device, hp: LlamaHParams, weights: dict[str, Buffer],
+    def __init__(self, device: Device, hp: LlamaHParams, weights: dict[str, Tensor],
                  stream: Stream, pipelines: PipelineCache):
         self.device, self.hp, self.w = device, hp, weights
         self.stream, self.pipelines = stream, pipelines
         self.acts: Activations | None = None
-        self.k_cache: list[Buffer] = []
-        self.v_cache: list[Buffer] = []
-        self.rope: Buffer | None = None   # rope_table for positions 0 .. max_seq - 1
+        self.kv: Buffer | None = None
+        self.k_cache: list[Tensor] = []
+        self.v_cache: list[Tensor] = []
+        self.rope: Tensor | None = None   # rope_table for positions 0 .. max_seq - 1
         self.max_seq = 0
-        p = pipelines.get_pipeline
-        # Reductions run one subgroup per workgroup: no barriers (see glsl/reduce.glsl).
-        sg = device.subgroup_size
-        self.k_embed = p("embed", {0: ELEMENTWISE_BLOCK})
-        self.k_rmsnorm = p("rmsnorm", {0: sg})
-        self.k_matvec = p("matvec", {0: sg})
-        self.k_matmul = p("matmul", {0: sg, 1: MATMUL_TOKENS})
-        self.k_rope = p("rope", {0: ELEMENTWISE_BLOCK})
-        self.k_copy_rows = p("copy_rows", {0: ELEMENTWISE_BLOCK})
-        self.k_attention = p("attention", {0: hp.head_dim})
-        self.k_silu_mul = p("silu_mul", {0: ELEMENTWISE_BLOCK})
-        self.k_add = p("add", {0: ELEMENTWISE_BLOCK})
-        self.k_argmax = p("argmax", {0: ARGMAX_BLOCK})
+        self.k = Kernels(pipelines, head_dim=hp.head_dim)
         self.attn_scale = 1.0 / float(np.sqrt(hp.head_dim))  # softmax(q k^T / sqrt(d))
 
     @classmethod
@@ -119,7 +130,7 @@ class Llama:
             raise ModelFormatError(f"{gguf.path}: n_embd {hp.n_embd} and n_ff {hp.n_ff} must be "
                                    f"multiples of 4 and head_dim {hp.head_dim} even")
         stream = Stream(device)
-        weights: dict[str, Buffer] = {}
+        weights: dict[str, Tensor] = {}
         names = _expected_tensors(hp, gguf)
         for name in tqdm(names, desc="loading weights", unit="tensor", disable=not progress,
                          leave=False):
@@ -131,18 +142,28 @@ class Llama:
         """Allocate the KV cache and the RoPE table for sequences of up to `max_seq` tokens
         (prompt + generated)."""
         hp = self.hp
-        for b in self.k_cache + self.v_cache + ([self.rope] if self.rope else []):
-            b.close()
+        self._close_caches()
         self.rope = self.stream.upload(rope_table(hp.head_dim, hp.rope_theta, max_seq), name="rope")
-        row = hp.n_head_kv * hp.head_dim * F32
-        self.k_cache = [Buffer(self.device, max_seq * row, name=f"blk.{i}.k_cache")
-                        for i in range(hp.n_layer)]
-        self.v_cache = [Buffer(self.device, max_seq * row, name=f"blk.{i}.v_cache")
-                        for i in range(hp.n_layer)]
+        kvw = hp.n_head_kv * hp.head_dim
+        nbytes = max_seq * kvw * 4
+        stride = _aligned(nbytes, self.device.min_storage_buffer_offset_alignment)
+        self.kv = Buffer(self.device, 2 * hp.n_layer * stride, name="kv_cache")
+
+        def view(j: int, name: str) -> Tensor:
+            return Tensor(self.kv, j * stride, nbytes, "float32", (max_seq, kvw), name)
+
+        self.k_cache = [view(2 * i, f"blk.{i}.k_cache") for i in range(hp.n_layer)]
+        self.v_cache = [view(2 * i + 1, f"blk.{i}.v_cache") for i in range(hp.n_layer)]
         self.max_seq = max_seq
 
+    def _close_caches(self) -> None:
+        if self.kv is not None:
+            self.kv.close()
+            self.rope.buffer.close()
+            self.kv = self.rope = None
+
     def activations(self, n_tokens: int, logit_rows: int = 1) -> Activations:
-        """Scratch buffers for a forward of `n_tokens` tokens keeping `logit_rows` rows of
+        """Scratch tensors for a forward of `n_tokens` tokens keeping `logit_rows` rows of
         logits; reallocated (larger) only when the current ones are too small."""
         a = self.acts
         if a is not None and a.n_tokens >= n_tokens and a.logit_rows >= logit_rows:
@@ -150,106 +171,73 @@ class Llama:
         if a is not None:
             n_tokens, logit_rows = max(n_tokens, a.n_tokens), max(logit_rows, a.logit_rows)
             a.close()
-        hp, d, T = self.hp, self.device, n_tokens
-        qw, kvw = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-
-        def buf(width: int, name: str) -> Buffer:
-            return Buffer(d, T * width * F32, name=name)
-
-        self.acts = Activations(
-            T, logit_rows, buf(1, "ids"), buf(hp.n_embd, "x"), buf(hp.n_embd, "xn"), buf(qw, "q"),
-            buf(kvw, "k"), buf(kvw, "v"), buf(qw, "q_rope"), buf(qw, "attn"),
-            buf(hp.n_embd, "proj"), buf(hp.n_ff, "gate"), buf(hp.n_ff, "up"),
-            buf(hp.n_ff, "act"),
-            Buffer(d, logit_rows * hp.n_vocab * F32, name="logits"), Buffer(d, F32, name="token"))
+        self.acts = Activations.allocate(self.device, self.hp, n_tokens, logit_rows)
         return self.acts
 
-    # -- kernels ---------------------------------------------------------------------------
-    def _linear(self, x: Buffer, weight: Buffer, y: Buffer, n_tokens: int, n_in: int,
-                n_out: int, x_row: int = 0) -> None:
-        """y[t, :] = weight @ x[x_row + t, :]; weight [n_out, n_in]."""
-        s = self.stream
-        assert n_in % 4 == 0, "matvec/matmul load vec4"
-        if n_tokens == 1:
-            s.dispatch(self.k_matvec, (weight, x, y), (n_out, 1, 1),
-                       pack("<2I", n_in, x_row * n_in))
-        else:
-            assert x_row == 0
-            s.dispatch(self.k_matmul, (weight, x, y), (n_out, _groups(n_tokens, MATMUL_TOKENS), 1),
-                       pack("<3I", n_in, n_out, n_tokens))
-
-    def _rmsnorm(self, x: Buffer, weight: Buffer, out: Buffer, n_tokens: int) -> None:
-        self.stream.dispatch(self.k_rmsnorm, (x, weight, out), (n_tokens, 1, 1),
-                             pack("<If", self.hp.n_embd, self.hp.rms_eps))
-
-    def _elementwise(self, kernel, buffers, n: int) -> None:
-        self.stream.dispatch(kernel, buffers, (_groups(n, ELEMENTWISE_BLOCK), 1, 1),
-                             pack("<I", n))
-
-    def _attention_block(self, layer: int, a: Activations, T: int, pos0: int) -> None:
-        hp, s, w = self.hp, self.stream, self.w
-        blk = f"blk.{layer}."
-        qw, kvw = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-        self._rmsnorm(a.x, w[blk + "attn_norm.weight"], a.xn, T)
-        self._linear(a.xn, w[blk + "attn_q.weight"], a.q, T, hp.n_embd, qw)
-        self._linear(a.xn, w[blk + "attn_k.weight"], a.k, T, hp.n_embd, kvw)
-        self._linear(a.xn, w[blk + "attn_v.weight"], a.v, T, hp.n_embd, kvw)
-        k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
-        half = hp.head_dim // 2
-        s.dispatch(self.k_rope, (a.q, self.rope, a.q_rope),
-                   (_groups(hp.n_head * half, ELEMENTWISE_BLOCK), T, 1),
-                   pack("<4I", hp.n_head, hp.head_dim, pos0, 0))
-        s.dispatch(self.k_rope, (a.k, self.rope, k_cache),
-                   (_groups(hp.n_head_kv * half, ELEMENTWISE_BLOCK), T, 1),
-                   pack("<4I", hp.n_head_kv, hp.head_dim, pos0, pos0))
-        s.dispatch(self.k_copy_rows, (a.v, v_cache), (_groups(kvw, ELEMENTWISE_BLOCK), T, 1),
-                   pack("<2I", kvw, pos0))
-        s.dispatch(self.k_attention, (a.q_rope, k_cache, v_cache, a.attn), (hp.n_head, T, 1),
-                   pack("<4If", hp.n_head, hp.n_head_kv, hp.head_dim, pos0, self.attn_scale))
-        self._linear(a.attn, w[blk + "attn_output.weight"], a.proj, T, qw, hp.n_embd)
-        self._elementwise(self.k_add, (a.x, a.proj), T * hp.n_embd)
-
-    def _mlp_block(self, layer: int, a: Activations, T: int) -> None:
-        hp, w = self.hp, self.w
-        blk = f"blk.{layer}."
-        self._rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T)
-        self._linear(a.xn, w[blk + "ffn_gate.weight"], a.gate, T, hp.n_embd, hp.n_ff)
-        self._linear(a.xn, w[blk + "ffn_up.weight"], a.up, T, hp.n_embd, hp.n_ff)
-        self._elementwise(self.k_silu_mul, (a.gate, a.up, a.act), T * hp.n_ff)
-        self._linear(a.act, w[blk + "ffn_down.weight"], a.proj, T, hp.n_ff, hp.n_embd)
-        self._elementwise(self.k_add, (a.x, a.proj), T * hp.n_embd)
-
     # -- the forward -----------------------------------------------------------------------
-    def forward(self, ids: Buffer, n_tokens: int, pos0: int, all_logits: bool = False) -> None:
-        """Record one forward over `n_tokens` token ids (u32 in `ids`) at positions
-        pos0 .. pos0 + n_tokens - 1, writing K/V into the cache.
+    def _attention_block(self, i: int, a: Activations, T: int, pos0: int) -> list[Dispatch]:
+        hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
+        k_cache, v_cache = self.k_cache[i], self.v_cache[i]
+        return [
+            k.rmsnorm(a.x, w[blk + "attn_norm.weight"], a.xn, T, hp.rms_eps, blk + "attn_norm"),
+            k.linear(a.xn, w[blk + "attn_q.weight"], a.q, T, name=blk + "attn_q"),
+            k.linear(a.xn, w[blk + "attn_k.weight"], a.k, T, name=blk + "attn_k"),
+            k.linear(a.xn, w[blk + "attn_v.weight"], a.v, T, name=blk + "attn_v"),
+            k.rope(a.q, self.rope, a.q_rope, T, hp.n_head, hp.head_dim, pos0,
+                   name=blk + "rope_q"),
+            k.rope(a.k, self.rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
+                   name=blk + "rope_k"),  # K goes straight into the cache
+            k.copy_rows(a.v, v_cache, T, pos0, name=blk + "v_cache"),
+            k.attention(a.q_rope, k_cache, v_cache, a.attn, T, hp.n_head, hp.n_head_kv,
+                        hp.head_dim, pos0, self.attn_scale, name=blk + "attn"),
+            k.linear(a.attn, w[blk + "attn_output.weight"], a.proj, T, name=blk + "attn_output"),
+            k.add(a.x, a.proj, T * hp.n_embd, name=blk + "attn_residual"),
+        ]
 
-        Afterwards `acts.logits` holds `[n_tokens, n_vocab]` logits when `all_logits`, else
-        the last token's `[n_vocab]` logits, and `acts.token` its argmax (greedy next token).
-        Nothing waits: read the results through the stream.
+    def _mlp_block(self, i: int, a: Activations, T: int) -> list[Dispatch]:
+        hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
+        return [
+            k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps, blk + "ffn_norm"),
+            k.linear(a.xn, w[blk + "ffn_gate.weight"], a.gate, T, name=blk + "ffn_gate"),
+            k.linear(a.xn, w[blk + "ffn_up.weight"], a.up, T, name=blk + "ffn_up"),
+            k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul"),
+            k.linear(a.act, w[blk + "ffn_down.weight"], a.proj, T, name=blk + "ffn_down"),
+            k.add(a.x, a.proj, T * hp.n_embd, name=blk + "ffn_residual"),
+        ]
+
+    def step(self, ids: Tensor, n_tokens: int, pos0: int,
+             all_logits: bool = False) -> list[Dispatch]:
+        """The dispatches of one forward over `n_tokens` token ids (u32 in `ids`) at positions
+        pos0 .. pos0 + n_tokens - 1, writing K/V into the cache. Nothing is recorded.
+
+        Once recorded, `acts.logits` holds `[n_tokens, n_vocab]` logits when `all_logits`,
+        else the last token's `[n_vocab]` logits, and `acts.token` its argmax (the greedy
+        next token).
         Raises: ValueError when the positions exceed the KV cache.
         """
-        hp, T, w = self.hp, n_tokens, self.w
+        hp, T, w, k = self.hp, n_tokens, self.w, self.k
         if pos0 + T > self.max_seq:
             raise ValueError(f"positions {pos0}..{pos0 + T - 1} exceed the KV cache of "
                              f"{self.max_seq} tokens (setup_caches)")
         a = self.activations(T, T if all_logits else 1)
-        self.stream.dispatch(self.k_embed, (w["token_embd.weight"], ids, a.x),
-                             (_groups(hp.n_embd, ELEMENTWISE_BLOCK), T, 1),
-                             pack("<I", hp.n_embd))
-        for layer in range(hp.n_layer):
-            self._attention_block(layer, a, T, pos0)
-            self._mlp_block(layer, a, T)
-        self._rmsnorm(a.x, w["output_norm.weight"], a.xn, T)
+        out = [k.embed(w["token_embd.weight"], ids, a.x, T, name="token_embd")]
+        for i in range(hp.n_layer):
+            out += self._attention_block(i, a, T, pos0)
+            out += self._mlp_block(i, a, T)
+        out.append(k.rmsnorm(a.x, w["output_norm.weight"], a.xn, T, hp.rms_eps, "output_norm"))
         output = w["token_embd.weight" if hp.tied_embeddings else "output.weight"]
         if all_logits:
-            self._linear(a.xn, output, a.logits, T, hp.n_embd, hp.n_vocab)
-            last_row = (T - 1) * hp.n_vocab
+            out.append(k.linear(a.xn, output, a.logits, T, name="output"))
         else:
-            self._linear(a.xn, output, a.logits, 1, hp.n_embd, hp.n_vocab, x_row=T - 1)
-            last_row = 0
-        self.stream.dispatch(self.k_argmax, (a.logits, a.token), (1, 1, 1),
-                             pack("<2I", hp.n_vocab, last_row))
+            out.append(k.linear(a.xn, output, a.logits, 1, x_row=T - 1, name="output"))
+        last_row = (T - 1) * hp.n_vocab if all_logits else 0
+        out.append(k.argmax(a.logits, a.token, hp.n_vocab, last_row, name="argmax"))
+        return out
+
+    def forward(self, ids: Tensor, n_tokens: int, pos0: int, all_logits: bool = False) -> None:
+        """Record `step(...)` on the model's stream. Nothing waits: read results through the
+        stream."""
+        self.stream.record(self.step(ids, n_tokens, pos0, all_logits))
 
     def logits(self, token_ids: list[int]) -> np.ndarray:
         """Teacher-forced logits `[len(token_ids), n_vocab]` f32 of one forward from position 0."""
@@ -259,14 +247,15 @@ class Llama:
         a = self.activations(T, T)
         self.stream.write(a.ids, np.asarray(token_ids, np.uint32))
         self.forward(a.ids, T, 0, all_logits=True)
-        return self.stream.read(a.logits, np.float32, T * self.hp.n_vocab).reshape(T, -1)
+        return self.stream.read(a.logits.rows(0, T))
 
     def close(self) -> None:
         """Free every buffer and the stream (pipelines are freed with the device)."""
         if self.acts is not None:
             self.acts.close()
-        for b in [*self.w.values(), *self.k_cache, *self.v_cache, *([self.rope] if self.rope else [])]:
-            b.close()
+        for t in self.w.values():
+            t.buffer.close()
+        self._close_caches()
         self.stream.close()
 
 

@@ -147,8 +147,11 @@ class Device:
         if self.direct_host_access is None:
             self.direct_host_access = self.info.kind in ("cpu", "integrated")
         props = vk.vkGetPhysicalDeviceProperties(self.physical)
-        self.limits = props.limits
+        # props owns the memory that props.limits points into: keep it alive with the device.
+        self.properties, self.limits = props, props.limits
         self.max_storage_buffer_range = props.limits.maxStorageBufferRange
+        self.min_storage_buffer_offset_alignment = props.limits.minStorageBufferOffsetAlignment
+        self.max_compute_work_group_count = tuple(props.limits.maxComputeWorkGroupCount)
         self.max_push_constants_size = props.limits.maxPushConstantsSize
         self.timestamp_period_ns = props.limits.timestampPeriod
         subgroup = new("VkPhysicalDeviceSubgroupProperties*",

@@ -3,19 +3,17 @@
 `PipelineCache.get_pipeline(name, spec)` builds (once per name and specialization) the shader
 module, the descriptor-set layout (one storage buffer per reflected binding), the pipeline
 layout (one push-constant range of the reflected size) and the compute pipeline. What the host
-binds is hard-checked against what the shader declares: `Pipeline.check_bindings` raises
-`ShaderInterfaceError` naming the module, the declared and the given counts.
+binds is hard-checked against what the shader declares by the `Op` that calls it (`op.py`);
+`Pipeline.bind` checks each bound view against the device's limits and caches one descriptor
+set per distinct tuple of views.
 """
 from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import NamedTuple
-
 from vkrt.errors import ShaderInterfaceError
 from vkrt.gen.metadata import DEFAULT_SPIRV_DIR, ModuleMeta, load_modules, read_spirv
 from vkrt.runtime.device import Device
-from vkrt.runtime.memory import Buffer
 from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
 
 # Specialization data layout per reflected scalar type: a bool is a VkBool32 (Vulkan spec
@@ -26,21 +24,13 @@ _SPEC_FORMAT = {"bool": "<I", "int8": "<b", "uint8": "<B", "int16": "<h", "uint1
 SETS_PER_POOL = 256
 
 
-class BoundSet(NamedTuple):
-    """A written descriptor set and what a dispatch through it accesses: `reads` and
-    `writes` are the serials of the buffers on read-only and on writable bindings
-    (from the reflected `writable_mask`)."""
-    set: object      # VkDescriptorSet[1], the array vkCmdBindDescriptorSets takes
-    reads: tuple
-    writes: tuple
-
-
 class Pipeline:
     """One specialized compute pipeline.
 
     Attributes: `name`, `meta` (ModuleMeta), `local_size` (x, y, z after specialization),
-    `binding_numbers` (sorted), `writable` (tuple of bool per bound buffer, from
-    `writable_mask`), `push_constant_size` (bytes), `handle`, `layout`.
+    `binding_numbers` (sorted), `writable` / `readable` (tuple of bool per binding in that
+    order, from the reflected NonWritable / NonReadable decorations), `push_constant_size`
+    (bytes), `handle`, `layout`.
     """
 
     def __init__(self, device: Device, meta: ModuleMeta, spirv: bytes, spec: dict):
@@ -66,6 +56,8 @@ class Pipeline:
         self.binding_numbers = tuple(sorted({b.binding for b in meta.bindings}))
         assert len(self.binding_numbers) == meta.binding_count
         self.writable = tuple(bool(meta.writable_mask >> n & 1) for n in self.binding_numbers)
+        readable = {b.binding: b.readable for b in meta.bindings}
+        self.readable = tuple(readable[n] for n in self.binding_numbers)
         self.push_constant_size = meta.push_constant_size
         if self.push_constant_size > dev.max_push_constants_size:
             raise ShaderInterfaceError(
@@ -156,35 +148,32 @@ class Pipeline:
             for size, sid in zip(self.meta.local_size, self.meta.local_size_spec_ids))
         return sorted(chosen.values(), key=lambda p: p[0].id)
 
-    def check_bindings(self, buffers, push_nbytes: int) -> None:
-        """Raise ShaderInterfaceError unless `len(buffers)` equals the reflected
-        `binding_count` and `push_nbytes` equals the reflected `push_constant_size`."""
-        if len(buffers) != self.meta.binding_count:
-            raise ShaderInterfaceError(
-                f"{self.name}: shader declares {self.meta.binding_count} storage buffers, "
-                f"{len(buffers)} bound")
-        if push_nbytes != self.push_constant_size:
-            raise ShaderInterfaceError(
-                f"{self.name}: shader declares {self.push_constant_size} bytes of push "
-                f"constants, {push_nbytes} given")
+    def bind(self, tensors, counters=None):
+        """The descriptor set (a `VkDescriptorSet[1]`) binding each view of `tensors` (its
+        buffer, offset and range) to the bindings in order. Written once per distinct tuple of
+        views and reused: a decode step binds the same views every token. A write is counted
+        in `counters.descriptor_sets`.
 
-    def bind(self, buffers, counters=None) -> BoundSet:
-        """The descriptor set binding `buffers` in order, with the read and write sets it
-        implies. Written once per distinct tuple of buffers and reused: a decode step binds
-        the same buffers every token. A write is counted in `counters.descriptor_sets`.
-
-        Raises: ShaderInterfaceError when a buffer exceeds maxStorageBufferRange.
+        Raises: ShaderInterfaceError when a view's range exceeds maxStorageBufferRange or its
+        offset is not a multiple of minStorageBufferOffsetAlignment (Vulkan spec,
+        VUID-VkWriteDescriptorSet-descriptorType-00328).
         """
-        key = tuple([b.serial for b in buffers])
+        key = tuple([t.key for t in tensors])
         found = self._sets.get(key)
         if found is not None:
             return found
+        align = self.device.min_storage_buffer_offset_alignment
         limit = self.device.max_storage_buffer_range
-        for b in buffers:
-            if b.nbytes > limit:
+        for i, t in enumerate(tensors):
+            if t.nbytes > limit:
                 raise ShaderInterfaceError(
-                    f"{self.name}: buffer {b.name!r} of {b.nbytes} bytes exceeds the device's "
-                    f"maxStorageBufferRange {limit}")
+                    f"{self.name}: binding {self.binding_numbers[i]} tensor {t.name!r} of "
+                    f"{t.nbytes} bytes exceeds the device's maxStorageBufferRange {limit}")
+            if t.offset % align:
+                raise ShaderInterfaceError(
+                    f"{self.name}: binding {self.binding_numbers[i]} tensor {t.name!r} at byte "
+                    f"offset {t.offset}, not a multiple of the device's "
+                    f"minStorageBufferOffsetAlignment {align}")
         if self._free_in_pool == 0:
             self._grow_pool()
         alloc = new("VkDescriptorSetAllocateInfo*", {
@@ -194,21 +183,20 @@ class Pipeline:
         out = new("VkDescriptorSet[1]")
         check(lib.vkAllocateDescriptorSets(self.device.handle, alloc, out), "descriptor set")
         self._free_in_pool -= 1
-        if buffers:
+        if tensors:
             infos = new("VkDescriptorBufferInfo[]", [
-                {"buffer": b.handle, "offset": 0, "range": b.nbytes} for b in buffers])
+                {"buffer": t.buffer.handle, "offset": t.offset, "range": t.nbytes}
+                for t in tensors])
             writes = new("VkWriteDescriptorSet[]", [
                 {"sType": vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, "dstSet": out[0],
                  "dstBinding": n, "descriptorCount": 1,
                  "descriptorType": vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, "pBufferInfo": infos + i}
                 for i, n in enumerate(self.binding_numbers)])
-            lib.vkUpdateDescriptorSets(self.device.handle, len(buffers), writes, 0, NULL)
+            lib.vkUpdateDescriptorSets(self.device.handle, len(tensors), writes, 0, NULL)
         if counters is not None:
             counters.descriptor_sets += 1
-        bound = BoundSet(out, tuple(k for k, w in zip(key, self.writable) if not w),
-                         tuple(k for k, w in zip(key, self.writable) if w))
-        self._sets[key] = bound
-        return bound
+        self._sets[key] = out
+        return out
 
     def _grow_pool(self) -> None:
         size = new("VkDescriptorPoolSize*", {

@@ -10,7 +10,13 @@ from dataclasses import dataclass, field, fields
 class Counters:
     """Monotonic event counts of one stream."""
     dispatches: int = 0
-    barriers: int = 0          # pipeline barriers recorded before dispatches
+    copies: int = 0            # transfers (staging uploads and readbacks)
+    barriers: int = 0          # pipeline barriers recorded before dispatches and copies
+    barriers_raw: int = 0      # ... by the cause the tracker proved (barriers.py)
+    barriers_waw: int = 0
+    barriers_war: int = 0
+    barriers_transfer: int = 0
+    stages: int = 0            # dependent stages: barrier-separated groups of records
     submits: int = 0           # vkQueueSubmit calls
     fence_waits: int = 0       # host waits on a fence (each drains the queue)
     descriptor_sets: int = 0   # descriptor sets written (cache misses)

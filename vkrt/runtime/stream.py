@@ -1,24 +1,26 @@
-"""`Stream`: where dispatches are recorded, where the barrier policy is consulted, where batches
-are submitted and where the host waits.
+"""`Stream`: where a list of records (dispatches, copies) is recorded, where the barrier tracker
+is consulted, where batches are submitted and where the host waits.
 
-One command buffer, one fence (the first slice): dispatches are recorded until a host access
-(`read`, `write`) or `finish()` ends the batch, submits it and waits on the fence. Each dispatch
-declares its read and write sets (derived from the pipeline's reflected `writable_mask`) and
-the barrier policy (`vkrt.runtime.barriers`) decides whether a barrier precedes it.
+One command buffer, one fence: records are recorded until a host access (`read`, `write`) or
+`finish()` ends the batch, submits it and waits on the fence. Before each record the tracker
+(`barriers.py`) decides whether a pipeline barrier must precede it, from the byte ranges the
+record reads and writes; its pending accesses survive the submission.
 """
 from __future__ import annotations
 
 import time
+from typing import Iterable
 
 import numpy as np
 
 from vkrt import config
 from vkrt.errors import VkrtError
-from vkrt.runtime.barriers import FullBarrier
+from vkrt.runtime.barriers import Tracker
 from vkrt.runtime.device import Device
+from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
-from vkrt.runtime.pipeline import Pipeline
 from vkrt.runtime.profiler import Counters, Profiler
+from vkrt.runtime.tensor import Tensor
 from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
 
 STAGING_MIN_BYTES = 1 << 20
@@ -28,16 +30,17 @@ _WORK_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TR
 
 
 class Stream:
-    """Records dispatches on `device`'s compute queue.
+    """Records dispatches and copies on `device`'s compute queue.
 
     Args:
-        barriers: the barrier policy (default `FullBarrier`).
-    Attributes: `counters` (Counters), `profiler` (Profiler).
+        barriers: "tracked" or "always" (default: VKRT_BARRIERS, see `barriers.py`).
+    Attributes: `counters` (Counters), `profiler` (Profiler), `tracker` (Tracker).
     """
 
-    def __init__(self, device: Device, barriers=None):
+    def __init__(self, device: Device, barriers: str | None = None):
         self.device = device
-        self.barriers = barriers or FullBarrier()
+        self.tracker = Tracker(always=(barriers or config.BARRIERS.value) == "always")
+        self._new_batch = True
         self.counters, self.profiler = Counters(), Profiler()
         self.pool = self.fence = None
         self._staging: dict[str, Buffer] = {}
@@ -94,36 +97,57 @@ class Stream:
             check(lib.vkBeginCommandBuffer(self.cmd, self._begin_info), "vkBeginCommandBuffer")
             self._recording = True
 
-    def _barrier(self) -> None:
+    def record(self, records: Iterable[Dispatch | Copy]) -> None:
+        """Record `records` in order, each behind a pipeline barrier when the tracker proves
+        a dependency on pending work. Nothing is submitted.
+
+        Raises: ShaderInterfaceError when a view breaks a device limit (`Pipeline.bind`)."""
+        t0 = time.perf_counter_ns()
+        self._begin()
+        cmd, counters, tracker = self.cmd, self.counters, self.tracker
+        compute = vk.VK_PIPELINE_BIND_POINT_COMPUTE
+        for r in records:
+            if r.transfer:
+                self._copy.srcOffset, self._copy.dstOffset = r.src.offset, r.dst.offset
+                self._copy.size = r.src.nbytes
+            else:
+                bound = r.pipeline.bind(r.tensors, counters)
+            barrier, cause = tracker.before(r)
+            if barrier:
+                lib.vkCmdPipelineBarrier(cmd, _WORK_STAGES, _WORK_STAGES, 0, 1, self._full,
+                                         0, NULL, 0, NULL)
+                counters.barriers += 1
+                if cause is not None:
+                    name = "barriers_" + cause.lower()
+                    setattr(counters, name, getattr(counters, name) + 1)
+            if barrier or self._new_batch:
+                counters.stages += 1
+                self._new_batch = False
+            if r.transfer:
+                lib.vkCmdCopyBuffer(cmd, r.src.buffer.handle, r.dst.buffer.handle, 1, self._copy)
+                counters.copies += 1
+                continue
+            p = r.pipeline
+            lib.vkCmdBindPipeline(cmd, compute, p.handle)
+            lib.vkCmdBindDescriptorSets(cmd, compute, p.layout, 0, 1, bound, 0, NULL)
+            if r.push:
+                # ffi.from_buffer: passing the bytes object itself costs ~65 us per call in
+                # cffi against ~2 us (measured on lavapipe's host with bench/decode.py).
+                lib.vkCmdPushConstants(cmd, p.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                                       len(r.push), ffi.from_buffer(r.push))
+            lib.vkCmdDispatch(cmd, *r.grid)
+            counters.dispatches += 1
+        self.profiler.add("record", t0)
+
+    def barrier(self) -> None:
+        """Record a full pipeline barrier: everything recorded or submitted before it is
+        ordered before everything after, and nothing is pending any more (counted in
+        `counters.barriers`, under no cause)."""
+        self._begin()
         lib.vkCmdPipelineBarrier(self.cmd, _WORK_STAGES, _WORK_STAGES, 0, 1, self._full,
                                  0, NULL, 0, NULL)
-
-    def dispatch(self, pipeline: Pipeline, buffers, groups: tuple[int, int, int],
-                 push: bytes | np.ndarray | None = None) -> None:
-        """Record `pipeline` over `groups` workgroups (x, y, z) with `buffers` bound to its
-        bindings in order and `push` as its push-constant bytes.
-
-        Raises: ShaderInterfaceError when the buffers or push bytes differ from what the
-        shader declares (module name, declared vs given).
-        """
-        t0 = time.perf_counter_ns()
-        push_nbytes = 0 if push is None else len(push) if isinstance(push, bytes) else push.nbytes
-        pipeline.check_bindings(buffers, push_nbytes)
-        bound = pipeline.bind(buffers, self.counters)
-        self._begin()
-        if self.barriers.before_dispatch(bound.reads, bound.writes):
-            self._barrier()
-            self.counters.barriers += 1
-        cmd = self.cmd
-        lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
-        lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout,
-                                    0, 1, bound.set, 0, NULL)
-        if push_nbytes:
-            lib.vkCmdPushConstants(cmd, pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                                   push_nbytes, ffi.from_buffer(push))
-        lib.vkCmdDispatch(cmd, *groups)
-        self.counters.dispatches += 1
-        self.profiler.add("record", t0)
+        self.counters.barriers += 1
+        self.tracker.clear()
 
     # -- submission ------------------------------------------------------------------------
     def finish(self) -> None:
@@ -149,7 +173,8 @@ class Stream:
         self.profiler.add("wait", t)
         check(lib.vkResetFences(self.device.handle, 1, self._fence), "vkResetFences")
         check(lib.vkResetCommandBuffer(self.cmd, 0), "vkResetCommandBuffer")
-        self.barriers.reset()
+        # The tracker keeps its pending accesses (see barriers.py): only a barrier clears them.
+        self._new_batch = True
         self.device.check_validation()
 
     # -- host access -----------------------------------------------------------------------
@@ -168,63 +193,54 @@ class Stream:
             self._staging[direction] = staging
         return staging
 
-    def _record_copy(self, src: Buffer, dst: Buffer, src_offset: int, dst_offset: int,
-                     nbytes: int) -> None:
-        """Record a copy behind a full barrier (transfer stages are in the barrier's scope,
-        so the dispatch barrier that follows also orders the copy before later readers)."""
-        self._begin()
-        self._barrier()  # not counted: counters.barriers counts barriers before dispatches
-        self._copy.srcOffset, self._copy.dstOffset, self._copy.size = src_offset, dst_offset, nbytes
-        lib.vkCmdCopyBuffer(self.cmd, src.handle, dst.handle, 1, self._copy)
-
-    def read(self, buffer: Buffer, dtype=np.float32, count: int | None = None,
-             offset: int = 0) -> np.ndarray:
-        """Submit what is recorded, wait for it (drains), and return a copy of `count` elements
-        of `dtype` at byte `offset` of `buffer` (default: to the end), as a 1-D numpy array.
-        A buffer the host cannot map is copied through the staging buffer in the same
-        submission: one submit and one fence wait per read either way."""
-        dtype = np.dtype(dtype)
-        nbytes = buffer.nbytes - offset if count is None else count * dtype.itemsize
-        if buffer.mapped is None:
-            staging = self._staging_for("down", nbytes)
-            self._record_copy(buffer, staging, offset, 0, nbytes)
+    def read(self, t: Tensor) -> np.ndarray:
+        """Submit what is recorded, wait for it (drains), and return a copy of `t`'s elements
+        as a numpy array of its dtype and shape. A buffer the host cannot map is copied
+        through the staging buffer in the same submission: one submit and one fence wait per
+        read either way."""
+        if t.buffer.mapped is None:
+            staging = self._staging_for("down", t.nbytes)
+            self.record([Copy(t, Tensor(staging, 0, t.nbytes, t.dtype, t.shape), "readback")])
             self.finish()
-            out = staging.host_view()[:nbytes].copy()
+            out = staging.host_view()[:t.nbytes].copy()
         else:
             self.finish()
-            out = np.frombuffer(buffer.mapped, dtype=np.uint8, count=nbytes, offset=offset).copy()
+            out = np.frombuffer(t.buffer.mapped, np.uint8, t.nbytes, t.offset).copy()
         self.counters.host_reads += 1
-        self.counters.read_bytes += nbytes
-        return out.view(dtype)
+        self.counters.read_bytes += t.nbytes
+        return out.view(t.dtype).reshape(t.shape)
 
-    def write(self, buffer: Buffer, array: np.ndarray, offset: int = 0) -> None:
-        """Copy `array`'s bytes into `buffer` at byte `offset`, ordered after everything
-        recorded so far and before everything recorded after. Drains the queue first (the
-        host must not overwrite memory the GPU may still read); a buffer the host cannot map
-        gets a staging copy recorded into the next submission.
+    def write(self, t: Tensor, array: np.ndarray) -> None:
+        """Copy `array`'s bytes into the start of `t`, ordered after everything recorded so
+        far and before everything recorded after. Drains the queue first (the host must not
+        overwrite memory the GPU may still read); a buffer the host cannot map gets a staging
+        copy recorded into the next submission, through the tracker like any record.
 
-        Raises: ValueError when the bytes do not fit."""
+        Raises: VkrtError when the bytes do not fit in `t`."""
         data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
-        if offset + data.nbytes > buffer.nbytes:
-            raise ValueError(f"writing {data.nbytes} bytes at offset {offset} into "
-                             f"{buffer!r}: past its end")
+        if data.nbytes > t.nbytes or data.nbytes == 0:
+            raise VkrtError(f"writing {data.nbytes} bytes into {t!r}: does not fit "
+                            f"(1 to {t.nbytes} bytes)")
         self.finish()
-        t = time.perf_counter_ns()
-        if buffer.mapped is not None:
-            buffer.host_view()[offset:offset + data.nbytes] = data
+        start = time.perf_counter_ns()
+        if t.buffer.mapped is not None:
+            t.buffer.host_view()[t.offset:t.offset + data.nbytes] = data
         else:
             staging = self._staging_for("up", data.nbytes)
             staging.host_view()[:data.nbytes] = data
-            self._record_copy(staging, buffer, 0, offset, data.nbytes)
+            self.record([Copy(Tensor(staging, 0, data.nbytes, "uint8", (data.nbytes,)),
+                              Tensor(t.buffer, t.offset, data.nbytes, "uint8", (data.nbytes,),
+                                     t.name), "upload")])
         self.counters.host_writes += 1
         self.counters.write_bytes += data.nbytes
-        self.profiler.add("transfer", t)
+        self.profiler.add("transfer", start)
 
-    def upload(self, array: np.ndarray, name: str = "") -> Buffer:
-        """A new device buffer holding `array`'s bytes."""
+    def upload(self, array: np.ndarray, name: str = "") -> Tensor:
+        """A new device buffer holding `array`'s bytes, as a tensor of its dtype and shape."""
         buffer = Buffer(self.device, max(array.nbytes, 4), name=name)
-        self.write(buffer, array)
-        return buffer
+        t = Tensor(buffer, 0, array.nbytes, array.dtype.name, array.shape, name)
+        self.write(t, array)
+        return t
 
     def close(self) -> None:
         """Discard anything recorded but not submitted, wait for the queue, and destroy the
