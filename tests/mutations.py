@@ -84,6 +84,9 @@ MUTATIONS = [
      "if digest != meta.sha256:", "if False:", GEN_TESTS),
     ("compiler version not pinned", "vkrt/gen/compile.py",
      "if version == PINNED_VERSION:", "if version:", GEN_TESTS),
+    ("literal strings read in the file's byte order", "vkrt/gen/reflect.py",
+     'raw = struct.pack(f"<{len(words)}I", *words)',
+     'raw = struct.pack(f"{self.endian}{len(words)}I", *words)', GEN_TESTS),
 ]
 
 

@@ -22,6 +22,7 @@ import math
 import os
 import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -117,9 +118,21 @@ def spirv_cross(spv: Path) -> dict:
     return json.loads(out.stdout)
 
 
+def words_of(spv_bytes: bytes) -> list[int]:
+    """The module's words in either byte order (spec 2.3: the magic number tells which)."""
+    order = "<" if spv_bytes[:4] == bytes.fromhex("03022307") else ">"
+    return list(struct.unpack(f"{order}{len(spv_bytes) // 4}I", spv_bytes))
+
+
+def byte_swapped(spv_bytes: bytes) -> bytes:
+    """The same module with every 32-bit word stored in the other byte order."""
+    n = len(spv_bytes) // 4
+    return struct.pack(f">{n}I", *struct.unpack(f"<{n}I", spv_bytes))
+
+
 def _is_local_size_id(meta_spv: bytes) -> bool:
     # OpExecutionModeId (opcode 331) with LocalSizeId (38)
-    words = memoryview(meta_spv).cast("I")
+    words = words_of(meta_spv)
     return any(words[i] & 0xFFFF == 331 and words[i + 2] == 38 for i in range(5, len(words) - 2))
 
 

@@ -1,7 +1,9 @@
 """Reflect a compute SPIR-V module: descriptors, spec constants, workgroup size, push constants.
 
 A small parser of the SPIR-V binary (spec: https://registry.khronos.org/SPIR-V/specs/unified1/
-SPIRV.html, "2.3 Physical Layout"); it never reads GLSL. `reflect(spirv, module)` returns the
+SPIRV.html, "2.3 Physical Layout"); it never reads GLSL. Modules stored in either byte order
+are read (2.3: the magic number 0x07230203 read as 0x03022307 means big-endian words), with the
+same result but `sha256`: literal strings are decoded from the word values (2.2.1). `reflect(spirv, module)` returns the
 dict stored per module in `modules.json` (see `metadata.py`):
 
 - `bindings`: one entry per distinct (set, binding): `set`, `binding`, `descriptor_type`
@@ -74,15 +76,6 @@ _MODEL_NAMES = {0: "Vertex", 1: "TessellationControl", 2: "TessellationEvaluatio
                 3: "Geometry", 4: "Fragment", 5: "GLCompute", 6: "Kernel"}
 
 
-def _string(words: list[int], endian: str) -> tuple[str, int]:
-    """Decode a nul-terminated literal string; returns it and the number of words it used."""
-    raw = struct.pack(f"{endian}{len(words)}I", *words)
-    end = raw.find(b"\0")
-    if end < 0:
-        raise ValueError("unterminated string")
-    return raw[:end].decode("utf-8", "replace"), end // 4 + 1
-
-
 class _Module:
     """The tables of one parsed module, keyed by result id."""
 
@@ -123,16 +116,27 @@ class _Module:
         except (ValueError, IndexError) as e:
             self.fail(f"malformed instruction at word {pos}: {e}")
 
+    def string(self, words: list[int]) -> tuple[str, int]:
+        """Decode a nul-terminated literal string from word values; returns it and the number
+        of words it used. Spec 2.2.1 (Literal): the UTF-8 octets are packed four per word, the
+        first octet in the lowest-order 8 bits; so the bytes are the word values written
+        little-endian, whatever the file's byte order (its words were swapped back on read)."""
+        raw = struct.pack(f"<{len(words)}I", *words)
+        end = raw.find(b"\0")
+        if end < 0:
+            raise ValueError("unterminated string")
+        return raw[:end].decode("utf-8", "replace"), end // 4 + 1
+
     def fail(self, what: str):
         raise ReflectionError(f"{self.module}: {what}")
 
     def _record(self, op: int, a: list[int]) -> None:
         if op == OP_NAME:
-            self.names[a[0]] = _string(a[1:], self.endian)[0]
+            self.names[a[0]] = self.string(a[1:])[0]
         elif op == OP_MEMBER_NAME:
-            self.member_names[(a[0], a[1])] = _string(a[2:], self.endian)[0]
+            self.member_names[(a[0], a[1])] = self.string(a[2:])[0]
         elif op == OP_ENTRY_POINT:
-            self.entry_points.append((a[0], a[1], _string(a[2:], self.endian)[0]))
+            self.entry_points.append((a[0], a[1], self.string(a[2:])[0]))
         elif op in (OP_EXECUTION_MODE, OP_EXECUTION_MODE_ID):
             self.modes.append((a[0], a[1], a[2:]))
         elif op == OP_DECORATE:
