@@ -42,12 +42,14 @@ import json
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from test_gen_reflect import FIXTURES, compile_fixture
-from vkrt.errors import ReflectionError
+from vkrt.errors import ReflectionError, ShaderInterfaceError
 from vkrt.gen.cli import main
+from vkrt.gen.metadata import SpecConstant
 from vkrt.gen.reflect import reflect
 
 SOURCES = sorted(p for p in FIXTURES.iterdir() if p.suffix in (".comp", ".spvasm"))
@@ -93,3 +95,42 @@ def test_gen_spirv_refuses_what_the_runtime_cannot_bind(name, binding, tmp_path,
     assert err == [f"gen-spirv: {binding}; the runtime binds only single storage buffers "
                    f"in set 0"]
     assert not out.exists()
+
+
+def _fake_device():
+    """Enough of a Device for Pipeline to fail before it creates any Vulkan object."""
+    return SimpleNamespace(handle=None, max_push_constants_size=128,
+                           adopt=lambda p: None, release=lambda p: None)
+
+
+def test_spec_idiom_must_be_specialized(tmp_path):
+    """gen-spirv accepts the SpecId idiom; get_pipeline refuses to leave that SpecId
+    unspecialized (one line: module, SpecId, both defaults) and sizes the workgroup from the
+    value given, or from the workgroup's own default for an ordinary SpecId."""
+    try:
+        from vkrt.runtime import pipeline
+    except OSError as e:  # `import vulkan` dlopens the Vulkan loader
+        pytest.skip(f"no Vulkan loader: {e}")
+    glsl = tmp_path / "glsl"
+    glsl.mkdir()
+    for name in ("spec_idiom.comp", "wg_default.comp"):
+        shutil.copy(FIXTURES / name, glsl)
+    out = tmp_path / "spirv"
+    assert main(["--glsl-dir", str(glsl), "--spirv-dir", str(out), "--no-cache"]) == 0
+    cache = pipeline.PipelineCache(_fake_device(), out)
+    meta = cache.modules["spec_idiom"]
+    assert meta.spec_constants == (SpecConstant(0, "BLOCK_SIZE", "uint32", 32, (32, 1)),)
+    assert meta.local_size == (1, 1, 1) and meta.local_size_spec_ids == (0, None, None)
+    assert cache.modules["wg_default"].spec_constants[0].defaults == ()
+    with pytest.raises(ShaderInterfaceError) as err:
+        cache.get_pipeline("spec_idiom")
+    assert str(err.value) == (
+        "spec_idiom: SpecId 0 (BLOCK_SIZE, workgroup size x) has defaults 32 and 1; "
+        "specialize it explicitly, e.g. get_pipeline('spec_idiom', {0: 32})")
+    for spec, width in (({"BLOCK_SIZE": 64}, 64), ({0: 16}, 16)):
+        stub = SimpleNamespace(meta=meta, name=meta.name)
+        assert [v for _, v in pipeline.Pipeline._specialize(stub, spec)] == [width]
+        assert stub.local_size == (width, 1, 1)
+    stub = SimpleNamespace(meta=cache.modules["wg_default"], name="wg_default")
+    assert pipeline.Pipeline._specialize(stub, {}) == []
+    assert stub.local_size == (64, 1, 1)
