@@ -325,3 +325,23 @@ def test_comparison_can_fail(tmp_path: Path):
         bad = json.loads(json.dumps(good))
         mutate(bad)
         assert differences(spv, bad), what
+
+
+@pytest.mark.parametrize("fixture, what, mutate", [
+    ("spec_idiom", "defaults dropped", lambda m: m["spec_ids"][0].pop("defaults")),
+    ("spec_idiom", "defaults reordered", lambda m: m["spec_ids"][0].update(defaults=[1, 32])),
+    ("spec_idiom", "default not the named one", lambda m: m["spec_ids"][0].update(default=1)),
+    ("spec_idiom", "workgroup default of BLOCK_SIZE", lambda m: m.update(local_size=[32, 1, 1])),
+    ("wg_default", "defaults without conflict", lambda m: m["spec_ids"][0].update(defaults=[64])),
+    ("push_pointer", "pointer type", lambda m: m["push_constants"][0].update(type="uint64")),
+    ("push_pointer", "pointer size", lambda m: m["push_constants"][0].update(size=4)),
+])
+def test_comparison_can_fail_on_new_fields(fixture, what, mutate, tmp_path: Path):
+    """The comparator notices wrong `defaults`, workgroup defaults and pointer members."""
+    src = FIXTURES / f"{fixture}.comp"
+    spv = compile_fixture(src, tmp_path)
+    good = reflect(spv.read_bytes(), fixture)
+    assert differences(spv, good) == []
+    bad = json.loads(json.dumps(good))
+    mutate(bad)
+    assert differences(spv, bad), what
