@@ -106,7 +106,10 @@ MODE_LOCAL_SIZE, MODE_LOCAL_SIZE_ID = 17, 38
 BUILTIN_WORKGROUP_SIZE = 25
 DIM_BUFFER, DIM_SUBPASS_DATA = 5, 6
 _MODEL_NAMES = {0: "Vertex", 1: "TessellationControl", 2: "TessellationEvaluation",
-                3: "Geometry", 4: "Fragment", 5: "GLCompute", 6: "Kernel"}
+                3: "Geometry", 4: "Fragment", 5: "GLCompute", 6: "Kernel", 5267: "TaskNV",
+                5268: "MeshNV", 5313: "RayGenerationKHR", 5314: "IntersectionKHR",
+                5315: "AnyHitKHR", 5316: "ClosestHitKHR", 5317: "MissKHR",
+                5318: "CallableKHR", 5364: "TaskEXT", 5365: "MeshEXT"}
 
 
 class _Module:
@@ -501,6 +504,11 @@ def _push_constants(m: _Module) -> tuple[int, list[dict]]:
     return (size + 3) // 4 * 4, members
 
 
+def _model_name(model: int) -> str:
+    """An execution model (spec 3.3) by name."""
+    return _MODEL_NAMES.get(model, f"execution model {model}")
+
+
 # -- the entry point -----------------------------------------------------------------------
 def reflect(spirv: bytes, module: str) -> dict:
     """Reflect one compute module; `module` names it in error messages.
@@ -512,12 +520,12 @@ def reflect(spirv: bytes, module: str) -> dict:
     """
     m = _Module(spirv, module)
     if len(m.entry_points) != 1:
-        names = ", ".join(f"{_MODEL_NAMES.get(e[0], e[0])} {e[2]!r}" for e in m.entry_points)
+        names = ", ".join(f"{_model_name(e[0])} {e[2]!r}" for e in m.entry_points)
         m.fail(f"{len(m.entry_points)} entry points ({names or 'none'}); exactly one "
                f"GLCompute entry point is supported")
     model, entry_id, entry_name = m.entry_points[0]
     if model != MODEL_GLCOMPUTE:
-        m.fail(f"entry point {entry_name!r} is {_MODEL_NAMES.get(model, model)}, not GLCompute")
+        m.fail(f"entry point {entry_name!r} is {_model_name(model)}, not GLCompute")
     bindings = _bindings(m)
     ssbo_set0 = [b for b in bindings if b["set"] == 0 and b["descriptor_type"] == "storage_buffer"]
     local_size, local_size_spec_ids = _local_size(m, entry_id)
