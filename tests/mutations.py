@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN_TESTS = ["tests/test_gen_cli.py", "tests/test_gen_reflect.py", "tests/test_gen_fixtures.py",
-             "tests/test_gen_variants.py", "tests/test_gen_property.py"]
+             "tests/test_gen_variants.py", "tests/test_gen_property.py", "tests/test_gen_corpus.py"]
 
 # (name, file, old snippet, new snippet, tests that must fail)
 MUTATIONS = [
@@ -125,6 +125,29 @@ MUTATIONS = [
      "if digest != meta.sha256:", "if False:", GEN_TESTS),
     ("compiler version not pinned", "vkrt/gen/compile.py",
      "if version == PINNED_VERSION:", "if version:", GEN_TESTS),
+    ("literal strings read in the file's byte order", "vkrt/gen/reflect.py",
+     'raw = struct.pack(f"<{len(words)}I", *words)',
+     'raw = struct.pack(f"{self.endian}{len(words)}I", *words)', GEN_TESTS),
+    ("spec idiom: second default dropped", "vkrt/gen/reflect.py",
+     'old["defaults"] = [*defaults, entry["default"]]', "pass", GEN_TESTS),
+    ("spec idiom: workgroup default from the named constant", "vkrt/gen/reflect.py",
+     "    return (int(m.scalar_value(const_id, where)),",
+     "    named = [c for c in m.constants if m.names.get(c) and m.spec_id(c) is not None\n"
+     "             and m.spec_id(c) == m.spec_id(const_id)]\n"
+     "    return (int(m.scalar_value(named[0] if named else const_id, where)),", GEN_TESTS),
+    ("spec idiom: get_pipeline accepts it unspecialized", "vkrt/runtime/pipeline.py",
+     "if sc.defaults and sc.id not in self.spec:", "if False:", GEN_TESTS),
+    ("spec idiom: loader drops defaults", "vkrt/gen/metadata.py",
+     'tuple(s.get("defaults", ()))', "()", GEN_TESTS),
+    ("push pointer: 4 bytes", "vkrt/gen/reflect.py",
+     "        return POINTER_BYTES", "        return 4", GEN_TESTS),
+    ("push pointer: any storage class accepted", "vkrt/gen/reflect.py",
+     "if a[0] != SC_PHYSICAL_STORAGE_BUFFER:", "if False:", GEN_TESTS),
+    ("refusal: array of arrays not named", "vkrt/gen/reflect.py",
+     "    if op in (OP_TYPE_ARRAY, OP_TYPE_RUNTIME_ARRAY):\n        # Vulkan binds",
+     "    if False:\n        # Vulkan binds", GEN_TESTS),
+    ("refusal: kinds by opcode", "vkrt/gen/reflect.py",
+     "        return _TYPE_WORDS[op]", '        return f"type opcode {op}"', GEN_TESTS),
 ]
 
 

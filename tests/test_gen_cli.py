@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,26 @@ def test_reflect_prints_module_metadata(tree):
     assert set(printed) == set(stored)
     assert {k: v for k, v in printed.items() if k not in ("source", "defines")} == \
         {k: v for k, v in stored.items() if k not in ("source", "defines")}
+
+
+def test_reflect_big_endian_module(tree, tmp_path):
+    """`--reflect` on the module stored big-endian prints what it prints for the little-endian
+    one (block and member names included); only sha256 differs."""
+    _, spirv = tree
+    data = (spirv / "push_layout.spv").read_bytes()
+    n = len(data) // 4
+    be = tmp_path / "push_layout.spv"
+    be.write_bytes(struct.pack(f">{n}I", *struct.unpack(f"<{n}I", data)))
+    printed = {}
+    for path in (spirv / "push_layout.spv", be):
+        proc = subprocess.run([sys.executable, "-m", "vkrt.gen.cli", "--reflect", str(path)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        printed[path] = json.loads(proc.stdout)
+    le_meta, be_meta = printed.values()
+    assert be_meta.pop("sha256") != le_meta.pop("sha256")
+    assert be_meta == le_meta
+    assert [p["name"] for p in be_meta["push_constants"]] == ["n", "w", "m", "r", "inner"]
 
 
 def test_reflect_refuses_non_spirv(tmp_path):

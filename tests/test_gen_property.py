@@ -6,14 +6,20 @@ random access qualifiers and element types; 0-4 spec constants of random scalar 
 defaults; a workgroup size whose dimensions are literals or spec constants; an optional
 push-constant block of random scalars, vectors, column- and
 row-major matrices and arrays of them (std430 offsets computed here).
+
+Every shader is checked in both byte orders: the module as glslang writes it (little-endian)
+and the same words stored big-endian (magic read as 0x03022307, spec 2.3). This spirv-cross
+reads big-endian modules, so both files are compared against it; our two reflections must be
+equal except `sha256` (the bytes differ), literal strings (block and member names) included.
 """
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from test_gen_reflect import differences
+from test_gen_reflect import byte_swapped, differences
 from vkrt.gen import compile as glslang
 from vkrt.gen.reflect import reflect
 
@@ -139,6 +145,14 @@ def test_reflection_matches_generator(tmp_path: Path):
         spv = tmp_path / f"{name}.spv"
         spv.write_bytes(spirv[name])
         assert differences(spv, got) == [], name
+        # The same module stored big-endian: same reflection (names included) but sha256,
+        # and spirv-cross (which reads either byte order) agrees with it too.
+        be = tmp_path / f"{name}_be.spv"
+        be.write_bytes(byte_swapped(spirv[name]))
+        got_be = reflect(be.read_bytes(), name)
+        assert got_be.pop("sha256") == hashlib.sha256(be.read_bytes()).hexdigest()
+        assert got_be == {k: v for k, v in got.items() if k != "sha256"}, name
+        assert differences(be, got_be) == [], name
         seen_aliases += any(len(qs) > 1 for qs in sh.bindings.values())
         seen_readonly += any(not b["writable"] for b in want_bindings)
         seen_spec_dims += any(s is not None for s in sh.local_size_spec_ids)

@@ -3,15 +3,19 @@
 Every fixture in tests/gen_fixtures (compiled here, or assembled from .spvasm) and every
 module of vkrt/glsl and of the committed vkrt/spirv is compared field by field: descriptor
 sets/bindings/types/counts, read-only and write-only flags, spec ids/types/defaults,
-workgroup size and which dimensions are spec constants, and the push-constant size.
+workgroup size and which dimensions are spec constants, the push-constant size and each
+push-constant member's name, offset, size and type (`physical_pointer` members: `pointer`,
+8 bytes).
 
 Known deviations of that spirv-cross, asserted rather than papered over:
 - it gives no push-constant block size: the size is recomputed here from its member offsets,
   types, array/matrix strides;
 - for LocalSizeId (SPIR-V 1.6) it reports literal workgroup dimensions as 0;
-- it lists a SpecId shared by two constants twice (we list it once);
+- it lists a SpecId shared by two constants twice (we list it once, and their distinct
+  defaults, named constants first, as `defaults` when they differ: compared with its list);
 - for a workgroup dimension that is a spec constant, `workgroup_size` holds the spec id, not
-  the default value;
+  the default value; when several constants share that SpecId (llama.cpp's BLOCK_SIZE idiom)
+  it does not say which one sizes the workgroup: the one glslang leaves unnamed does;
 - it prints no default value for 16- and 64-bit spec constants (only their type is compared);
 - it names texel buffers by type (`imageBuffer`, `samplerBuffer`) inside images/textures.
 """
@@ -22,6 +26,7 @@ import math
 import os
 import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -96,6 +101,8 @@ def _member_size(types: dict, mem: dict) -> int:
         assert all(mem["array_size_is_literal"]), mem
         return mem["array"][-1] * mem["array_stride"]  # outermost dimension is last
     t = mem["type"]
+    if mem.get("physical_pointer"):
+        return 8  # a buffer_reference pointer; `type` names its pointee block
     if t.startswith("_"):
         return _struct_size(types, t)
     m = re.fullmatch(r"(|d|f16)mat(\d)(?:x(\d))?", t)
@@ -106,9 +113,33 @@ def _member_size(types: dict, mem: dict) -> int:
     return n * _SCALARS[scalar][1]
 
 
+def _member_type(mem: dict) -> str:
+    """Our push-constant `type` for a spirv-cross member."""
+    if mem.get("array"):
+        return "array"
+    if mem.get("physical_pointer"):
+        return "pointer"
+    t = mem["type"]
+    if t.startswith("_"):
+        return "struct"
+    if re.fullmatch(r"(|d|f16)mat\d(x\d)?", t):
+        return "matrix"
+    scalar, n = _scalar_or_vec(t)
+    return _SCALARS[scalar][0] if n == 1 else "vector"
+
+
 def _struct_size(types: dict, type_key: str) -> int:
     return max((m["offset"] + _member_size(types, m) for m in types[type_key]["members"]),
                default=0)
+
+
+def _same_value(theirs, mine, type_: str) -> bool:
+    """A spirv-cross default value equals ours (bools stay bools, floats to 1e-6)."""
+    if type_ == "bool":
+        return bool(theirs) == mine and isinstance(mine, bool)
+    if type_.startswith("float"):
+        return math.isclose(theirs, mine, rel_tol=1e-6, abs_tol=0)
+    return theirs == mine
 
 
 def spirv_cross(spv: Path) -> dict:
@@ -117,9 +148,21 @@ def spirv_cross(spv: Path) -> dict:
     return json.loads(out.stdout)
 
 
+def words_of(spv_bytes: bytes) -> list[int]:
+    """The module's words in either byte order (spec 2.3: the magic number tells which)."""
+    order = "<" if spv_bytes[:4] == bytes.fromhex("03022307") else ">"
+    return list(struct.unpack(f"{order}{len(spv_bytes) // 4}I", spv_bytes))
+
+
+def byte_swapped(spv_bytes: bytes) -> bytes:
+    """The same module with every 32-bit word stored in the other byte order."""
+    n = len(spv_bytes) // 4
+    return struct.pack(f">{n}I", *struct.unpack(f"<{n}I", spv_bytes))
+
+
 def _is_local_size_id(meta_spv: bytes) -> bool:
     # OpExecutionModeId (opcode 331) with LocalSizeId (38)
-    words = memoryview(meta_spv).cast("I")
+    words = words_of(meta_spv)
     return any(words[i] & 0xFFFF == 331 and words[i + 2] == 38 for i in range(5, len(words) - 2))
 
 
@@ -158,30 +201,38 @@ def differences(spv: Path, ours: dict) -> list[str]:
                if any(not r.get("readonly", False) for _, r in theirs[(0, bn)]))
     if mask != ours["writable_mask"]:
         diffs.append(f"writable_mask {mask} vs {ours['writable_mask']}")
-    # Spec constants (deviation: duplicates listed twice -> dedupe by id).
-    specs: dict[int, dict] = {}
+    # Spec constants (deviation: a SpecId on several constants is listed once per constant;
+    # we list it once, with `defaults` when their defaults differ).
+    all_specs: dict[int, list[dict]] = {}
     for s in sc.get("specialization_constants", []):
-        specs.setdefault(s["id"], s)
+        all_specs.setdefault(s["id"], []).append(s)
+    specs = {sid: same_id[0] for sid, same_id in all_specs.items()}
     mine_specs = {s["id"]: s for s in ours["spec_ids"]}
     if set(specs) != set(mine_specs):
         diffs.append(f"spec ids {sorted(specs)} vs {sorted(mine_specs)}")
     for sid in set(specs) & set(mine_specs):
-        t, d = specs[sid], mine_specs[sid]
-        if _SCALARS[t["type"]][0] != d["type"]:
-            diffs.append(f"spec {sid}: type {t['type']} vs {d['type']}")
-        if "default_value" not in t:
+        d = mine_specs[sid]
+        types = {_SCALARS[t["type"]][0] for t in all_specs[sid]}
+        if types != {d["type"]}:
+            diffs.append(f"spec {sid}: type {sorted(types)} vs {d['type']}")
+        if "default_value" not in specs[sid]:
             # deviation: this spirv-cross prints no default for 16- and 64-bit constants
-            assert d["type"][-2:] in ("16", "64"), t
+            assert d["type"][-2:] in ("16", "64"), specs[sid]
+            if "defaults" in d:
+                diffs.append(f"spec {sid}: defaults {d['defaults']} not checkable")
             continue
-        default = t["default_value"]
-        if d["type"] == "bool":
-            same = bool(default) == d["default"] and isinstance(d["default"], bool)
-        elif d["type"].startswith("float"):
-            same = math.isclose(default, d["default"], rel_tol=1e-6, abs_tol=0)
-        else:
-            same = default == d["default"]
-        if not same:
-            diffs.append(f"spec {sid}: default {default} vs {d['default']}")
+        theirs_defaults = []  # distinct, named constants first, then in module order
+        for t in sorted(all_specs[sid], key=lambda t: not t["name"]):
+            if not any(_same_value(t["default_value"], v, d["type"]) for v in theirs_defaults):
+                theirs_defaults.append(t["default_value"])
+        mine_defaults = d.get("defaults", [d["default"]])
+        if "defaults" in d and len(d["defaults"]) < 2:
+            diffs.append(f"spec {sid}: `defaults` {d['defaults']} without a conflict")
+        if len(theirs_defaults) != len(mine_defaults) or not all(
+                _same_value(t, v, d["type"]) for t, v in zip(theirs_defaults, mine_defaults)):
+            diffs.append(f"spec {sid}: defaults {theirs_defaults} vs {mine_defaults}")
+        if not _same_value(theirs_defaults[0], d["default"], d["type"]):
+            diffs.append(f"spec {sid}: default {theirs_defaults[0]} vs {d['default']}")
     # Workgroup size.
     ep = sc["entryPoints"][0]
     local_size_id = _is_local_size_id(spv.read_bytes())
@@ -189,10 +240,18 @@ def differences(spv: Path, ours: dict) -> list[str]:
         value, is_spec = ep["workgroup_size"][dim], ep["workgroup_size_is_spec_constant_id"][dim]
         sid = ours["local_size_spec_ids"][dim]
         if is_spec:
+            # deviation: spirv-cross does not say which constant of a shared SpecId builds the
+            # workgroup size; glslang leaves that one (local_size_x_id) unnamed.
+            same_id = all_specs.get(value, [])
+            wg = {t["default_value"] for t in same_id if not t["name"]} if len(same_id) > 1 \
+                else {t["default_value"] for t in same_id}
             if sid != value:
                 diffs.append(f"local_size dim {dim}: spec id {value} vs {sid}")
-            elif value in specs and specs[value]["default_value"] != ours["local_size"][dim]:
-                diffs.append(f"local_size dim {dim}: default {specs[value]['default_value']} "
+            elif len(wg) != 1:
+                diffs.append(f"local_size dim {dim}: SpecId {value}'s unnamed constants have "
+                             f"defaults {sorted(wg)}; which one sizes the workgroup is unknown")
+            elif wg != {ours["local_size"][dim]}:
+                diffs.append(f"local_size dim {dim}: default {wg.pop()} "
                              f"vs {ours['local_size'][dim]}")
         elif sid is not None:
             diffs.append(f"local_size dim {dim}: not a spec constant for spirv-cross, ours {sid}")
@@ -207,8 +266,9 @@ def differences(spv: Path, ours: dict) -> list[str]:
         diffs.append(f"push_constant_size {size} vs {ours['push_constant_size']}")
     # Members: name, offset and size of each, in declaration order.
     members = sc["types"][pcs[0]["type"]]["members"] if pcs else []
-    theirs = [(m["name"], m["offset"], _member_size(sc["types"], m)) for m in members]
-    mine = [(p["name"], p["offset"], p["size"]) for p in ours["push_constants"]]
+    theirs = [(m["name"], m["offset"], _member_size(sc["types"], m), _member_type(m))
+              for m in members]
+    mine = [(p["name"], p["offset"], p["size"], p["type"]) for p in ours["push_constants"]]
     if theirs != mine:
         diffs.append(f"push_constants: spirv-cross {theirs} ours {mine}")
     return diffs
@@ -265,3 +325,23 @@ def test_comparison_can_fail(tmp_path: Path):
         bad = json.loads(json.dumps(good))
         mutate(bad)
         assert differences(spv, bad), what
+
+
+@pytest.mark.parametrize("fixture, what, mutate", [
+    ("spec_idiom", "defaults dropped", lambda m: m["spec_ids"][0].pop("defaults")),
+    ("spec_idiom", "defaults reordered", lambda m: m["spec_ids"][0].update(defaults=[1, 32])),
+    ("spec_idiom", "default not the named one", lambda m: m["spec_ids"][0].update(default=1)),
+    ("spec_idiom", "workgroup default of BLOCK_SIZE", lambda m: m.update(local_size=[32, 1, 1])),
+    ("wg_default", "defaults without conflict", lambda m: m["spec_ids"][0].update(defaults=[64])),
+    ("push_pointer", "pointer type", lambda m: m["push_constants"][0].update(type="uint64")),
+    ("push_pointer", "pointer size", lambda m: m["push_constants"][0].update(size=4)),
+])
+def test_comparison_can_fail_on_new_fields(fixture, what, mutate, tmp_path: Path):
+    """The comparator notices wrong `defaults`, workgroup defaults and pointer members."""
+    src = FIXTURES / f"{fixture}.comp"
+    spv = compile_fixture(src, tmp_path)
+    good = reflect(spv.read_bytes(), fixture)
+    assert differences(spv, good) == []
+    bad = json.loads(json.dumps(good))
+    mutate(bad)
+    assert differences(spv, bad), what

@@ -11,7 +11,9 @@ Schema 2 (1 lacked `push_constants`):
      "modules": {"<module>": {"source", "defines", "sha256", "binding_count", "writable_mask",
                               "bindings", "spec_ids", "local_size", "local_size_spec_ids",
                               "push_constant_size", "push_constants"}}}
-The per-module fields are documented in `reflect.py`.
+The per-module fields are documented in `reflect.py`. A `spec_ids` entry may carry an optional
+`defaults` list (a SpecId whose constants disagree on their default); a file without it
+loads as before, so the schema stays 2.
 """
 from __future__ import annotations
 
@@ -30,12 +32,17 @@ DEFAULT_SPIRV_DIR: Path = Path(__file__).resolve().parent.parent / "spirv"
 @dataclass(frozen=True)
 class SpecConstant:
     """A specialization constant: SpecId `id`, GLSL `name` ("" if unnamed), scalar `type`
-    (`bool`, `int32`, `uint32`, `float32`, 8/16/64-bit variants) and `default` value."""
+    (`bool`, `int32`, `uint32`, `float32`, 8/16/64-bit variants) and `default` value.
+
+    `defaults`: () unless several constants carry this SpecId with different defaults (e.g.
+    `const uint BLOCK_SIZE = 32` and `local_size_x_id` on one id: (32, 1)); then the runtime
+    refuses to leave it unspecialized."""
 
     id: int
     name: str
     type: str
     default: int | float | bool
+    defaults: tuple[int | float | bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,8 @@ def _module(name: str, d: dict) -> ModuleMeta:
         bindings=tuple(Binding(b["set"], b["binding"], b["descriptor_type"], b["count"],
                                b["writable"], b["readable"], "/".join(b["names"]))
                        for b in d["bindings"]),
-        spec_constants=tuple(SpecConstant(s["id"], s["name"], s["type"], s["default"])
+        spec_constants=tuple(SpecConstant(s["id"], s["name"], s["type"], s["default"],
+                                          tuple(s.get("defaults", ())))
                              for s in d["spec_ids"]),
         local_size=tuple(d["local_size"]), local_size_spec_ids=tuple(d["local_size_spec_ids"]),
         push_constant_size=int(d["push_constant_size"]),

@@ -128,7 +128,13 @@ class Pipeline:
 
     def _specialize(self, spec: dict) -> list:
         """Resolve `spec` (keys: constant name or id) against the reflected constants and
-        compute the specialized workgroup size. Raises ShaderInterfaceError on unknown keys."""
+        compute the specialized workgroup size.
+
+        Returns: [(SpecConstant, value)] of the constants given, sorted by SpecId.
+        Raises: ShaderInterfaceError on an unknown key, or when a SpecId whose constants have
+        different defaults (`SpecConstant.defaults`, e.g. llama.cpp's BLOCK_SIZE = 32 sharing
+        SpecId 0 with local_size_x_id, default 1) is not given: unspecialized, the shader's
+        BLOCK_SIZE and its workgroup width would differ."""
         by_key = {}
         for sc in self.meta.spec_constants:
             by_key[sc.id] = sc
@@ -142,9 +148,19 @@ class Pipeline:
                     f"{self.name}: no specialization constant {key!r}; declared: {declared or 'none'}")
             chosen[by_key[key].id] = (by_key[key], value)
         self.spec = {sc.id: v for sc, v in chosen.values()}
+        for sc in self.meta.spec_constants:
+            if sc.defaults and sc.id not in self.spec:
+                dims = [f"workgroup size {axis}"
+                        for axis, sid in zip("xyz", self.meta.local_size_spec_ids) if sid == sc.id]
+                raise ShaderInterfaceError(
+                    f"{self.name}: SpecId {sc.id} ({sc.name or 'unnamed'}"
+                    f"{''.join(', ' + d for d in dims)}) has defaults "
+                    f"{' and '.join(map(str, sc.defaults))}; specialize it explicitly, e.g. "
+                    f"get_pipeline({self.name!r}, {{{sc.id}: {sc.defaults[0]!r}}})")
+        # Unspecialized, a dimension keeps the default of the constant it is built from: the
+        # reflected local_size (1 for the idiom above, whatever BLOCK_SIZE's default).
         self.local_size = tuple(
-            self.spec.get(sid, next((sc.default for sc in self.meta.spec_constants if sc.id == sid),
-                                    size)) if sid is not None else size
+            self.spec.get(sid, size) if sid is not None else size
             for size, sid in zip(self.meta.local_size, self.meta.local_size_spec_ids))
         return sorted(chosen.values(), key=lambda p: p[0].id)
 
