@@ -132,6 +132,11 @@ def test_view_dtype_and_size_refused_naming_binding(rt):
     with pytest.raises(ShaderInterfaceError,
                        match=r"^rmsnorm: binding 2 \(Out\) needs 16 float32, tensor 'out' holds 8$"):
         k.rmsnorm(x, w, out, 2, 1e-5)
+    # A dispatch the op remembers is not reused for a view of the same bytes retyped.
+    k.rmsnorm(x.rows(0, 1), w, out, 1, 1e-5)
+    w_u32 = Tensor(w.buffer, 0, 32, "uint32", (8,), "w_u32")
+    with pytest.raises(ShaderInterfaceError, match=r"^rmsnorm: binding 1 \(W\) takes float32"):
+        k.rmsnorm(x.rows(0, 1), w_u32, out, 1, 1e-5)
     for t in (x, w, ids, out):
         t.buffer.close()
 
@@ -259,16 +264,16 @@ def test_buffer_past_max_storage_buffer_range(rt):
     device, stream, cache = rt
     # lavapipe: maxStorageBufferRange 128 MiB, heap 2 GiB. Binding the whole buffer as one
     # storage-buffer descriptor past the limit is invalid (VUID-VkWriteDescriptorSet-descriptorType-00333).
-    big = Buffer(device, device.max_storage_buffer_range + 4, name="big")
+    big = Buffer(device, device.max_storage_buffer_range + 4 - device.max_storage_buffer_range % 4,
+                 name="big")
     y = stream.upload(np.zeros(4, np.float32))
     before = stream.counters.snapshot()
     try:
         with pytest.raises(ShaderInterfaceError,
-                           match=rf"^add: binding 0 tensor 'big' of "
-                                 rf"{device.max_storage_buffer_range + 4} bytes exceeds the "
+                           match=rf"^add: binding 0 tensor 'big' of {big.nbytes} bytes exceeds the "
                                  rf"device's maxStorageBufferRange "
                                  rf"{device.max_storage_buffer_range}$"):
-            add_n(stream, cache, Tensor.of(big, "float32"), y, 4)
+            add_n(stream, cache, Tensor(big, 0, big.nbytes, "float32", (big.nbytes // 4,)), y, 4)
         assert stream.counters.since(before)["dispatches"] == 0
         # A view of the same buffer inside the limit binds (several tensors in one buffer).
         add_n(stream, cache, Tensor.of(big, "float32", (4,), offset=1 << 20), y, 4)
@@ -366,18 +371,18 @@ def test_read_and_write_sets_come_from_reflected_access(rt):
     r = [t.range for t in b]
     # add: X (binding 0) read and written, Y (1) readonly.
     d = add_op(cache)(b[0], b[1], grid=(1, 1, 1), n=n)
-    assert d.accesses() == ([r[0], r[1]], [r[0]])
+    assert (d.reads, d.writes) == ([r[0], r[1]], [r[0]])
     # matvec: W (0), X (1) readonly, Y (2) writeonly: not read.
     d = matvec_op(device, cache)(b[2], b[1], b[3], grid=(4, 1, 1), n_cols=4, x_offset=0)
-    assert d.accesses() == ([r[2], r[1]], [r[3]])
+    assert (d.reads, d.writes) == ([r[2], r[1]], [r[3]])
     # attention: q, k, v (0-2) readonly, out (3) writeonly.
     d = Op(cache.get_pipeline("attention", {0: 4}))(
         b[0], b[1], b[2], b[3], grid=(1, 1, 1), n_heads=1, n_kv_heads=1, head_dim=4, pos0=0,
         scale=0.5)
-    assert d.accesses() == ([r[0], r[1], r[2]], [r[3]])
+    assert (d.reads, d.writes) == ([r[0], r[1], r[2]], [r[3]])
     # argmax: logits (0) readonly, token (1) writeonly.
     d = argmax_op(cache)(b[3], b[2], grid=(1, 1, 1), n=n, offset=0)
-    assert d.accesses() == ([r[3]], [r[2]])
+    assert (d.reads, d.writes) == ([r[3]], [r[2]])
     for t in b:
         t.buffer.close()
 

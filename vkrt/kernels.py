@@ -47,19 +47,16 @@ class Kernels:
     def embed(self, table: Tensor, ids: Tensor, out: Tensor, n_tokens: int,
               name: str = "") -> Dispatch:
         """out[t] = table[ids[t]] for t < n_tokens; table [n_vocab, n_embd]."""
-        op, n_embd = self._embed, table.shape[1]
-        op.need(ids, n_tokens, 1)
-        op.need(out, n_tokens * n_embd, 2)
-        return op(table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK), n_tokens, 1),
-                  name=name, n_embd=n_embd)
+        n_embd = table.shape[1]
+        return self._embed(table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK), n_tokens, 1),
+                           name=name, need=(None, n_tokens, n_tokens * n_embd), n_embd=n_embd)
 
     def rmsnorm(self, x: Tensor, weight: Tensor, out: Tensor, n_tokens: int, eps: float,
                 name: str = "") -> Dispatch:
         """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight for t < n_tokens; weight [n]."""
-        op, n = self._rmsnorm, weight.shape[0]
-        op.need(x, n_tokens * n, 0)
-        op.need(out, n_tokens * n, 2)
-        return op(x, weight, out, grid=(n_tokens, 1, 1), name=name, n=n, eps=eps)
+        n = weight.shape[0]
+        return self._rmsnorm(x, weight, out, grid=(n_tokens, 1, 1), name=name,
+                             need=(n_tokens * n, None, n_tokens * n), n=n, eps=eps)
 
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
                name: str = "") -> Dispatch:
@@ -68,37 +65,32 @@ class Kernels:
         x_row must be 0)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
-            op = self._matvec
-            op.need(x, (x_row + 1) * n_in, 1)
-            op.need(y, n_out, 2)
-            return op(weight, x, y, grid=(n_out, 1, 1), name=name, n_cols=n_in,
-                      x_offset=x_row * n_in)
+            return self._matvec(weight, x, y, grid=(n_out, 1, 1), name=name,
+                                need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in,
+                                x_offset=x_row * n_in)
         assert x_row == 0, "matmul reads x from row 0"
-        op = self._matmul
-        op.need(x, n_tokens * n_in, 1)
-        op.need(y, n_tokens * n_out, 2)
-        return op(weight, x, y, grid=(n_out, _groups(n_tokens, MATMUL_TOKENS), 1), name=name,
-                  n_cols=n_in, n_rows=n_out, n_tokens=n_tokens)
+        return self._matmul(weight, x, y, grid=(n_out, _groups(n_tokens, MATMUL_TOKENS), 1),
+                            name=name, need=(None, n_tokens * n_in, n_tokens * n_out),
+                            n_cols=n_in, n_rows=n_out, n_tokens=n_tokens)
 
     def rope(self, src: Tensor, cos_sin: Tensor, dst: Tensor, n_tokens: int, n_heads: int,
              head_dim: int, pos0: int, dst_row: int = 0, name: str = "") -> Dispatch:
         """dst[dst_row + t] = src[t] rotated by the angles of position pos0 + t (adjacent
         pairs); src [tokens, n_heads * head_dim]; cos_sin [positions, head_dim / 2, 2]."""
-        op, width = self._rope, n_heads * head_dim
-        op.need(src, n_tokens * width, 0)
-        op.need(cos_sin, (pos0 + n_tokens) * head_dim, 1)
-        op.need(dst, (dst_row + n_tokens) * width, 2)
-        return op(src, cos_sin, dst, grid=(_groups(width // 2, ELEMENTWISE_BLOCK), n_tokens, 1),
-                  name=name, n_heads=n_heads, head_dim=head_dim, pos0=pos0, dst_row=dst_row)
+        width = n_heads * head_dim
+        return self._rope(src, cos_sin, dst,
+                          grid=(_groups(width // 2, ELEMENTWISE_BLOCK), n_tokens, 1), name=name,
+                          need=(n_tokens * width, (pos0 + n_tokens) * head_dim,
+                                (dst_row + n_tokens) * width),
+                          n_heads=n_heads, head_dim=head_dim, pos0=pos0, dst_row=dst_row)
 
     def copy_rows(self, src: Tensor, dst: Tensor, n_tokens: int, dst_row: int,
                   name: str = "") -> Dispatch:
         """dst[dst_row + t] = src[t] for t < n_tokens; rows of dst's width."""
-        op, width = self._copy_rows, dst.shape[-1]
-        op.need(src, n_tokens * width, 0)
-        op.need(dst, (dst_row + n_tokens) * width, 1)
-        return op(src, dst, grid=(_groups(width, ELEMENTWISE_BLOCK), n_tokens, 1), name=name,
-                  width=width, dst_row=dst_row)
+        width = dst.shape[-1]
+        return self._copy_rows(src, dst, grid=(_groups(width, ELEMENTWISE_BLOCK), n_tokens, 1),
+                               name=name, need=(n_tokens * width, (dst_row + n_tokens) * width),
+                               width=width, dst_row=dst_row)
 
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor,
                   n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, pos0: int,
@@ -107,33 +99,24 @@ class Kernels:
         cache rows 0 .. pos0 + n_tokens - 1; q, out [tokens, n_heads * head_dim]."""
         op = self._attention
         assert op is not None and op.pipeline.local_size[0] == head_dim, "built for head_dim"
-        op.need(q, n_tokens * n_heads * head_dim, 0)
-        op.need(k_cache, (pos0 + n_tokens) * n_kv_heads * head_dim, 1)
-        op.need(v_cache, (pos0 + n_tokens) * n_kv_heads * head_dim, 2)
-        op.need(out, n_tokens * n_heads * head_dim, 3)
+        qn, kvn = n_tokens * n_heads * head_dim, (pos0 + n_tokens) * n_kv_heads * head_dim
         return op(q, k_cache, v_cache, out, grid=(n_heads, n_tokens, 1), name=name,
-                  n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, pos0=pos0,
-                  scale=scale)
+                  need=(qn, kvn, kvn, qn), n_heads=n_heads, n_kv_heads=n_kv_heads,
+                  head_dim=head_dim, pos0=pos0, scale=scale)
 
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor, n: int,
                  name: str = "") -> Dispatch:
         """out[i] = silu(gate[i]) * up[i] for i < n."""
-        op = self._silu_mul
-        for i, t in enumerate((gate, up, out)):
-            op.need(t, n, i)
-        return op(gate, up, out, grid=(_groups(n, ELEMENTWISE_BLOCK), 1, 1), name=name, n=n)
+        return self._silu_mul(gate, up, out, grid=(_groups(n, ELEMENTWISE_BLOCK), 1, 1),
+                              name=name, need=(n, n, n), n=n)
 
     def add(self, x: Tensor, y: Tensor, n: int, name: str = "") -> Dispatch:
         """x[i] += y[i] for i < n (in place)."""
-        op = self._add
-        op.need(x, n, 0)
-        op.need(y, n, 1)
-        return op(x, y, grid=(_groups(n, ELEMENTWISE_BLOCK), 1, 1), name=name, n=n)
+        return self._add(x, y, grid=(_groups(n, ELEMENTWISE_BLOCK), 1, 1), name=name,
+                         need=(n, n), n=n)
 
     def argmax(self, logits: Tensor, out: Tensor, n: int, offset: int = 0,
                name: str = "") -> Dispatch:
         """out[0] = the smallest index of the largest of logits[offset : offset + n]."""
-        op = self._argmax
-        op.need(logits, offset + n, 0)
-        op.need(out, 1, 1)
-        return op(logits, out, grid=(1, 1, 1), name=name, n=n, offset=offset)
+        return self._argmax(logits, out, grid=(1, 1, 1), name=name, need=(offset + n, 1), n=n,
+                            offset=offset)

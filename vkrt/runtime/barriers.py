@@ -66,7 +66,7 @@ class Tracker:
     def before(self, record) -> tuple[bool, str | None]:
         """Decide for `record` (a Dispatch or Copy) and note its accesses as pending:
         returns (barrier needed, cause or None). A barrier clears what was pending."""
-        reads, writes = record.accesses()
+        reads, writes = record.reads, record.writes
         cause = self.hazard(reads, writes, record.transfer)
         barrier = self.always or cause is not None
         if barrier:

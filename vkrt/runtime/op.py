@@ -7,6 +7,10 @@ tensors (`binding_count`), the dtype each binding takes (declared by the op's ow
 push-constant member present and none extra, each value inside its type, and a grid inside
 the device's `maxComputeWorkGroupCount`. Each failure is a `ShaderInterfaceError` naming the
 module and the binding or member, with the numbers.
+
+An op remembers the dispatches it made (up to `MEMO_SIZE`, then it starts over): a decode step
+calls it with the same views, grid and values every token except for the few that carry the
+position, and a remembered dispatch skips every check, the packing and its read/write sets.
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import struct
 from vkrt.errors import ShaderInterfaceError
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.tensor import Tensor
+
+MEMO_SIZE = 4096  # dispatches remembered per op
 
 # struct codes per reflected scalar type; a bool push constant is a 32-bit VkBool32.
 _CODES = {"bool": "I", "int8": "b", "uint8": "B", "int16": "h", "uint16": "H",
@@ -54,6 +60,7 @@ class Op:
         self._struct = struct.Struct(fmt)
         assert self._struct.size == meta.push_constant_size, (fmt, meta.push_constant_size)
         self._max_grid = pipeline.device.max_compute_work_group_count
+        self._memo: dict[tuple, Dispatch] = {}
 
     def pack(self, push: dict) -> bytes:
         """The push-constant bytes of `push` ({member name: value}).
@@ -82,18 +89,35 @@ class Op:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def __call__(self, *tensors: Tensor, grid: tuple[int, int, int], name: str = "",
-                 **push) -> Dispatch:
+                 need: tuple[int | None, ...] = (), **push) -> Dispatch:
         """A `Dispatch` of this op; nothing is recorded until a stream records it.
 
-        Raises: ShaderInterfaceError (wrong tensor count or dtype, push constants, a grid
-        outside 1..maxComputeWorkGroupCount per dimension)."""
+        Args:
+            need: per binding, the elements the shader will touch (None: no check): the
+                view must hold at least that many.
+        Raises: ShaderInterfaceError (wrong tensor count or dtype, a view too small for
+        `need`, push constants, a grid outside 1..maxComputeWorkGroupCount per dimension)."""
+        key = (tuple([t.key for t in tensors]), grid, tuple(push.items()), name)
+        found = self._memo.get(key)
+        if found is not None:
+            return found
         self.check_tensors(tensors)
+        for i, elements in enumerate(need):
+            if elements is not None and tensors[i].size < elements:
+                t = tensors[i]
+                raise ShaderInterfaceError(
+                    f"{self.name}: binding {i} ({self.binding_names[i]}) needs "
+                    f"{elements} {t.dtype}, tensor {t.name!r} holds {t.size}")
         x, y, z = grid
         mx, my, mz = self._max_grid
         if not (0 < x <= mx and 0 < y <= my and 0 < z <= mz):
             raise ShaderInterfaceError(f"{self.name}: grid {tuple(grid)} outside the device's "
                                        f"maxComputeWorkGroupCount {self._max_grid}")
-        return Dispatch(self.pipeline, tensors, grid, self.pack(push), name or self.name)
+        found = Dispatch(self.pipeline, tensors, grid, self.pack(push), name or self.name)
+        if len(self._memo) >= MEMO_SIZE:
+            self._memo.clear()
+        self._memo[key] = found
+        return found
 
     def check_tensors(self, tensors) -> None:
         """Raise ShaderInterfaceError unless one tensor per binding, each of the dtype the
@@ -107,11 +131,3 @@ class Op:
                 raise ShaderInterfaceError(
                     f"{self.name}: binding {i} ({self.binding_names[i]}) takes {want}, got "
                     f"{t.dtype} tensor {t.name!r}")
-
-    def need(self, t: Tensor, elements: int, binding: int) -> None:
-        """Raise ShaderInterfaceError unless `t` holds at least `elements` elements: for
-        the shape checks of an op's owner (the shader would read or write past the view)."""
-        if t.size < elements:
-            raise ShaderInterfaceError(
-                f"{self.name}: binding {binding} ({self.binding_names[binding]}) needs "
-                f"{elements} {t.dtype}, tensor {t.name!r} holds {t.size}")

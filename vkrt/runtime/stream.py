@@ -131,10 +131,12 @@ class Stream:
             lib.vkCmdBindPipeline(cmd, compute, p.handle)
             lib.vkCmdBindDescriptorSets(cmd, compute, p.layout, 0, 1, bound, 0, NULL)
             if r.push:
-                # ffi.from_buffer: passing the bytes object itself costs ~65 us per call in
-                # cffi against ~2 us (measured on lavapipe's host with bench/decode.py).
+                # A cffi view made once per record: cffi converting the bytes object at every
+                # call cost ~65 us per dispatch on lavapipe's host, against ~2 us this way.
+                if r.push_c is None:
+                    r.push_c = ffi.from_buffer(r.push)
                 lib.vkCmdPushConstants(cmd, p.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                                       len(r.push), ffi.from_buffer(r.push))
+                                       len(r.push), r.push_c)
             lib.vkCmdDispatch(cmd, *r.grid)
             counters.dispatches += 1
         self.profiler.add("record", t0)

@@ -29,7 +29,8 @@ class Tensor:
         dtype: a numpy dtype name (`"float32"`, `"uint32"`, ...); a GGUF block type later.
         shape: element shape, C order; for a numpy dtype, prod(shape) * itemsize == nbytes.
         name: shown in errors and dispatch names (default: the buffer's name).
-    Attributes: `key` (serial, offset, nbytes): identity of the view for descriptor caching;
+    Attributes: `key` (serial, offset, nbytes, dtype): identity of the view for descriptor
+        and dispatch caching;
         `range` (serial, start, end): the bytes the tracker records; `itemsize` (bytes per
         element, 0 for a dtype numpy does not know, e.g. a GGUF block type); `size` (elements).
     Raises: VkrtError when the range is empty, negative or past the buffer's end, or the
@@ -52,7 +53,7 @@ class Tensor:
         if itemsize and math.prod(self.shape) * itemsize != self.nbytes:
             raise VkrtError(f"tensor {self.name!r}: shape {self.shape} of {self.dtype} is "
                             f"{math.prod(self.shape) * itemsize} bytes, the view has {self.nbytes}")
-        self.key = (buffer.serial, self.offset, self.nbytes)
+        self.key = (buffer.serial, self.offset, self.nbytes, self.dtype)
         self.range = (buffer.serial, self.offset, self.offset + self.nbytes)
 
     @classmethod
