@@ -10,6 +10,7 @@ once; activations (views of one buffer) and the KV cache (views of another) are 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,9 +236,12 @@ class Llama:
         return out
 
     def forward(self, ids: Tensor, n_tokens: int, pos0: int, all_logits: bool = False) -> None:
-        """Record `step(...)` on the model's stream. Nothing waits: read results through the
-        stream."""
-        self.stream.record(self.step(ids, n_tokens, pos0, all_logits))
+        """Record `step(...)` on the model's stream (the host time building the list is the
+        profiler's "build" phase). Nothing waits: read results through the stream."""
+        t0 = time.perf_counter_ns()
+        step = self.step(ids, n_tokens, pos0, all_logits)
+        self.stream.profiler.add("build", t0)
+        self.stream.record(step)
 
     def logits(self, token_ids: list[int]) -> np.ndarray:
         """Teacher-forced logits `[len(token_ids), n_vocab]` f32 of one forward from position 0."""

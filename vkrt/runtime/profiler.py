@@ -35,8 +35,9 @@ class Counters:
 
 @dataclass
 class Profiler:
-    """Host time per phase in nanoseconds: record (dispatch recording), submit, wait (blocked
-    on a fence), transfer (host copies). Phases are added by the stream at batch granularity."""
+    """Host time per phase in nanoseconds: build (a model making its list of dispatches),
+    record (recording them), submit, wait (blocked on a fence), transfer (host copies).
+    Phases are added at batch granularity."""
     phases_ns: dict[str, int] = field(default_factory=dict)
 
     def add(self, phase: str, start_ns: int) -> int:
