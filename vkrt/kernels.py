@@ -25,12 +25,21 @@ def _groups(n: int, block: int) -> int:
     return (n + block - 1) // block
 
 
+def spread(groups: int, limit: tuple[int, ...]) -> tuple[int, int]:
+    """(x, y) with x * y >= groups and x within `limit[0]`: a 1-D grid of `groups` workgroups
+    laid over two dimensions (the shader side is glsl/grid.glsl). Past limit_x * limit_y the
+    op refuses the grid, naming it."""
+    x = min(groups, limit[0])
+    return x, -(-groups // x)
+
+
 class Kernels:
     """The ops of one device, specialized for its subgroup size (reductions run one subgroup
     per workgroup, see glsl/reduce.glsl)."""
 
     def __init__(self, pipelines: PipelineCache, head_dim: int | None = None):
         p, sg = pipelines.get_pipeline, pipelines.device.subgroup_size
+        self.limit = pipelines.device.max_compute_work_group_count
         self._embed = Op(p("embed", {0: ELEMENTWISE_BLOCK}), (F32, U32, F32))
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
         self._matvec = Op(p("matvec", {0: sg}), (F32, F32, F32))
@@ -48,7 +57,8 @@ class Kernels:
               name: str = "") -> Dispatch:
         """out[t] = table[ids[t]] for t < n_tokens; table [n_vocab, n_embd]."""
         n_embd = table.shape[1]
-        return self._embed(table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK), n_tokens, 1),
+        return self._embed(table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK),
+                                                  *spread(n_tokens, self.limit[1:])),
                            name=name, need=(None, n_tokens, n_tokens * n_embd), n_embd=n_embd)
 
     def rmsnorm(self, x: Tensor, weight: Tensor, out: Tensor, n_tokens: int, eps: float,
@@ -79,7 +89,8 @@ class Kernels:
         pairs); src [tokens, n_heads * head_dim]; cos_sin [positions, head_dim / 2, 2]."""
         width = n_heads * head_dim
         return self._rope(src, cos_sin, dst,
-                          grid=(_groups(width // 2, ELEMENTWISE_BLOCK), n_tokens, 1), name=name,
+                          grid=(_groups(width // 2, ELEMENTWISE_BLOCK),
+                                *spread(n_tokens, self.limit[1:])), name=name,
                           need=(n_tokens * width, (pos0 + n_tokens) * head_dim,
                                 (dst_row + n_tokens) * width),
                           n_heads=n_heads, head_dim=head_dim, pos0=pos0, dst_row=dst_row)
@@ -88,7 +99,8 @@ class Kernels:
                   name: str = "") -> Dispatch:
         """dst[dst_row + t] = src[t] for t < n_tokens; rows of dst's width."""
         width = dst.shape[-1]
-        return self._copy_rows(src, dst, grid=(_groups(width, ELEMENTWISE_BLOCK), n_tokens, 1),
+        return self._copy_rows(src, dst, grid=(_groups(width, ELEMENTWISE_BLOCK),
+                                               *spread(n_tokens, self.limit[1:])),
                                name=name, need=(n_tokens * width, (dst_row + n_tokens) * width),
                                width=width, dst_row=dst_row)
 
@@ -107,13 +119,13 @@ class Kernels:
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor, n: int,
                  name: str = "") -> Dispatch:
         """out[i] = silu(gate[i]) * up[i] for i < n."""
-        return self._silu_mul(gate, up, out, grid=(_groups(n, ELEMENTWISE_BLOCK), 1, 1),
-                              name=name, need=(n, n, n), n=n)
+        grid = (*spread(_groups(n, ELEMENTWISE_BLOCK), self.limit), 1)
+        return self._silu_mul(gate, up, out, grid=grid, name=name, need=(n, n, n), n=n)
 
     def add(self, x: Tensor, y: Tensor, n: int, name: str = "") -> Dispatch:
         """x[i] += y[i] for i < n (in place)."""
-        return self._add(x, y, grid=(_groups(n, ELEMENTWISE_BLOCK), 1, 1), name=name,
-                         need=(n, n), n=n)
+        grid = (*spread(_groups(n, ELEMENTWISE_BLOCK), self.limit), 1)
+        return self._add(x, y, grid=grid, name=name, need=(n, n), n=n)
 
     def argmax(self, logits: Tensor, out: Tensor, n: int, offset: int = 0,
                name: str = "") -> Dispatch:

@@ -1,13 +1,16 @@
 #version 450
 // Row copy into a larger buffer: dst[(dst_row + t) * width + i] = src[t * width + i].
 // Writes V into the KV cache at the current positions.
-// src: [n_tokens, width] f32; dst: [rows, width] f32. Dispatch: (ceil(width / local_size_x), n_tokens, 1).
+// src: [n_tokens, width] f32; dst: [rows, width] f32. Dispatch: (ceil(width / local_size_x),
+// tokens spread over y and z (grid.glsl)).
+#extension GL_GOOGLE_include_directive : require
+#include "grid.glsl"
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Src { float src[]; };
 layout(set = 0, binding = 1) writeonly buffer Dst { float dst[]; };
 layout(push_constant) uniform Push { uint width; uint dst_row; } pc;
 
 void main() {
-    uint i = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
+    uint i = gl_GlobalInvocationID.x, t = token_index();
     if (i < pc.width) dst[(pc.dst_row + t) * pc.width + i] = src[t * pc.width + i];
 }

@@ -9,7 +9,9 @@
 // src: [n_tokens, n_heads, head_dim] f32; cos_sin: [n_positions, head_dim / 2] vec2 f32;
 // dst: rows of n_heads * head_dim f32, token t written at row dst_row + t (dst_row = pos0
 // writes K straight into the KV cache).
-// Dispatch: (ceil(n_heads * head_dim / 2 / local_size_x), n_tokens, 1).
+// Dispatch: (ceil(n_heads * head_dim / 2 / local_size_x), tokens spread over y and z (grid.glsl)).
+#extension GL_GOOGLE_include_directive : require
+#include "grid.glsl"
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Src { vec2 src[]; };
 layout(set = 0, binding = 1) readonly buffer CosSin { vec2 cos_sin[]; };
@@ -17,7 +19,7 @@ layout(set = 0, binding = 2) writeonly buffer Dst { vec2 dst[]; };
 layout(push_constant) uniform Push { uint n_heads; uint head_dim; uint pos0; uint dst_row; } pc;
 
 void main() {
-    uint p = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
+    uint p = gl_GlobalInvocationID.x, t = token_index();
     uint half_dim = pc.head_dim / 2, pairs = pc.n_heads * half_dim;
     if (p >= pairs) return;
     vec2 r = cos_sin[(pc.pos0 + t) * half_dim + p % half_dim];

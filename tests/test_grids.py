@@ -1,0 +1,105 @@
+"""Grids past maxComputeWorkGroupCount (65,535 per dimension on lavapipe and on many GPUs):
+kernels whose grid grows with the input spread it over y (and tokens over z, glsl/grid.glsl),
+and the runtime refuses a grid past the limit naming the module, the grid and the limit
+(test_runtime.py). A 2,731-token prompt made silu_mul dispatch 65,544 workgroups in x.
+
+The spill paths are also run with a lowered limit (Kernels.limit), so that a few tokens
+exercise them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vkrt import config
+from vkrt.kernels import ELEMENTWISE_BLOCK, Kernels, spread
+from vkrt.models.llama import rope_table
+from vkrt.runtime.device import Device
+from vkrt.runtime.pipeline import PipelineCache
+from vkrt.runtime.stream import Stream
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    with config.VALIDATION.override("1" if _validation_layer() else "0"):
+        device = Device()
+    stream = Stream(device)
+    yield device, stream, Kernels(PipelineCache(device), head_dim=8)
+    device.close()
+    assert device.validation_errors == []
+
+
+def _validation_layer() -> bool:
+    import vulkan
+
+    from vkrt.runtime.device import VALIDATION_LAYER
+    return VALIDATION_LAYER in [p.layerName for p in vulkan.vkEnumerateInstanceLayerProperties()]
+
+
+def test_spread():
+    assert spread(10, (65535, 65535, 65535)) == (10, 1)
+    assert spread(65544, (65535, 65535, 65535)) == (65535, 2)
+    assert spread(10, (4, 4, 4)) == (4, 3)
+
+
+def test_silu_mul_past_65535_workgroups(gpu):
+    """The issue's example: 2,731 tokens x 1,536 = 4,194,816 elements, 65,544 workgroups of 64."""
+    device, stream, k = gpu
+    n = 2731 * 1536
+    assert -(-n // ELEMENTWISE_BLOCK) > 65535
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal(n).astype(np.float32)
+    u = rng.standard_normal(n).astype(np.float32)
+    tg, tu, to = stream.upload(g), stream.upload(u), stream.upload(np.zeros(n, np.float32))
+    d = k.silu_mul(tg, tu, to, n)
+    assert d.grid[1] > 1 and d.grid[0] <= device.max_compute_work_group_count[0]
+    stream.record([d])
+    got = stream.read(to)   # validation messages (groupCountX-00386) raise here
+    want = (g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64))) * u).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+    for t in (tg, tu, to):
+        t.buffer.close()
+
+
+@pytest.mark.parametrize("n", [1, 64 * 4 + 1, 64 * 12])
+def test_add_spread_over_y_with_a_lowered_limit(gpu, n, monkeypatch):
+    device, stream, k = gpu
+    monkeypatch.setattr(k, "limit", (4, 65535, 65535))
+    x = np.arange(n, dtype=np.float32)
+    tx, ty = stream.upload(x), stream.upload(2 * x)
+    d = k.add(tx, ty, n)
+    assert d.grid == (*spread(-(-n // 64), (4,)), 1)
+    stream.record([d])
+    np.testing.assert_array_equal(stream.read(tx), 3 * x)  # exact: small integers
+    tx.buffer.close()
+    ty.buffer.close()
+
+
+@pytest.mark.parametrize("n_tokens", [1, 5, 9])
+def test_tokens_spill_into_z_with_a_lowered_limit(gpu, n_tokens, monkeypatch):
+    """embed, copy_rows and rope read their token from y and z."""
+    device, stream, k = gpu
+    monkeypatch.setattr(k, "limit", (65535, 2, 65535))
+    rng = np.random.default_rng(n_tokens)
+    n_vocab, n_embd = 11, 8
+    table = rng.standard_normal((n_vocab, n_embd)).astype(np.float32)
+    ids = rng.integers(0, n_vocab, n_tokens).astype(np.uint32)
+    t_table, t_ids = stream.upload(table), stream.upload(ids)
+    out = stream.upload(np.zeros((n_tokens, n_embd), np.float32))
+    rows = stream.upload(np.zeros((n_tokens + 3, n_embd), np.float32))
+    cos_sin = stream.upload(rope_table(n_embd, 10000.0, n_tokens + 2))
+    rot = stream.upload(np.zeros((n_tokens, n_embd), np.float32))
+    records = [k.embed(t_table, t_ids, out, n_tokens), k.copy_rows(out, rows, n_tokens, 3),
+               k.rope(out, cos_sin, rot, n_tokens, 1, n_embd, pos0=2)]
+    assert all(d.grid[2] == -(-n_tokens // 2) for d in records)
+    stream.record(records)
+    np.testing.assert_array_equal(stream.read(out), table[ids])
+    np.testing.assert_array_equal(stream.read(rows)[3:], table[ids])
+    cs = rope_table(n_embd, 10000.0, n_tokens + 2)[2:2 + n_tokens]   # [t, pairs, (cos, sin)]
+    x0, x1 = table[ids][:, 0::2], table[ids][:, 1::2]
+    want = np.empty_like(table[ids])
+    want[:, 0::2] = x0 * cs[..., 0] - x1 * cs[..., 1]
+    want[:, 1::2] = x0 * cs[..., 1] + x1 * cs[..., 0]
+    np.testing.assert_allclose(stream.read(rot), want, rtol=1e-6, atol=1e-6)
+    for t in (t_table, t_ids, out, rows, cos_sin, rot):
+        t.buffer.close()
