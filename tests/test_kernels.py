@@ -295,6 +295,123 @@ def test_attention_gqa_causal(gpu, head_dim, n_tokens, pos0, q_scale, atol):
     np.testing.assert_array_equal(got[-3:], SENTINEL)
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def safe_attention_reference(q, k_cache, v_cache, pos0, scale):
+    """`attention_reference` for scores that may be infinite, float64. A score is
+    scale * q . k in float64, made +-inf where it leaves the f32 range (the kernel's scores
+    are f32). Weights: -inf weighs 0; if any score is +inf, the +inf scores share the weight
+    equally (softmax's limit as they grow); a row of only -inf gives zeros."""
+    n_tokens, n_heads, _ = q.shape
+    group = n_heads // k_cache.shape[1]
+    out = np.zeros(q.shape)
+    with np.errstate(invalid="raise", over="ignore"):
+        for t in range(n_tokens):
+            last = pos0 + t
+            for h in range(n_heads):
+                k = k_cache[:last + 1, h // group].astype(np.float64)
+                v = v_cache[:last + 1, h // group].astype(np.float64)
+                s = (k * q[t, h].astype(np.float64)).sum(1) * scale
+                s[s > F32_MAX], s[s < -F32_MAX] = np.inf, -np.inf
+                if np.isposinf(s).any():
+                    w = np.isposinf(s).astype(np.float64)
+                elif np.isneginf(s).all():
+                    continue
+                else:
+                    w = np.exp(s - s.max())
+                out[t, h] = w @ v / w.sum()
+    return out
+
+
+def run_attention(gpu, q, k_cache, v_cache, pos0, scale):
+    """attention.comp on q [T, H, D], caches [n_ctx, H_kv, D]; returns [T, H, D] and checks
+    the sentinel tail after the output."""
+    n_tokens, n_heads, head_dim = q.shape
+    bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
+    bo = gpu.filled(q.size + 3)
+    gpu.run("attention", {0: head_dim}, (bq, bk, bv, bo), (n_heads, n_tokens, 1),
+            push(n_heads, k_cache.shape[1], head_dim, pos0, float(scale)))
+    got = gpu.read(bo)
+    np.testing.assert_array_equal(got[-3:], SENTINEL)
+    return got[:-3].reshape(q.shape)
+
+
+def test_attention_four_minus_infinity_scores_give_zeros(gpu):
+    # The issue's example: one query at position 3, its four scores all -inf. The kernel
+    # returned NaN (exp(-inf - -inf) in the first block, then 0 / 0).
+    head_dim = 4
+    q = np.ones((1, 1, head_dim), np.float32)
+    k_cache = np.ones((4, 1, head_dim), np.float32)
+    k_cache[:, 0, 0] = -np.inf                   # q . k = -inf + 3
+    v_cache = randn(rng(20), 4, 1, head_dim)
+    got = run_attention(gpu, q, k_cache, v_cache, 3, 0.5)
+    np.testing.assert_array_equal(got, np.zeros_like(q))
+
+
+# Masked positions: k[p, kv head 0, 0] = -inf with q[..., 0] = 1 > 0 makes the score of every
+# query head of KV head 0 at p exactly -inf (the other terms are finite); KV head 1 is not
+# masked. head_dim 8 = block size, positions 0..23 = blocks [0, 8), [8, 16), [16, 24) for the
+# last query; 4 query tokens at pos0 20 see 21..24 positions.
+MASKS = {
+    "first-block": range(0, 8),             # a whole -inf block before any finite score
+    "first-block-and-a-half": range(0, 12),  # ... and the next block starts with -inf
+    "across-boundary": range(5, 11),
+    "middle-block": range(8, 16),
+    "last-block": range(16, 24),            # the last block of the last query all -inf
+    "all-but-last": range(0, 23),           # only position 23 is finite
+    "all": range(0, 24),                    # every score -inf: zeros, not NaN
+}
+
+
+@pytest.mark.parametrize("masked", MASKS.values(), ids=MASKS.keys())
+def test_attention_minus_infinity_scores(gpu, masked):
+    r, head_dim, n_heads, n_kv_heads, n_tokens, pos0 = rng(21), 8, 4, 2, 4, 20
+    q = randn(r, n_tokens, n_heads, head_dim)
+    q[..., 0] = 1.0
+    k_cache = randn(r, pos0 + n_tokens, n_kv_heads, head_dim)
+    v_cache = randn(r, pos0 + n_tokens, n_kv_heads, head_dim)
+    k_cache[list(masked), 0, 0] = -np.inf
+    scale = float(np.float32(1 / np.sqrt(head_dim)))
+    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale)
+    want = safe_attention_reference(q, k_cache, v_cache, pos0, scale)
+    assert not np.isnan(got).any()
+    # Unmasked scores behave as in test_attention_gqa_causal (q_scale 1): bound 1e-6.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    if len(masked) == 24:  # the last token of KV head 0's query heads saw only -inf
+        np.testing.assert_array_equal(got[-1, :2], 0.0)
+
+
+# Scores past the f32 range: k[p, 0, 0] = big with q[..., 0] = 8, scale 1/4, so the score is
+# ~2 * big. +-2e38 is finite; +-8e38 overflows to +-inf (the true score is finite but not an
+# f32). The rest of q . k is ~N(0, 8).
+OVERFLOW = {
+    "one-overflow": {13: 4e38},
+    "two-overflows-share": {3: 4e38, 17: 4e38},        # two +inf scores: half the weight each
+    "overflow-after-huge-finite": {2: 1e38, 20: 4e38},  # +inf displaces a finite maximum
+    "huge-finite-then-overflow-negative": {9: 1e38, 10: -4e38, 11: -1e38},
+    "first-block-overflows-negative": {p: -4e38 for p in range(8)},
+}
+
+
+@pytest.mark.parametrize("big", OVERFLOW.values(), ids=OVERFLOW.keys())
+def test_attention_scores_past_f32_range(gpu, big):
+    r, head_dim, n_heads, n_kv_heads, n_tokens, pos0 = rng(22), 8, 2, 1, 2, 22
+    q = randn(r, n_tokens, n_heads, head_dim)
+    q[..., 0] = 8.0
+    k_cache = randn(r, pos0 + n_tokens, n_kv_heads, head_dim)
+    v_cache = randn(r, pos0 + n_tokens, n_kv_heads, head_dim)
+    for p, value in big.items():
+        k_cache[p, 0, 0] = value / 2
+    scale = 0.25
+    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale)
+    want = safe_attention_reference(q, k_cache, v_cache, pos0, scale)
+    assert not np.isnan(got).any()
+    # Where a score is +inf or ~1e38 every other weight is exactly 0 (exp of < -1e38): the
+    # output is one value row, or the mean of two (one rounding). Otherwise as above.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
 # -- argmax --------------------------------------------------------------------------------
 def run_argmax(gpu, logits: np.ndarray, n: int, offset: int) -> int:
     bl, bt = gpu.upload(logits.astype(np.float32)), gpu.filled(1, 0xDEAD, np.uint32)
