@@ -4,8 +4,10 @@ purpose: partial workgroups, token tiles that do not divide, rows written at an 
 larger buffer with sentinels around them to catch stray writes.
 
 Runs on whatever `Device()` picks (lavapipe here). Spec constants are the ones
-`vkrt/models/llama.py` uses; the reductions are also run with a workgroup of several
-subgroups so the shared-memory path of reduce.glsl runs too.
+`vkrt/models/llama.py` uses; the reductions are also run with workgroups of half a subgroup
+to 8 subgroups (WORKGROUPS) and rows shorter than one subgroup, so every path of reduce.glsl
+and of argmax's tree runs. The subgroup size is the device's: 8 on lavapipe at 256 bits;
+`LP_NATIVE_VECTOR_WIDTH=128` (or 512) makes lavapipe's subgroups 4 (or 16) wide.
 
 Tolerances: elementwise copies and adds are exact (one correctly rounded f32 op, or none).
 Reductions are compared with float64 references; an fp32 sum of K terms reordered (subgroup
@@ -246,6 +248,65 @@ def test_matmul_partial_token_tile(gpu, subgroups, tokens, tokens_key):
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
+# Workgroup sizes in units of the device's subgroup size (8 on lavapipe): half a subgroup
+# (one partial subgroup), 1, 2, 3 (not a power of two), 1.5 (the last subgroup partial) and
+# 8 subgroups. reduce.glsl combines several subgroups through shared memory, so each size
+# runs a different path; the kernels must not assume one subgroup per workgroup, nor a
+# power-of-two workgroup.
+WORKGROUPS = {"half-subgroup": 0.5, "1-subgroup": 1, "2-subgroups": 2, "3-subgroups": 3,
+              "1.5-subgroups": 1.5, "8-subgroups": 8}
+
+
+def workgroup(gpu, subgroups: float) -> int:
+    return max(1, int(gpu.sg * subgroups))
+
+
+@pytest.mark.parametrize("n", [3, 77], ids=["row-shorter-than-a-subgroup", "row-77"])
+@pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
+def test_rmsnorm_any_workgroup(gpu, subgroups, n):
+    r, n_tokens, eps = rng(30), 3, 1e-5
+    x, w = randn(r, n_tokens, n) * np.float32(3), randn(r, n)
+    bx, bw, bo = gpu.upload(x), gpu.upload(w), gpu.filled(n_tokens * n + 4)
+    gpu.run("rmsnorm", {0: workgroup(gpu, subgroups)}, (bx, bw, bo), (n_tokens, 1, 1),
+            push(n, eps))
+    got = gpu.read(bo)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * w
+    # As test_rmsnorm_rows: a sum of positive terms, relative error of a few ulp.
+    np.testing.assert_allclose(got[:-4].reshape(n_tokens, n), want, rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(got[-4:], SENTINEL)
+
+
+@pytest.mark.parametrize("n_cols", [4, 20, 260], ids=["1-vec4", "5-vec4", "65-vec4"])
+@pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
+def test_matvec_any_workgroup(gpu, subgroups, n_cols):
+    # 1 and 5 vec4 per row: fewer than one subgroup's lanes hold data.
+    r, n_rows = rng(31), 5
+    w, x = randn(r, n_rows, n_cols), randn(r, n_cols)
+    bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_rows + 3)
+    gpu.run("matvec", {0: workgroup(gpu, subgroups)}, (bw, bx, by), (n_rows, 1, 1),
+            push(n_cols, 0))
+    got = gpu.read(by)
+    terms = w.astype(np.float64) * x.astype(np.float64)
+    # As test_matvec_with_x_offset (bound 2e-7 relative to sum|w*x|).
+    assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
+    np.testing.assert_array_equal(got[n_rows:], SENTINEL)
+
+
+@pytest.mark.parametrize("n_cols", [4, 260], ids=["1-vec4", "65-vec4"])
+@pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
+def test_matmul_any_workgroup(gpu, subgroups, n_cols):
+    r, n_tokens, n_rows, tokens = rng(32), 5, 3, 4
+    w, x = randn(r, n_rows, n_cols), randn(r, n_tokens, n_cols)
+    bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_tokens * n_rows + 5)
+    gpu.run("matmul", {0: workgroup(gpu, subgroups), 1: tokens}, (bw, bx, by),
+            (n_rows, groups(n_tokens, tokens), 1), push(n_cols, n_rows, n_tokens))
+    got = gpu.read(by)
+    terms = x.astype(np.float64)[:, None, :] * w.astype(np.float64)[None, :, :]
+    assert rel_err(got[:-5].reshape(n_tokens, n_rows), terms.sum(2), np.abs(terms).sum(2)) < 2e-7
+    np.testing.assert_array_equal(got[-5:], SENTINEL)
+
+
 def attention_reference(q, k_cache, v_cache, pos0, scale):
     """Causal softmax attention with grouped-query heads, float64.
     q: [T, H, D]; k_cache, v_cache: [n_ctx, H_kv, D] -> [T, H, D]."""
@@ -443,6 +504,24 @@ def test_argmax_offset_and_short_row(gpu):
     assert run_argmax(gpu, logits.reshape(-1), 97, 97) == 96
     logits[1, 40] = 10.0
     assert run_argmax(gpu, logits.reshape(-1), 97, 97) == 40
+
+
+@pytest.mark.parametrize("n", [3, 50], ids=["row-shorter-than-a-subgroup", "row-50"])
+@pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
+def test_argmax_any_workgroup(gpu, subgroups, n):
+    # Every position in turn holds the maximum, tied at the position one workgroup later when
+    # there is one (the same invocation's next element), so every invocation's and every
+    # subgroup's partial result must reach the answer and the first maximum must win.
+    size = workgroup(gpu, subgroups)
+    base = randn(rng(33), n)
+    for i in range(n):
+        logits = base.copy()
+        logits[i] = 9.0
+        if i + size < n:
+            logits[i + size] = 9.0
+        bl, bt = gpu.upload(logits), gpu.filled(1, 0xDEAD, np.uint32)
+        gpu.run("argmax", {0: size}, (bl, bt), (1, 1, 1), push(n, 0))
+        assert int(gpu.read(bt, np.uint32)[0]) == int(np.argmax(logits)) == i, (i, size)
 
 
 def test_argmax_of_all_minus_infinity_is_an_index(gpu):
