@@ -108,6 +108,9 @@ MUTATIONS = [
     # -- kernels ---------------------------------------------------------------------------
     ("argmax keeps the last maximum", "vkrt/glsl/argmax.comp",
      "oi < best_index[lid]", "oi > best_index[lid]", ["tests/test_kernels.py"]),
+    ("argmax of all -inf returns the none index", "vkrt/glsl/argmax.comp",
+     "if (v > bv || bi == 0xFFFFFFFFu)", "if (v > bv)",
+     ["tests/test_kernels.py::test_argmax_of_all_minus_infinity_is_an_index"]),
     ("attention not causal", "vkrt/glsl/attention.comp",
      "uint last = pc.pos0 + t;", "uint last = pc.pos0 + gl_NumWorkGroups.y - 1;",
      ["tests/test_kernels.py"]),
