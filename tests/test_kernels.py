@@ -4,8 +4,10 @@ purpose: partial workgroups, token tiles that do not divide, rows written at an 
 larger buffer with sentinels around them to catch stray writes.
 
 Runs on whatever `Device()` picks (lavapipe here). Spec constants are the ones
-`vkrt/models/llama.py` uses; the reductions are also run with a workgroup of several
-subgroups so the shared-memory path of reduce.glsl runs too.
+`vkrt/models/llama.py` uses; the reductions are also run with workgroups of half a subgroup
+to 8 subgroups (WORKGROUPS) and rows shorter than one subgroup, so every path of reduce.glsl
+and of argmax's tree runs. The subgroup size is the device's: 8 on lavapipe at 256 bits;
+`LP_NATIVE_VECTOR_WIDTH=128` (or 512) makes lavapipe's subgroups 4 (or 16) wide.
 
 Tolerances: elementwise copies and adds are exact (one correctly rounded f32 op, or none).
 Reductions are compared with float64 references; an fp32 sum of K terms reordered (subgroup
@@ -246,6 +248,65 @@ def test_matmul_partial_token_tile(gpu, subgroups, tokens, tokens_key):
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
+# Workgroup sizes in units of the device's subgroup size (8 on lavapipe): half a subgroup
+# (one partial subgroup), 1, 2, 3 (not a power of two), 1.5 (the last subgroup partial) and
+# 8 subgroups. reduce.glsl combines several subgroups through shared memory, so each size
+# runs a different path; the kernels must not assume one subgroup per workgroup, nor a
+# power-of-two workgroup.
+WORKGROUPS = {"half-subgroup": 0.5, "1-subgroup": 1, "2-subgroups": 2, "3-subgroups": 3,
+              "1.5-subgroups": 1.5, "8-subgroups": 8}
+
+
+def workgroup(gpu, subgroups: float) -> int:
+    return max(1, int(gpu.sg * subgroups))
+
+
+@pytest.mark.parametrize("n", [3, 77], ids=["row-shorter-than-a-subgroup", "row-77"])
+@pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
+def test_rmsnorm_any_workgroup(gpu, subgroups, n):
+    r, n_tokens, eps = rng(30), 3, 1e-5
+    x, w = randn(r, n_tokens, n) * np.float32(3), randn(r, n)
+    bx, bw, bo = gpu.upload(x), gpu.upload(w), gpu.filled(n_tokens * n + 4)
+    gpu.run("rmsnorm", {0: workgroup(gpu, subgroups)}, (bx, bw, bo), (n_tokens, 1, 1),
+            push(n, eps))
+    got = gpu.read(bo)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * w
+    # As test_rmsnorm_rows: a sum of positive terms, relative error of a few ulp.
+    np.testing.assert_allclose(got[:-4].reshape(n_tokens, n), want, rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(got[-4:], SENTINEL)
+
+
+@pytest.mark.parametrize("n_cols", [4, 20, 260], ids=["1-vec4", "5-vec4", "65-vec4"])
+@pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
+def test_matvec_any_workgroup(gpu, subgroups, n_cols):
+    # 1 and 5 vec4 per row: fewer than one subgroup's lanes hold data.
+    r, n_rows = rng(31), 5
+    w, x = randn(r, n_rows, n_cols), randn(r, n_cols)
+    bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_rows + 3)
+    gpu.run("matvec", {0: workgroup(gpu, subgroups)}, (bw, bx, by), (n_rows, 1, 1),
+            push(n_cols, 0))
+    got = gpu.read(by)
+    terms = w.astype(np.float64) * x.astype(np.float64)
+    # As test_matvec_with_x_offset (bound 2e-7 relative to sum|w*x|).
+    assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
+    np.testing.assert_array_equal(got[n_rows:], SENTINEL)
+
+
+@pytest.mark.parametrize("n_cols", [4, 260], ids=["1-vec4", "65-vec4"])
+@pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
+def test_matmul_any_workgroup(gpu, subgroups, n_cols):
+    r, n_tokens, n_rows, tokens = rng(32), 5, 3, 4
+    w, x = randn(r, n_rows, n_cols), randn(r, n_tokens, n_cols)
+    bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_tokens * n_rows + 5)
+    gpu.run("matmul", {0: workgroup(gpu, subgroups), 1: tokens}, (bw, bx, by),
+            (n_rows, groups(n_tokens, tokens), 1), push(n_cols, n_rows, n_tokens))
+    got = gpu.read(by)
+    terms = x.astype(np.float64)[:, None, :] * w.astype(np.float64)[None, :, :]
+    assert rel_err(got[:-5].reshape(n_tokens, n_rows), terms.sum(2), np.abs(terms).sum(2)) < 2e-7
+    np.testing.assert_array_equal(got[-5:], SENTINEL)
+
+
 def attention_reference(q, k_cache, v_cache, pos0, scale):
     """Causal softmax attention with grouped-query heads, float64.
     q: [T, H, D]; k_cache, v_cache: [n_ctx, H_kv, D] -> [T, H, D]."""
@@ -295,6 +356,123 @@ def test_attention_gqa_causal(gpu, head_dim, n_tokens, pos0, q_scale, atol):
     np.testing.assert_array_equal(got[-3:], SENTINEL)
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def safe_attention_reference(q, k_cache, v_cache, pos0, scale):
+    """`attention_reference` for scores that may be infinite, float64. A score is
+    scale * q . k in float64, made +-inf where it leaves the f32 range (the kernel's scores
+    are f32). Weights: -inf weighs 0; if any score is +inf, the +inf scores share the weight
+    equally (softmax's limit as they grow); a row of only -inf gives zeros."""
+    n_tokens, n_heads, _ = q.shape
+    group = n_heads // k_cache.shape[1]
+    out = np.zeros(q.shape)
+    with np.errstate(invalid="raise", over="ignore"):
+        for t in range(n_tokens):
+            last = pos0 + t
+            for h in range(n_heads):
+                k = k_cache[:last + 1, h // group].astype(np.float64)
+                v = v_cache[:last + 1, h // group].astype(np.float64)
+                s = (k * q[t, h].astype(np.float64)).sum(1) * scale
+                s[s > F32_MAX], s[s < -F32_MAX] = np.inf, -np.inf
+                if np.isposinf(s).any():
+                    w = np.isposinf(s).astype(np.float64)
+                elif np.isneginf(s).all():
+                    continue
+                else:
+                    w = np.exp(s - s.max())
+                out[t, h] = w @ v / w.sum()
+    return out
+
+
+def run_attention(gpu, q, k_cache, v_cache, pos0, scale):
+    """attention.comp on q [T, H, D], caches [n_ctx, H_kv, D]; returns [T, H, D] and checks
+    the sentinel tail after the output."""
+    n_tokens, n_heads, head_dim = q.shape
+    bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
+    bo = gpu.filled(q.size + 3)
+    gpu.run("attention", {0: head_dim}, (bq, bk, bv, bo), (n_heads, n_tokens, 1),
+            push(n_heads, k_cache.shape[1], head_dim, pos0, float(scale)))
+    got = gpu.read(bo)
+    np.testing.assert_array_equal(got[-3:], SENTINEL)
+    return got[:-3].reshape(q.shape)
+
+
+def test_attention_four_minus_infinity_scores_give_zeros(gpu):
+    # The issue's example: one query at position 3, its four scores all -inf. The kernel
+    # returned NaN (exp(-inf - -inf) in the first block, then 0 / 0).
+    head_dim = 4
+    q = np.ones((1, 1, head_dim), np.float32)
+    k_cache = np.ones((4, 1, head_dim), np.float32)
+    k_cache[:, 0, 0] = -np.inf                   # q . k = -inf + 3
+    v_cache = randn(rng(20), 4, 1, head_dim)
+    got = run_attention(gpu, q, k_cache, v_cache, 3, 0.5)
+    np.testing.assert_array_equal(got, np.zeros_like(q))
+
+
+# Masked positions: k[p, kv head 0, 0] = -inf with q[..., 0] = 1 > 0 makes the score of every
+# query head of KV head 0 at p exactly -inf (the other terms are finite); KV head 1 is not
+# masked. head_dim 8 = block size, positions 0..23 = blocks [0, 8), [8, 16), [16, 24) for the
+# last query; 4 query tokens at pos0 20 see 21..24 positions.
+MASKS = {
+    "first-block": range(0, 8),             # a whole -inf block before any finite score
+    "first-block-and-a-half": range(0, 12),  # ... and the next block starts with -inf
+    "across-boundary": range(5, 11),
+    "middle-block": range(8, 16),
+    "last-block": range(16, 24),            # the last block of the last query all -inf
+    "all-but-last": range(0, 23),           # only position 23 is finite
+    "all": range(0, 24),                    # every score -inf: zeros, not NaN
+}
+
+
+@pytest.mark.parametrize("masked", MASKS.values(), ids=MASKS.keys())
+def test_attention_minus_infinity_scores(gpu, masked):
+    r, head_dim, n_heads, n_kv_heads, n_tokens, pos0 = rng(21), 8, 4, 2, 4, 20
+    q = randn(r, n_tokens, n_heads, head_dim)
+    q[..., 0] = 1.0
+    k_cache = randn(r, pos0 + n_tokens, n_kv_heads, head_dim)
+    v_cache = randn(r, pos0 + n_tokens, n_kv_heads, head_dim)
+    k_cache[list(masked), 0, 0] = -np.inf
+    scale = float(np.float32(1 / np.sqrt(head_dim)))
+    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale)
+    want = safe_attention_reference(q, k_cache, v_cache, pos0, scale)
+    assert not np.isnan(got).any()
+    # Unmasked scores behave as in test_attention_gqa_causal (q_scale 1): bound 1e-6.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    if len(masked) == 24:  # the last token of KV head 0's query heads saw only -inf
+        np.testing.assert_array_equal(got[-1, :2], 0.0)
+
+
+# Scores past the f32 range: k[p, 0, 0] = big with q[..., 0] = 8, scale 1/4, so the score is
+# ~2 * big. +-2e38 is finite; +-8e38 overflows to +-inf (the true score is finite but not an
+# f32). The rest of q . k is ~N(0, 8).
+OVERFLOW = {
+    "one-overflow": {13: 4e38},
+    "two-overflows-share": {3: 4e38, 17: 4e38},        # two +inf scores: half the weight each
+    "overflow-after-huge-finite": {2: 1e38, 20: 4e38},  # +inf displaces a finite maximum
+    "huge-finite-then-overflow-negative": {9: 1e38, 10: -4e38, 11: -1e38},
+    "first-block-overflows-negative": {p: -4e38 for p in range(8)},
+}
+
+
+@pytest.mark.parametrize("big", OVERFLOW.values(), ids=OVERFLOW.keys())
+def test_attention_scores_past_f32_range(gpu, big):
+    r, head_dim, n_heads, n_kv_heads, n_tokens, pos0 = rng(22), 8, 2, 1, 2, 22
+    q = randn(r, n_tokens, n_heads, head_dim)
+    q[..., 0] = 8.0
+    k_cache = randn(r, pos0 + n_tokens, n_kv_heads, head_dim)
+    v_cache = randn(r, pos0 + n_tokens, n_kv_heads, head_dim)
+    for p, value in big.items():
+        k_cache[p, 0, 0] = value / 2
+    scale = 0.25
+    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale)
+    want = safe_attention_reference(q, k_cache, v_cache, pos0, scale)
+    assert not np.isnan(got).any()
+    # Where a score is +inf or ~1e38 every other weight is exactly 0 (exp of < -1e38): the
+    # output is one value row, or the mean of two (one rounding). Otherwise as above.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
 # -- argmax --------------------------------------------------------------------------------
 def run_argmax(gpu, logits: np.ndarray, n: int, offset: int) -> int:
     bl, bt = gpu.upload(logits.astype(np.float32)), gpu.filled(1, 0xDEAD, np.uint32)
@@ -328,12 +506,27 @@ def test_argmax_offset_and_short_row(gpu):
     assert run_argmax(gpu, logits.reshape(-1), 97, 97) == 40
 
 
+@pytest.mark.parametrize("n", [3, 50], ids=["row-shorter-than-a-subgroup", "row-50"])
+@pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
+def test_argmax_any_workgroup(gpu, subgroups, n):
+    # Every position in turn holds the maximum, tied at the position one workgroup later when
+    # there is one (the same invocation's next element), so every invocation's and every
+    # subgroup's partial result must reach the answer and the first maximum must win.
+    size = workgroup(gpu, subgroups)
+    base = randn(rng(33), n)
+    for i in range(n):
+        logits = base.copy()
+        logits[i] = 9.0
+        if i + size < n:
+            logits[i + size] = 9.0
+        bl, bt = gpu.upload(logits), gpu.filled(1, 0xDEAD, np.uint32)
+        gpu.run("argmax", {0: size}, (bl, bt), (1, 1, 1), push(n, 0))
+        assert int(gpu.read(bt, np.uint32)[0]) == int(np.argmax(logits)) == i, (i, size)
+
+
 def test_argmax_of_all_minus_infinity_is_an_index(gpu):
-    # torch.argmax returns 0 here; the shader starts from bv = -inf with bi = 0xFFFFFFFF and
-    # only takes strictly greater values, so it returns 0xFFFFFFFF, an out-of-range token id
-    # that `embed` would then read past its table with (generate feeds argmax to embed).
+    # torch.argmax returns 0 here. Starting from bv = -inf and taking only strictly greater
+    # values would return the "none" index 0xFFFFFFFF, an out-of-range token id that `embed`
+    # would then read past its table with (generate feeds argmax to embed).
     logits = np.full(300, -np.inf, np.float32)
-    got = run_argmax(gpu, logits, 300, 0)
-    if got == 0xFFFFFFFF:
-        pytest.xfail("argmax.comp returns 0xFFFFFFFF when every logit is -inf (reported)")
-    assert got == 0
+    assert run_argmax(gpu, logits, 300, 0) == 0

@@ -10,10 +10,22 @@ from vkrt.errors import VkrtError
 
 
 def _devices(args) -> int:
-    from vkrt.runtime.device import list_devices
+    """One line per device; `*` marks the one `generate` opens without --device: VKRT_DEVICE
+    when set, else the preferred kind (discrete, integrated, virtual GPU, CPU)."""
+    from vkrt.runtime.device import choose_device, list_devices
 
-    for d in list_devices():
-        print(f"{d.index}: {d.name} ({d.kind}, Vulkan {d.api_version})")
+    devices = list_devices()
+    error, chosen = None, None
+    try:
+        chosen = choose_device(devices, config.DEVICE.value)
+    except VkrtError as e:  # VKRT_DEVICE out of range: list anyway, then the one-line error
+        error = e
+    why = "VKRT_DEVICE" if config.DEVICE.value is not None else "default"
+    for d in devices:
+        mark = f"  * {why}" if d.index == chosen else ""
+        print(f"{d.index}: {d.name} ({d.kind}, Vulkan {d.api_version}){mark}")
+    if error is not None:
+        raise error
     return 0
 
 

@@ -49,7 +49,8 @@ def _opt_int(raw: str) -> int | None:
 DEVICE: Switch[int | None] = Switch(
     "VKRT_DEVICE", _opt_int, None,
     "Index of the Vulkan physical device to use (as `vkrt devices` lists them); "
-    "default: the first discrete GPU, else the first device.")
+    "default: a discrete GPU, else integrated, else virtual, else a CPU implementation, "
+    "the lowest index among equals (`vkrt devices` marks it).")
 VALIDATION: Switch[bool] = Switch(
     "VKRT_VALIDATION", _bool, False,
     "Enable VK_LAYER_KHRONOS_validation with synchronization validation; "

@@ -2,6 +2,7 @@
 // Greedy sampling on the GPU: out[0] = the smallest index of the largest of
 // logits[offset .. offset + n) (torch.argmax's tie rule). logits: f32; out: [1] u32.
 // All -inf gives 0 (as torch). NaN compares false and is skipped; torch would pick it.
+// Any workgroup size (local_size_x, specialization constant 0). Push constants: n, offset.
 // Dispatch: (1, 1, 1), one workgroup.
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Logits { float logits[]; };
@@ -23,10 +24,13 @@ void main() {
     best_value[lid] = bv;
     best_index[lid] = bi;
     barrier();
-    for (uint s = gl_WorkGroupSize.x / 2; s > 0; s >>= 1) {
-        if (lid < s) {
-            float ov = best_value[lid + s];
-            uint oi = best_index[lid + s];
+    // Tree over any workgroup size, not only powers of two: each step folds the upper
+    // ceil-half onto the lower half (slot lid + half, when it exists, into slot lid).
+    for (uint width = gl_WorkGroupSize.x; width > 1; width = (width + 1) / 2) {
+        uint half_width = (width + 1) / 2;
+        if (lid + half_width < width) {
+            float ov = best_value[lid + half_width];
+            uint oi = best_index[lid + half_width];
             bool better = ov > best_value[lid] || (ov == best_value[lid] && oi < best_index[lid]);
             if (oi != 0xFFFFFFFFu && (better || best_index[lid] == 0xFFFFFFFFu)) {
                 best_value[lid] = ov;

@@ -8,6 +8,14 @@
 // head_dim] f32; out: [n_tokens, n_heads, head_dim] f32.
 // local_size_x must equal head_dim: invocation d owns output dimension d and, while scoring,
 // cache position (block start + d). Dispatch: (n_heads, n_tokens, 1).
+// Push constants: n_heads, n_kv_heads, head_dim, pos0 (u32), scale (f32; scores are
+// (q * scale) . k, so they overflow only where the scaled score leaves the f32 range).
+// Infinite scores (masked keys, or scores past the f32 range) never give NaN: a score of -inf
+// weighs 0 and a row whose scores are all -inf gives zeros (a fully masked row); scores of
+// +inf share the weight equally and finite scores then weigh 0 (the limit of softmax as
+// those scores grow). A NaN score (inf * 0 in the dot) gives NaN, as torch's softmax does.
+// This relies on IEEE infinities, which Vulkan guarantees only under the
+// SignedZeroInfNanPreserve execution mode ("Precision and Operation of SPIR-V Instructions").
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(set = 0, binding = 1) readonly buffer K { float k_cache[]; };
@@ -19,39 +27,49 @@ layout(push_constant) uniform Push {
 shared float q_s[gl_WorkGroupSize.x];
 shared float p_s[gl_WorkGroupSize.x];
 
+const float NEG_INF = -1.0 / 0.0;
+
+// exp(s - mx) for s <= mx, without NaN when both are infinite: an all -inf prefix (mx = -inf)
+// weighs nothing yet, and a score equal to the maximum weighs exactly 1 (also +inf = +inf).
+float weight(float s, float mx) {
+    if (mx == NEG_INF) return 0.0;
+    return s == mx ? 1.0 : exp(s - mx);
+}
+
 void main() {
     const uint B = gl_WorkGroupSize.x;
     uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, d = gl_LocalInvocationID.x;
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
     uint row = pc.n_kv_heads * pc.head_dim;
     uint last = pc.pos0 + t;  // inclusive
-    q_s[d] = q[(t * pc.n_heads + h) * pc.head_dim + d];
+    q_s[d] = q[(t * pc.n_heads + h) * pc.head_dim + d] * pc.scale;
     barrier();
-    float m = -1.0 / 0.0, l = 0.0, acc = 0.0;
+    // Online softmax: m is the largest score so far, l = sum weight(s, m), acc = sum
+    // weight(s, m) * v[d]. l >= 1 once any score is above -inf (the maximum weighs 1).
+    float m = NEG_INF, l = 0.0, acc = 0.0;
     for (uint base = 0; base <= last; base += B) {
         uint p = base + d;
-        float s = -1.0 / 0.0;
+        float s = NEG_INF;
         if (p <= last) {
             uint k0 = p * row + kvh * pc.head_dim;
             s = 0.0;
             for (uint j = 0; j < pc.head_dim; ++j) s += q_s[j] * k_cache[k0 + j];
-            s *= pc.scale;
         }
         p_s[d] = s;
         barrier();
         float block_max = m;
         uint n = min(B, last + 1 - base);
         for (uint j = 0; j < n; ++j) block_max = max(block_max, p_s[j]);
-        float correction = exp(m - block_max);
+        float correction = weight(m, block_max);
         l *= correction;
         acc *= correction;
         for (uint j = 0; j < n; ++j) {
-            float e = exp(p_s[j] - block_max);
+            float e = weight(p_s[j], block_max);
             l += e;
             acc += e * v_cache[(base + j) * row + kvh * pc.head_dim + d];
         }
         m = block_max;
         barrier();
     }
-    dst[(t * pc.n_heads + h) * pc.head_dim + d] = acc / l;
+    dst[(t * pc.n_heads + h) * pc.head_dim + d] = l > 0.0 ? acc / l : 0.0;
 }

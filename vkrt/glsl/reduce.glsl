@@ -5,29 +5,43 @@
 // shared-memory tree reduction made matvec 4x slower than this (measured, 1536x576).
 // Every invocation of the workgroup must call these (uniform control flow).
 // The includer gets local_size_x from specialization constant 0.
+// Any subgroup size (the spec allows any power of two from 1 to 128) and any workgroup size:
+// a subgroup that is partial (workgroup size not a multiple of the subgroup size, or smaller
+// than one subgroup) reduces over its active invocations only (GL_KHR_shader_subgroup).
+// The number of partials is reduce_subgroups(), not gl_NumSubgroups alone: lavapipe (Mesa,
+// LLVM 15) reports gl_NumSubgroups = floor(workgroup / subgroup size), 1 for a workgroup of
+// 12 with subgroups of 8, while its partial subgroup has gl_SubgroupID 1; its partial was
+// dropped. Every ID below the count is present (each subgroup holds at most
+// gl_SubgroupSize invocations), so no slot of reduce_partial is read before it is written.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 layout(local_size_x_id = 0) in;
 shared float reduce_partial[gl_WorkGroupSize.x];
 
+uint reduce_subgroups() {
+    return max(gl_NumSubgroups, (gl_WorkGroupSize.x + gl_SubgroupSize - 1) / gl_SubgroupSize);
+}
+
 float workgroup_sum(float v) {
     v = subgroupAdd(v);
-    if (gl_NumSubgroups == 1) return v;
+    uint n = reduce_subgroups();
+    if (n == 1) return v;
     if (subgroupElect()) reduce_partial[gl_SubgroupID] = v;
     barrier();
     float r = 0.0;
-    for (uint i = 0; i < gl_NumSubgroups; ++i) r += reduce_partial[i];
+    for (uint i = 0; i < n; ++i) r += reduce_partial[i];
     barrier();
     return r;
 }
 
 float workgroup_max(float v) {
     v = subgroupMax(v);
-    if (gl_NumSubgroups == 1) return v;
+    uint n = reduce_subgroups();
+    if (n == 1) return v;
     if (subgroupElect()) reduce_partial[gl_SubgroupID] = v;
     barrier();
     float r = reduce_partial[0];
-    for (uint i = 1; i < gl_NumSubgroups; ++i) r = max(r, reduce_partial[i]);
+    for (uint i = 1; i < n; ++i) r = max(r, reduce_partial[i]);
     barrier();
     return r;
 }

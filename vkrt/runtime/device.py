@@ -1,9 +1,10 @@
 """`Device`: the Vulkan instance, the physical-device choice, the logical device and its compute
 queue. The one place that knows about validation layers and device features.
 
-Choice (issue 2): `VKRT_DEVICE` (or `Device(index=N)`) picks by index as `list_devices()` lists
-them; otherwise the first discrete GPU, else the first device. No loader or no device raises
-`NoVulkanDriverError` saying how to install lavapipe.
+Choice: `VKRT_DEVICE` (or `Device(index=N)`) picks by index as `list_devices()` lists them;
+otherwise `default_device` prefers a discrete GPU, then an integrated GPU, a virtual GPU, a CPU
+implementation (lavapipe), any other, the lowest index among equals. No loader or no device
+raises `NoVulkanDriverError` saying how to install lavapipe.
 """
 from __future__ import annotations
 
@@ -94,23 +95,35 @@ def list_devices() -> list[DeviceInfo]:
         lib.vkDestroyInstance(instance, NULL)
 
 
-def _choose(infos: list[DeviceInfo], index: int | None) -> int:
+# Preference without VKRT_DEVICE: a lower rank wins, then a lower index.
+KIND_PREFERENCE = ("discrete", "integrated", "virtual", "cpu", "other")
+
+
+def default_device(infos: list[DeviceInfo]) -> int:
+    """Index of the device `Device()` opens when no index is given: the first by
+    KIND_PREFERENCE, ties broken by the lowest index. Raises ValueError on an empty list."""
+    return min(infos, key=lambda d: (KIND_PREFERENCE.index(d.kind), d.index)).index
+
+
+def choose_device(infos: list[DeviceInfo], index: int | None) -> int:
+    """`index` if given and in range, else `default_device(infos)`.
+
+    Raises: VkrtError naming the index and the device count when out of range.
+    """
     if index is not None:
         if not 0 <= index < len(infos):
             raise VkrtError(f"device index {index} out of range: {len(infos)} Vulkan device(s) "
                             "(see `vkrt devices`)")
         return index
-    for info in infos:
-        if info.kind == "discrete":
-            return info.index
-    return 0
+    return default_device(infos)
 
 
 class Device:
     """One logical device with one compute queue.
 
     Args:
-        index: physical-device index; default `VKRT_DEVICE`, else discrete GPU, else first.
+        index: physical-device index; default `VKRT_DEVICE`, else `default_device` (discrete,
+            integrated, virtual GPU, then CPU; lowest index among equals).
         validation: enable the Khronos validation layer with synchronization validation;
             default `VKRT_VALIDATION`. Errors it reports are collected and raised by
             `check_validation()` (the stream calls it after each fence wait).
@@ -142,7 +155,7 @@ class Device:
             self._install_messenger()
         pds = _physical_devices(self.instance)
         infos = [_info(i, pd) for i, pd in enumerate(pds)]
-        self.info = infos[_choose(infos, index)]
+        self.info = infos[choose_device(infos, index)]
         self.physical = pds[self.info.index]
         if self.direct_host_access is None:
             self.direct_host_access = self.info.kind in ("cpu", "integrated")
