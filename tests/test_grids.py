@@ -103,3 +103,44 @@ def test_tokens_spill_into_z_with_a_lowered_limit(gpu, n_tokens, monkeypatch):
     np.testing.assert_allclose(stream.read(rot), want, rtol=1e-6, atol=1e-6)
     for t in (t_table, t_ids, out, rows, cos_sin, rot):
         t.buffer.close()
+
+
+def test_row_kernels_spread_with_a_lowered_limit(gpu, monkeypatch):
+    """rmsnorm and matvec spread rows over x and y, matmul spills rows into z, attention its
+    tokens into z: 9 rows and 5 tokens against limits of 4 and 2."""
+    device, stream, k = gpu
+    monkeypatch.setattr(k, "limit", (4, 2, 65535))
+    r = np.random.default_rng(3)
+    n_rows, n_cols, T = 9, 8, 5
+    w = r.standard_normal((n_rows, n_cols)).astype(np.float32)
+    x = r.standard_normal((T, n_cols)).astype(np.float32)
+    norm_w = r.standard_normal(n_cols).astype(np.float32)
+    tw, tx, tn = stream.upload(w), stream.upload(x), stream.upload(norm_w)
+    rows = stream.upload(np.zeros((n_rows, n_cols), np.float32))
+    normed = stream.upload(np.zeros((n_rows, n_cols), np.float32))
+    y1 = stream.upload(np.zeros(n_rows, np.float32))
+    yT = stream.upload(np.zeros((T, n_rows), np.float32))
+    records = [k.rmsnorm(tw, tn, normed, n_rows, 1e-5), k.linear(tx, tw, y1, 1, x_row=2),
+               k.linear(tx, tw, yT, T)]
+    assert [d.grid for d in records] == [(4, 3, 1), (4, 3, 1), (4, 1, 3)]
+    stream.record(records)
+    w64, x64 = w.astype(np.float64), x.astype(np.float64)
+    want_norm = w64 / np.sqrt(np.mean(w64 ** 2, axis=1, keepdims=True) + 1e-5) * norm_w
+    np.testing.assert_allclose(stream.read(normed), want_norm, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stream.read(y1), w64 @ x64[2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(stream.read(yT), x64 @ w64.T, rtol=1e-5, atol=1e-5)
+    # attention: one head of dim 8 over 5 positions, tokens spread over y (2) and z (3).
+    q = r.standard_normal((T, 8)).astype(np.float32)
+    kv = r.standard_normal((2, T, 8)).astype(np.float32)
+    tq, tk, tv = stream.upload(q), stream.upload(kv[0]), stream.upload(kv[1])
+    out = stream.upload(np.zeros((T, 8), np.float32))
+    d = k.attention(tq, tk, tv, out, T, 1, 1, 8, 0, 0.25)
+    assert d.grid == (1, 2, 3)
+    stream.record([d])
+    s = (q.astype(np.float64) * 0.25) @ kv[0].T.astype(np.float64)
+    s[np.triu_indices(T, 1)] = -np.inf
+    p = np.exp(s - s.max(1, keepdims=True))
+    want = (p / p.sum(1, keepdims=True)) @ kv[1].astype(np.float64)
+    np.testing.assert_allclose(stream.read(out), want, rtol=1e-5, atol=1e-5)
+    for t in (tw, tx, tn, rows, normed, y1, yT, tq, tk, tv, out):
+        t.buffer.close()

@@ -199,7 +199,8 @@ def test_rmsnorm_rows(gpu, subgroups):
     x[2] *= np.float32(1e-3)  # a row whose mean square is near eps: eps must matter
     w = randn(r, n)
     bx, bw, bo = gpu.upload(x), gpu.upload(w), gpu.filled(n_tokens * n + 4)
-    gpu.run("rmsnorm", {0: gpu.sg * subgroups}, (bx, bw, bo), (n_tokens, 1, 1), push(n, eps))
+    gpu.run("rmsnorm", {0: gpu.sg * subgroups}, (bx, bw, bo), (n_tokens, 1, 1),
+            push(n, eps, n_tokens))
     got = gpu.read(bo)
     x64 = x.astype(np.float64)
     want = x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * w
@@ -217,7 +218,7 @@ def test_matvec_with_x_offset(gpu, subgroups):
     w, x = randn(r, n_rows, n_cols), randn(r, 3, n_cols)
     bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_rows + 3)
     gpu.run("matvec", {0: gpu.sg * subgroups}, (bw, bx, by), (n_rows, 1, 1),
-            push(n_cols, x_row * n_cols))
+            push(n_cols, x_row * n_cols, n_rows))
     got = gpu.read(by)
     terms = w.astype(np.float64) * x[x_row].astype(np.float64)
     # fp32 dot products of K = 260 terms in the shader's order (vec4 dots, strided partial
@@ -268,7 +269,7 @@ def test_rmsnorm_any_workgroup(gpu, subgroups, n):
     x, w = randn(r, n_tokens, n) * np.float32(3), randn(r, n)
     bx, bw, bo = gpu.upload(x), gpu.upload(w), gpu.filled(n_tokens * n + 4)
     gpu.run("rmsnorm", {0: workgroup(gpu, subgroups)}, (bx, bw, bo), (n_tokens, 1, 1),
-            push(n, eps))
+            push(n, eps, n_tokens))
     got = gpu.read(bo)
     x64 = x.astype(np.float64)
     want = x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * w
@@ -285,7 +286,7 @@ def test_matvec_any_workgroup(gpu, subgroups, n_cols):
     w, x = randn(r, n_rows, n_cols), randn(r, n_cols)
     bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_rows + 3)
     gpu.run("matvec", {0: workgroup(gpu, subgroups)}, (bw, bx, by), (n_rows, 1, 1),
-            push(n_cols, 0))
+            push(n_cols, 0, n_rows))
     got = gpu.read(by)
     terms = w.astype(np.float64) * x.astype(np.float64)
     # As test_matvec_with_x_offset (bound 2e-7 relative to sum|w*x|).

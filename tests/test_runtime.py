@@ -373,7 +373,8 @@ def test_read_and_write_sets_come_from_reflected_access(rt):
     d = add_op(cache)(b[0], b[1], grid=(1, 1, 1), n=n)
     assert (d.reads, d.writes) == ([r[0], r[1]], [r[0]])
     # matvec: W (0), X (1) readonly, Y (2) writeonly: not read.
-    d = matvec_op(device, cache)(b[2], b[1], b[3], grid=(4, 1, 1), n_cols=4, x_offset=0)
+    d = matvec_op(device, cache)(b[2], b[1], b[3], grid=(4, 1, 1), n_cols=4, x_offset=0,
+                                         n_rows=4)
     assert (d.reads, d.writes) == ([r[2], r[1]], [r[3]])
     # attention: q, k, v (0-2) readonly, out (3) writeonly.
     d = Op(cache.get_pipeline("attention", {0: 4}))(
@@ -398,7 +399,8 @@ def _some_work(device: Device) -> tuple[Stream, list[Buffer], np.ndarray]:
     for _ in range(3):
         add_n(stream, cache, x, y, n)
     token = Tensor.of(Buffer(device, 4, name="token"), "uint32")
-    stream.record([matvec_op(device, cache)(w, x, out, grid=(3, 1, 1), n_cols=n, x_offset=0),
+    stream.record([matvec_op(device, cache)(w, x, out, grid=(3, 1, 1), n_cols=n, x_offset=0,
+                                           n_rows=3),
                    argmax_op(cache)(out, token, grid=(1, 1, 1), n=3, offset=0)])
     return stream, [t.buffer for t in (x, y, w, out, token)], stream.read(out)
 
@@ -508,7 +510,7 @@ def test_fence_timeout_is_a_clear_error():
         x = stream.upload(np.ones(cols, np.float32))
         y = Tensor.of(Buffer(dev, rows * 4), "float32")
         stream.record([matvec_op(dev, cache)(w, x, y, grid=(rows, 1, 1), n_cols=cols,
-                                             x_offset=0)])
+                                             x_offset=0, n_rows=rows)])
         with config.FENCE_TIMEOUT_S.override("1e-9"):
             with pytest.raises(VkrtError, match=r"did not finish within 1e-09 s \(VKRT_FENCE_TIMEOUT_S\)"):
                 stream.finish()

@@ -65,8 +65,9 @@ class Kernels:
                 name: str = "") -> Dispatch:
         """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight for t < n_tokens; weight [n]."""
         n = weight.shape[0]
-        return self._rmsnorm(x, weight, out, grid=(n_tokens, 1, 1), name=name,
-                             need=(n_tokens * n, None, n_tokens * n), n=n, eps=eps)
+        return self._rmsnorm(x, weight, out, grid=(*spread(n_tokens, self.limit), 1), name=name,
+                             need=(n_tokens * n, None, n_tokens * n), n=n, eps=eps,
+                             n_rows=n_tokens)
 
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
                name: str = "") -> Dispatch:
@@ -75,11 +76,13 @@ class Kernels:
         x_row must be 0)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
-            return self._matvec(weight, x, y, grid=(n_out, 1, 1), name=name,
+            return self._matvec(weight, x, y, grid=(*spread(n_out, self.limit), 1), name=name,
                                 need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in,
-                                x_offset=x_row * n_in)
+                                x_offset=x_row * n_in, n_rows=n_out)
         assert x_row == 0, "matmul reads x from row 0"
-        return self._matmul(weight, x, y, grid=(n_out, _groups(n_tokens, MATMUL_TOKENS), 1),
+        x_groups, z_groups = spread(n_out, self.limit)
+        grid = (x_groups, _groups(n_tokens, MATMUL_TOKENS), z_groups)
+        return self._matmul(weight, x, y, grid=grid,
                             name=name, need=(None, n_tokens * n_in, n_tokens * n_out),
                             n_cols=n_in, n_rows=n_out, n_tokens=n_tokens)
 
@@ -112,7 +115,8 @@ class Kernels:
         op = self._attention
         assert op is not None and op.pipeline.local_size[0] == head_dim, "built for head_dim"
         qn, kvn = n_tokens * n_heads * head_dim, (pos0 + n_tokens) * n_kv_heads * head_dim
-        return op(q, k_cache, v_cache, out, grid=(n_heads, n_tokens, 1), name=name,
+        return op(q, k_cache, v_cache, out, grid=(n_heads, *spread(n_tokens, self.limit[1:])),
+                  name=name,
                   need=(qn, kvn, kvn, qn), n_heads=n_heads, n_kv_heads=n_kv_heads,
                   head_dim=head_dim, pos0=pos0, scale=scale)
 

@@ -7,7 +7,7 @@
 // q: [n_tokens, n_heads, head_dim] f32 (after RoPE); k_cache, v_cache: [n_ctx, n_kv_heads,
 // head_dim] f32; out: [n_tokens, n_heads, head_dim] f32.
 // local_size_x must equal head_dim: invocation d owns output dimension d and, while scoring,
-// cache position (block start + d). Dispatch: (n_heads, n_tokens, 1).
+// cache position (block start + d). Dispatch: (n_heads, tokens spread over y and z (grid.glsl)).
 // Push constants: n_heads, n_kv_heads, head_dim, pos0 (u32), scale (f32; scores are
 // (q * scale) . k, so they overflow only where the scaled score leaves the f32 range).
 // Infinite scores (masked keys, or scores past the f32 range) never give NaN: a score of -inf
@@ -16,6 +16,8 @@
 // those scores grow). A NaN score (inf * 0 in the dot) gives NaN, as torch's softmax does.
 // This relies on IEEE infinities, which Vulkan guarantees only under the
 // SignedZeroInfNanPreserve execution mode ("Precision and Operation of SPIR-V Instructions").
+#extension GL_GOOGLE_include_directive : require
+#include "grid.glsl"
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(set = 0, binding = 1) readonly buffer K { float k_cache[]; };
@@ -38,7 +40,7 @@ float weight(float s, float mx) {
 
 void main() {
     const uint B = gl_WorkGroupSize.x;
-    uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, d = gl_LocalInvocationID.x;
+    uint h = gl_WorkGroupID.x, t = token_index(), d = gl_LocalInvocationID.x;
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
     uint row = pc.n_kv_heads * pc.head_dim;
     uint last = pc.pos0 + t;  // inclusive

@@ -4,7 +4,8 @@
 // y: [n_tokens, n_rows] f32; n_cols % 4 == 0.
 // One workgroup per (output row, tile of TOKENS tokens): each W row is read once per tile; the
 // invocations split k and reduce with subgroupAdd (no barrier when the workgroup size is the
-// subgroup size). Dispatch: (n_rows, ceil(n_tokens / TOKENS), 1).
+// subgroup size). Dispatch: (min(n_rows, limit_x), ceil(n_tokens / TOKENS),
+// ceil(n_rows / limit_x)): rows past maxComputeWorkGroupCount.x spill into z.
 #extension GL_GOOGLE_include_directive : require
 #include "reduce.glsl"
 layout(constant_id = 1) const uint TOKENS = 8;
@@ -14,7 +15,9 @@ layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; } pc;
 
 void main() {
-    uint n = gl_WorkGroupID.x, t0 = gl_WorkGroupID.y * TOKENS, cols4 = pc.n_cols / 4;
+    uint n = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
+    uint t0 = gl_WorkGroupID.y * TOKENS, cols4 = pc.n_cols / 4;
+    if (n >= pc.n_rows) return;  // uniform per workgroup
     // Loops run to the constant TOKENS so the compiler keeps acc[] in registers; rows past
     // n_tokens re-read the last row and are not stored.
     float acc[TOKENS];

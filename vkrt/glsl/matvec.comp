@@ -2,17 +2,19 @@
 // Matrix-vector product for decode: y[n] = sum_k W[n, k] * x[x_offset + k].
 // W: [n_rows, n_cols] f32 row-major (a GGUF tensor as numpy reads it, i.e. PyTorch's Linear
 // weight [out, in]); x: f32 with the input vector at element x_offset; y: [n_rows] f32.
-// Dispatch: (n_rows, 1, 1), one workgroup per output row. n_cols % 4 == 0 and
+// Dispatch: spread(n_rows) workgroups (grid.glsl), one per output row. n_cols % 4 == 0 and
 // x_offset % 4 == 0 (vec4 loads; the host asserts both).
 #extension GL_GOOGLE_include_directive : require
+#include "grid.glsl"
 #include "reduce.glsl"
 layout(set = 0, binding = 0) readonly buffer Wt { vec4 w[]; };
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
-layout(push_constant) uniform Push { uint n_cols; uint x_offset; } pc;
+layout(push_constant) uniform Push { uint n_cols; uint x_offset; uint n_rows; } pc;
 
 void main() {
-    uint n = gl_WorkGroupID.x, cols4 = pc.n_cols / 4, x0 = pc.x_offset / 4;
+    uint n = linear_workgroup(), cols4 = pc.n_cols / 4, x0 = pc.x_offset / 4;
+    if (n >= pc.n_rows) return;  // uniform per workgroup: the reduction's barriers stay safe
     float acc = 0.0;
     for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x)
         acc += dot(w[n * cols4 + k], x[x0 + k]);
