@@ -515,3 +515,20 @@ def test_fence_timeout_is_a_clear_error():
             with pytest.raises(VkrtError, match=r"did not finish within 1e-09 s \(VKRT_FENCE_TIMEOUT_S\)"):
                 stream.finish()
         dev.wait_idle()
+
+
+@pytest.mark.parametrize("seconds,ns", [(0.5, 500_000_000), (0.0, 0), (float("inf"), 2**64 - 1),
+                                       (1e30, 2**64 - 1), (2**64 / 1e9, 2**64 - 1)])
+def test_fence_timeout_in_nanoseconds(seconds, ns):
+    from vkrt.runtime.stream import timeout_ns
+    assert timeout_ns(seconds) == ns
+
+
+def test_infinite_fence_timeout_waits(rt):
+    device, stream, cache = rt
+    x, y = (stream.upload(np.ones(4, np.float32)) for _ in range(2))
+    add_n(stream, cache, x, y, 4)
+    with config.FENCE_TIMEOUT_S.override("inf"):
+        np.testing.assert_array_equal(stream.read(x), 2)
+    x.buffer.close()
+    y.buffer.close()

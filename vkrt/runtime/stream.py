@@ -24,9 +24,18 @@ from vkrt.runtime.tensor import Tensor
 from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
 
 STAGING_MIN_BYTES = 1 << 20
+UINT64_MAX = 2**64 - 1
 _ALL_ACCESS = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
                | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
 _WORK_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+
+
+def timeout_ns(timeout_s: float) -> int:
+    """A timeout in seconds as vkWaitForFences takes it: nanoseconds in a uint64, where
+    UINT64_MAX waits forever (Vulkan spec, vkWaitForFences). inf, or anything past 2**64 - 1
+    ns (584 years), waits forever."""
+    ns = timeout_s * 1e9
+    return UINT64_MAX if not ns < UINT64_MAX else max(0, int(ns))
 
 
 class Stream:
@@ -166,7 +175,7 @@ class Stream:
         t = self.profiler.add("submit", t)
         timeout_s = config.FENCE_TIMEOUT_S.value
         result = lib.vkWaitForFences(self.device.handle, 1, self._fence, vk.VK_TRUE,
-                                     int(timeout_s * 1e9))
+                                     timeout_ns(timeout_s))
         if result == vk.VK_TIMEOUT:
             raise VkrtError(f"GPU work did not finish within {timeout_s:g} s "
                             f"(VKRT_FENCE_TIMEOUT_S) on {self.device.name}")
