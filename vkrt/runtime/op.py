@@ -97,7 +97,9 @@ class Op:
                 view must hold at least that many.
         Raises: ShaderInterfaceError (wrong tensor count or dtype, a view too small for
         `need`, push constants, a grid outside 1..maxComputeWorkGroupCount per dimension)."""
-        key = (tuple([t.key for t in tensors]), grid, tuple(push.items()), name)
+        # Tensors hash by identity (a view is immutable): a retyped or resized view of the
+        # same bytes is another object, so it misses and is checked.
+        key = (tensors, grid, tuple(push.items()), name)
         found = self._memo.get(key)
         if found is not None:
             return found
