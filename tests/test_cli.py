@@ -119,6 +119,8 @@ def test_documented_seeds_are_accepted(tmp_path, seed):
                                   "seconds > 0, or inf"),
     ("VKRT_FENCE_TIMEOUT_S", "nan", "VKRT_FENCE_TIMEOUT_S='nan'"),
     ("VKRT_FENCE_TIMEOUT_S", "soon", "VKRT_FENCE_TIMEOUT_S='soon'"),
+    ("VKRT_BARRIERS", "some", "VKRT_BARRIERS='some' is not valid: expected 'always' or "
+                              "'tracked'"),
 ])
 def test_bad_environment_variable_is_one_line(tmp_path, var, value, words):
     for command in (["devices"], ["generate", "hi", "--model", str(tmp_path / "x.gguf")]):

@@ -99,7 +99,7 @@ FENCE_TIMEOUT_S: Switch[float] = Switch(
 
 def _barriers(raw: str) -> str:
     if raw not in ("always", "tracked"):
-        raise ValueError(f"VKRT_BARRIERS={raw!r}: expected 'always' or 'tracked'")
+        raise ValueError("'always' or 'tracked'")
     return raw
 
 
