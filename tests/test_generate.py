@@ -30,6 +30,9 @@ def unchunked(llama, tok):
 @pytest.mark.parametrize("batch_size", [1, 5])
 def test_chunked_prefill_is_token_exact(llama, tok, unchunked, batch_size):
     ids = tok.encode(PROMPT)
+    # Overwrite the KV cache first: stale entries of the same prompt would hide a chunk
+    # written at the wrong positions.
+    generate(llama, tok.encode("x y z w " * 4), 1)
     done = []
     got = generate(llama, ids, 6, batch_size=batch_size, on_prefill=done.append)
     assert got.tokens == unchunked
