@@ -1,8 +1,10 @@
 """`vkrt` as a user runs it: a subprocess per case, checking exit status and that an error is
 exactly one line on stderr naming the problem (never a traceback)."""
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import gguf
 import numpy as np
@@ -74,11 +76,119 @@ def test_unsupported_architecture(tmp_path):
 
 @pytest.mark.parametrize("flags, words", [
     (["--max-tokens", "0"], "--max-tokens must be at least 1"),
-    (["--top-p", "0"], "--top-p in (0, 1]"),
-    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+    (["--top-p", "nan"], "--top-p must be in (0, 1], got nan"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0, got -1.0"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
+    (["--temperature", "inf"], "--temperature must be a finite number >= 0, got inf"),
 ])
-def test_bad_generation_flags(default_model_path, flags, words):
-    assert_one_line_error(run_cli("generate", "hi", "--model", default_model_path, *flags), words)
+def test_bad_generation_flags(tmp_path, flags, words):
+    # Refused before the model loads: the model named here does not exist.
+    assert_one_line_error(run_cli("generate", "hi", "--model", str(tmp_path / "x.gguf"), *flags),
+                          words)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--seed", "-1"], "argument --seed: expected an integer from 0 to 2**64 - 1, got '-1'"),
+    (["--seed", "1.5"], "got '1.5'"),
+    (["--seed", str(2 ** 64)], f"got '{2 ** 64}'"),
+    (["--device", "-1"], "argument --device: expected a non-negative integer, got '-1'"),
+    (["--max-tokens", "x"], "invalid int value: 'x'"),
+])
+def test_malformed_command_line_is_one_line(tmp_path, flags, words):
+    p = run_cli("generate", "hi", "--model", str(tmp_path / "x.gguf"), *flags)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("vkrt: error: ") and words in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("seed", ["0", str(2 ** 64 - 1)])
+def test_documented_seeds_are_accepted(tmp_path, seed):
+    # Accepted by the parser and Sampling: the next failure is the missing model file.
+    assert_one_line_error(run_cli("generate", "hi", "--model", str(tmp_path / "x.gguf"),
+                                  "--seed", seed), "model file not found")
+
+
+@pytest.mark.parametrize("var, value, words", [
+    ("VKRT_DEVICE", "abc", "VKRT_DEVICE='abc' is not valid: expected a device index"),
+    ("VKRT_DEVICE", "-1", "VKRT_DEVICE='-1' is not valid"),
+    ("VKRT_VALIDATION", "maybe", "VKRT_VALIDATION='maybe' is not valid: expected one of 1, true"),
+    ("VKRT_PROFILE", "2", "VKRT_PROFILE='2' is not valid"),
+    ("VKRT_FENCE_TIMEOUT_S", "0", "VKRT_FENCE_TIMEOUT_S='0' is not valid: expected a number of "
+                                  "seconds > 0, or inf"),
+    ("VKRT_FENCE_TIMEOUT_S", "nan", "VKRT_FENCE_TIMEOUT_S='nan'"),
+    ("VKRT_FENCE_TIMEOUT_S", "soon", "VKRT_FENCE_TIMEOUT_S='soon'"),
+    ("VKRT_BARRIERS", "some", "VKRT_BARRIERS='some' is not valid: expected 'always' or "
+                              "'tracked'"),
+])
+def test_bad_environment_variable_is_one_line(tmp_path, var, value, words):
+    for command in (["devices"], ["generate", "hi", "--model", str(tmp_path / "x.gguf")]):
+        assert_one_line_error(run_cli(*command, env_extra={var: value}), words)
+
+
+def test_version_and_help_defaults():
+    from vkrt import __version__
+    from vkrt.models.generate import BATCH_SIZE
+
+    p = run_cli("--version")
+    assert p.returncode == 0 and p.stdout == f"vkrt {__version__}\n"
+    p = run_cli("generate", "--help")
+    help_text = " ".join(p.stdout.split())
+    assert p.returncode == 0
+    for words in ("(default: 64)", "(default: 0.0)", "(default: 1.0)",
+                  f"one GPU submission each) (default: {BATCH_SIZE})"):
+        assert words in help_text, help_text
+
+
+def test_closed_stdout_is_one_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "vkrt.cli", "generate", "hi", "--model",
+                        str(tmp_path / "x.gguf")], capture_output=False, stdout=None,
+                       stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1))
+    assert_one_line_error(p, "stdout is closed")
+
+
+def test_full_disk_is_one_line():
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "vkrt.cli", "devices"], stdout=full,
+                           stderr=subprocess.PIPE, text=True)
+    assert_one_line_error(p, "cannot write the output: No space left on device")
+
+
+def test_prompt_argument_not_utf8_is_one_line(tmp_path):
+    # A Latin-1 terminal passes b"caf\xe9": Python hands it over surrogate-escaped.
+    p = subprocess.run([sys.executable.encode(), b"-m", b"vkrt.cli", b"generate", b"caf\xe9",
+                        b"--model", str(tmp_path / "x.gguf").encode()],
+                       capture_output=True, text=True)
+    assert_one_line_error(p, "the prompt argument is not valid UTF-8 (bytes b'\\xe9' at "
+                             "character 3)")
+
+
+def test_prompt_on_stdin_not_utf8_is_one_line(tmp_path):
+    for args in (["generate", "-"], ["generate"]):
+        p = subprocess.run([sys.executable, "-m", "vkrt.cli", *args, "--model",
+                            str(tmp_path / "x.gguf")], input=b"caf\xe9", capture_output=True)
+        p.stderr = p.stderr.decode()
+        assert_one_line_error(p, "the prompt on stdin is not valid UTF-8 (byte b'\\xe9' at "
+                                 "offset 3)")
+
+
+def test_no_prompt_on_a_terminal_is_one_line(tmp_path):
+    import pty
+
+    leader, follower = pty.openpty()
+    p = subprocess.run([sys.executable, "-m", "vkrt.cli", "generate", "--model",
+                        str(tmp_path / "x.gguf")], stdin=follower, capture_output=True, text=True)
+    os.close(leader)
+    os.close(follower)
+    assert_one_line_error(p, "no prompt: give one as an argument, or `-`")
+
+
+def test_unencodable_error_message_is_readable(tmp_path):
+    # An ASCII-only stderr still gets the one line, with the path escaped.
+    p = run_cli("generate", "hi", "--model", str(tmp_path / "東京.gguf"),
+                env_extra={"PYTHONIOENCODING": "ascii"})
+    assert_one_line_error(p, "model file not found", "\\u6771\\u4eac.gguf")
 
 
 def test_context_overflow_is_refused(default_model_path):
@@ -102,3 +212,51 @@ def test_missing_vulkan_driver(command, default_model_path):
     env = {"VK_DRIVER_FILES": "/nonexistent/icd.json", "VK_ICD_FILENAMES": "/nonexistent/icd.json"}
     args = command + (["--model", default_model_path] if command[0] == "generate" else [])
     assert_one_line_error(run_cli(*args, env_extra=env), "mesa-vulkan-drivers")
+
+
+# --- runs of the default model: few tokens each --------------------------------------------
+
+def test_prompt_from_stdin_into_a_closed_pipe(default_model_path):
+    # `echo PROMPT | vkrt generate | head -c 5`: head closes the pipe after 5 bytes; vkrt ends
+    # as SIGPIPE ends other tools (killed by the signal: 141 in a shell), no traceback.
+    proc = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "generate", "--max-tokens", "10",
+                             "--model", default_model_path], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(b"1, 2, 3, 4, 5,")
+    proc.stdin.close()
+    head = proc.stdout.read(5)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == -signal.SIGPIPE, err
+    assert head == b" 6, 7" and err == "", err   # " 6, 7, 8": the reference greedy tokens
+
+
+def test_ctrl_c_during_prefill(default_model_path):
+    # A 600-token prompt on stdin (`-`); SIGINT while the first chunk runs on the GPU.
+    proc = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "generate", "-", "--max-tokens",
+                             "1", "--progress", "--model", default_model_path],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(("one two three four five six " * 100).encode())
+    proc.stdin.close()
+    err = b""
+    while b"prefill" not in err:
+        chunk = proc.stderr.read1(4096)
+        assert chunk, err
+        err += chunk
+    time.sleep(1.5)   # past recording: the first 64-token chunk now runs on the GPU (~5 s)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    err += proc.stderr.read()
+    assert proc.wait(timeout=60) == 130
+    assert time.monotonic() - t0 < 2.0
+    lines = [l for l in err.decode().replace("\r", "\n").splitlines() if l.strip()]
+    assert lines[-1] == "vkrt: interrupted" and b"Traceback" not in err, err
+
+
+def test_output_the_terminal_cannot_encode(default_model_path):
+    # LC_ALL=C and an ASCII-only stdout: the non-ASCII continuation comes out replaced.
+    env = {"LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": "ascii"}
+    p = run_cli("generate", "東京, 東京, 東京, 東京,", "--max-tokens", "3",
+                "--model", default_model_path, env_extra=env)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert p.stdout.isascii() and "?" in p.stdout, p.stdout

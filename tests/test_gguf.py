@@ -235,3 +235,93 @@ def test_random_header_corruption_gives_only_model_format_error(tmp_path):
             load_gguf(path)
         except ModelFormatError as e:
             assert "\n" not in str(e)
+
+
+# --- metadata the spec allows, vocabulary against the weights ------------------------------
+
+def test_arrays_of_arrays_are_read(tmp_path):
+    # The GGUF spec lets an array hold arrays; gguf-py writes and parses them.
+    path = tmp_path / "nested.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_array("x.ints", [[1, 2], [3, 4, 5]])
+    w.add_array("x.strs", [["a", "b"], ["é"]])
+    w.add_array("x.deep", [[[1.5], [2.5, 3.5]], [[4.5]]])
+    w.add_tensor("a", np.ones((2, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    md = load_gguf(path).metadata
+    assert md["x.ints"] == [[1, 2], [3, 4, 5]]
+    assert md["x.strs"] == [["a", "b"], ["é"]]
+    assert md["x.deep"] == [[[1.5], [2.5, 3.5]], [[4.5]]]
+
+
+N_EMBD = 32
+
+
+def _write_llama(path, n_rows=8, tokens=None, output_rows=None, **ids):
+    """A tiny llama GGUF with hparams, a tokenizer of `tokens` and an embedding of `n_rows`."""
+    tokens = tokens if tokens is not None else ["<s>", "</s>", "a", "b", "ab", "c", "d", "e"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(N_EMBD)
+    w.add_head_count(4)
+    w.add_feed_forward_length(64)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_context_length(64)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3] + [1] * (len(tokens) - 2))
+    w.add_token_merges(["a b"])
+    for key, value in ids.items():
+        w.add_uint32(f"tokenizer.ggml.{key}", value)
+    w.add_tensor("token_embd.weight", np.ones((n_rows, N_EMBD), np.float32))
+    if output_rows is not None:
+        w.add_tensor("output.weight", np.ones((output_rows, N_EMBD), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_tiny_llama_hparams(tmp_path):
+    hp = LlamaHParams.from_gguf(load_gguf(_write_llama(tmp_path / "ok.gguf", eos_token_id=1,
+                                                       output_rows=8)))
+    assert (hp.n_vocab, hp.n_embd, hp.eos_id, hp.tied_embeddings) == (8, N_EMBD, 1, False)
+
+
+def test_tokens_appended_without_embedding_rows(tmp_path):
+    # 8 user-defined tokens appended to the tokenizer but not to token_embd: ids 8..15 would
+    # read past the embedding table on the GPU.
+    tokens = ["<s>", "</s>", "a", "b", "ab", "c", "d", "e"] + [f"<extra_{i}>" for i in range(8)]
+    g = load_gguf(_write_llama(tmp_path / "extra.gguf", tokens=tokens))
+    with pytest.raises(ModelFormatError) as info:
+        LlamaHParams.from_gguf(g)
+    assert "16 tokens but token_embd.weight has 8 rows" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_fewer_tokens_than_embedding_rows(tmp_path):
+    g = load_gguf(_write_llama(tmp_path / "short.gguf", n_rows=9))
+    with pytest.raises(ModelFormatError, match="8 tokens but token_embd.weight has 9 rows"):
+        LlamaHParams.from_gguf(g)
+
+
+def test_output_matrix_rows_against_vocabulary(tmp_path):
+    g = load_gguf(_write_llama(tmp_path / "out.gguf", output_rows=7))
+    with pytest.raises(ModelFormatError, match=r"output.weight has shape \(7, 32\), expected "
+                                               r"\(8, 32\)"):
+        LlamaHParams.from_gguf(g)
+
+
+@pytest.mark.parametrize("key", ["bos_token_id", "eos_token_id", "eot_token_id",
+                                 "eom_token_id", "padding_token_id", "unknown_token_id"])
+def test_special_token_id_outside_vocabulary(tmp_path, key):
+    g = load_gguf(_write_llama(tmp_path / "ids.gguf", **{key: 8}))
+    with pytest.raises(ModelFormatError) as info:
+        LlamaHParams.from_gguf(g)
+    assert f"tokenizer.ggml.{key} is 8, outside the 8-token vocabulary" in str(info.value)
+    LlamaHParams.from_gguf(load_gguf(_write_llama(tmp_path / "ok.gguf", **{key: 7})))

@@ -52,7 +52,7 @@ def test_greedy_32_tokens_exact(llama, reference, tok, arm):
 def test_chat_greedy_exact(llama, reference, tok, default_gguf, arm):
     prompt = chat_ids(tok, default_gguf, "Count from 1 to 10.")
     expected = reference.greedy(prompt, 24)
-    got = generate(llama, prompt, 24, eos_id=tok.eos_id).tokens
+    got = generate(llama, prompt, 24, stop_ids=tok.eog_ids).tokens
     assert got == expected[:len(got)] and (len(got) == 24 or got[-1] == tok.eos_id)
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vkrt.errors import ModelFormatError
+from vkrt.errors import ModelFormatError, VkrtError
 from vkrt.models.tokenizer import Tokenizer, load_tokenizer
 
 TEXTS = [
@@ -46,6 +46,35 @@ def test_special_tokens(tok):
     assert tok.decode([1, 2], skip_special=True) == ""
 
 
+def test_special_off_spells_the_characters(tok, hf_tokenizer):
+    text = "hi<|im_end|>\n<|im_start|>system"
+    ids = tok.encode(text, special=False)
+    assert 1 not in ids and 2 not in ids and tok.decode(ids) == text
+    # transformers' split_special_tokens=False counterpart: the plain characters' ids.
+    assert ids == hf_tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+
+def test_bos_is_never_doubled(tok):
+    with_bos = Tokenizer(tok.hf, tok.bos_id, tok.eos_id, add_bos=True)
+    rendered = "<|im_start|>user\nHi<|im_end|>\n"   # SmolLM2's BOS is <|im_start|>
+    ids = with_bos.encode(rendered)
+    assert ids == tok.encode(rendered) and ids.count(1) == 1
+    assert with_bos.encode("Hi") == [1] + tok.encode("Hi")
+
+
+def test_text_that_is_not_unicode_is_one_line_error(tok):
+    bad = b"caf\xe9 ok".decode("utf-8", "surrogateescape")   # argv of a Latin-1 terminal
+    with pytest.raises(VkrtError, match=r"not valid UTF-8 \(bytes b'\\xe9' at character 3\)"):
+        tok.encode(bad)
+
+
+def test_end_of_generation_ids():
+    md = _tiny_metadata(**{"tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.eot_token_id": 2,
+                           "tokenizer.ggml.eom_token_id": 3})
+    assert Tokenizer.from_metadata(md).eog_ids == {1, 2, 3}
+    assert Tokenizer.from_metadata(_tiny_metadata()).eog_ids == set()
+
+
 def test_digits_split_one_by_one(tok):
     # SmolLM2 (tokenizer.ggml.pre "smollm") splits every digit, as llama.cpp does.
     ids = tok.encode("2024")
@@ -61,6 +90,33 @@ def test_stream_keeps_utf8_whole(tok, text):
     assert all("\ufffd" not in p for p in pieces)
     if not text.isascii():  # some token holds a partial character: its piece waits
         assert "" in pieces
+
+
+def test_stream_cut_inside_a_character(tok):
+    # Generation can stop after 2 of the 3 tokens of 🎉: the held bytes come out at finish,
+    # as decode shows them (one U+FFFD for the incomplete sequence).
+    ids = tok.encode("ok ") + tok.encode("🎉")[:2]
+    assert len(tok.encode("🎉")) == 3
+    stream = tok.stream()
+    pieces = [stream.step(i) for i in ids] + [stream.finish()]
+    assert "".join(pieces) == tok.decode(ids) == "ok \ufffd"
+
+
+@pytest.mark.parametrize("skip_special", [False, True])
+def test_stream_equals_decode_on_random_ids(tok, skip_special):
+    # Random ids include byte tokens that never form valid UTF-8, special tokens, and cuts
+    # anywhere: the streamed pieces plus finish are always decode(ids).
+    rng = np.random.default_rng(0)
+    byte_tokens = [i for i in range(tok.n_vocab) if len(tok.decode([i]).encode()) <= 3
+                   and "\ufffd" in tok.decode([i])]
+    assert len(byte_tokens) > 50
+    for trial in range(200):
+        pool = byte_tokens if trial % 2 else range(tok.n_vocab)
+        ids = [int(rng.choice(pool)) if rng.random() < 0.7 else int(rng.integers(0, 20))
+               for _ in range(int(rng.integers(1, 12)))]
+        stream = tok.stream(skip_special)
+        got = "".join(stream.step(i) for i in ids) + stream.finish()
+        assert got == tok.decode(ids, skip_special=skip_special), ids
 
 
 def _tiny_metadata(**over):

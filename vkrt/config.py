@@ -7,15 +7,20 @@ README.md lists the same table.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterator, TypeVar
+
+from vkrt.errors import ConfigError
 
 T = TypeVar("T")
 
 
 @dataclass
 class Switch(Generic[T]):
+    """One variable. `parse(raw)` returns the value or raises ValueError whose message says
+    what is accepted; `value` turns that into a one-line ConfigError naming the variable."""
     name: str
     parse: Callable[[str], T]
     default: T
@@ -24,10 +29,15 @@ class Switch(Generic[T]):
 
     @property
     def value(self) -> T:
+        """The parsed value, the default when unset or empty. Raises ConfigError (one line:
+        variable, value, what is accepted) when the value does not parse."""
         raw = self._override if self._override is not None else os.environ.get(self.name)
-        if raw is None or raw == "":
+        if raw is None or raw.strip() == "":
             return self.default
-        return self.parse(raw)
+        try:
+            return self.parse(raw.strip())
+        except ValueError as e:
+            raise ConfigError(f"{self.name}={raw!r} is not valid: expected {e}") from None
 
     @contextlib.contextmanager
     def override(self, raw: str | None) -> Iterator[None]:
@@ -38,16 +48,34 @@ class Switch(Generic[T]):
             self._override = old
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _bool(raw: str) -> bool:
-    return raw.strip().lower() not in ("0", "false", "no", "off")
+    low = raw.lower()
+    if low not in _TRUE + _FALSE:
+        raise ValueError(f"one of {', '.join(_TRUE + _FALSE)}")
+    return low in _TRUE
 
 
-def _opt_int(raw: str) -> int | None:
+def _device_index(raw: str) -> int:
+    if not raw.isdigit():  # int() would also take "-1", "+1", "1_0" and " 1"
+        raise ValueError("a device index, a non-negative integer (see `vkrt devices`)")
     return int(raw)
 
 
+def _timeout_s(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0):  # also refuses nan
+        raise ValueError("a number of seconds > 0, or inf to wait forever")
+    return value
+
+
 DEVICE: Switch[int | None] = Switch(
-    "VKRT_DEVICE", _opt_int, None,
+    "VKRT_DEVICE", _device_index, None,
     "Index of the Vulkan physical device to use (as `vkrt devices` lists them); "
     "default: a discrete GPU, else integrated, else virtual, else a CPU implementation, "
     "the lowest index among equals (`vkrt devices` marks it).")
@@ -64,14 +92,14 @@ PROFILE: Switch[bool] = Switch(
     "Print the stream's counters and host-phase profile after `vkrt generate`.")
 
 FENCE_TIMEOUT_S: Switch[float] = Switch(
-    "VKRT_FENCE_TIMEOUT_S", float, 600.0,
-    "Seconds the host waits for one submission before giving up (a 700-token prefill of "
-    "SmolLM2 takes over a minute on lavapipe).")
+    "VKRT_FENCE_TIMEOUT_S", _timeout_s, 600.0,
+    "Seconds the host waits for one submission before giving up, > 0; `inf` waits forever "
+    "(a 700-token prefill of SmolLM2 takes over a minute on lavapipe).")
 
 
 def _barriers(raw: str) -> str:
     if raw not in ("always", "tracked"):
-        raise ValueError(f"VKRT_BARRIERS={raw!r}: expected 'always' or 'tracked'")
+        raise ValueError("'always' or 'tracked'")
     return raw
 
 

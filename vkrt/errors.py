@@ -32,3 +32,8 @@ class DeviceMemoryError(VkrtError, MemoryError):
 
 class ModelFormatError(VkrtError):
     """A model file is truncated, corrupt, or of an unsupported architecture."""
+
+
+class ConfigError(VkrtError, ValueError):
+    """A `VKRT_*` environment variable or a command-line value has a value of the wrong type
+    or range; the message names it, the value, and what is accepted."""

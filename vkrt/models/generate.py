@@ -1,5 +1,7 @@
 """The token loop: prefill the prompt, then decode one token at a time over the KV cache.
 
+The prompt is prefilled in chunks of `batch_size` tokens (one submission each), so a long
+prefill can be interrupted (KeyboardInterrupt is raised between chunks) and show progress.
 Greedy decoding never brings logits to the host: the GPU's argmax writes the next token id
 into a buffer that the next step's embedding lookup reads directly, and the host reads those 4
 bytes once per token (the one read that drains the queue) to stream text and stop at EOS.
@@ -7,16 +9,18 @@ Sampling (temperature > 0) reads the last logits row and draws on the host.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
-from vkrt.errors import VkrtError
+from vkrt.errors import ConfigError, VkrtError
 from vkrt.models.llama import Llama
 
 KV_CACHE_STEP = 256  # positions
+BATCH_SIZE = 64      # prompt tokens per prefill chunk (one submission each)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,18 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
 
+    def __post_init__(self):
+        """Raises ConfigError (one line) unless temperature is finite and >= 0, top_p in
+        (0, 1], and seed None or an integer in [0, 2**64) (what PCG64 takes)."""
+        t, p, seed = self.temperature, self.top_p, self.seed
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {t!r}")
+        if not (isinstance(p, (int, float)) and 0 < p <= 1):   # also refuses nan
+            raise ConfigError(f"top-p must be in (0, 1], got {p!r}")
+        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool)
+                                     and 0 <= seed < 2 ** 64):
+            raise ConfigError(f"seed must be an integer from 0 to 2**64 - 1, got {seed!r}")
+
 
 @dataclass
 class GenerationResult:
@@ -36,7 +52,7 @@ class GenerationResult:
     tokens: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    stopped_at_eos: bool = False
+    stopped_at_eos: bool = False   # stopped at one of `stop_ids` (EOS, EOT, EOM)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -51,8 +67,14 @@ class GenerationResult:
 
 
 def _sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
-    z = logits.astype(np.float64) / s.temperature
-    p = np.exp(z - z.max())
+    """One id drawn from softmax(logits / temperature) restricted to the top-p nucleus.
+    The maximum is subtracted before dividing, so every z is <= 0 and the maximum's is 0:
+    a temperature so small that the division overflows gives z = -inf for every other token,
+    probability 1 for the maximum (greedy), never inf - inf = nan."""
+    x = logits.astype(np.float64)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        z = (x - x.max()) / s.temperature
+    p = np.exp(z)
     p /= p.sum()
     order = np.argsort(-p, kind="stable")
     keep = int(np.searchsorted(np.cumsum(p[order]), s.top_p) + 1)
@@ -71,17 +93,25 @@ def check_context(n_ctx: int, n_prompt: int, max_tokens: int) -> None:
 
 
 def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
-             sampling: Sampling = Sampling(), eos_id: int | None = None,
-             on_token: Callable[[int], None] | None = None) -> GenerationResult:
-    """Generate up to `max_tokens` tokens after `prompt_ids`, stopping after `eos_id`.
+             sampling: Sampling = Sampling(), stop_ids: Iterable[int] = (),
+             on_token: Callable[[int], None] | None = None, batch_size: int = BATCH_SIZE,
+             on_prefill: Callable[[int], None] | None = None) -> GenerationResult:
+    """Generate up to `max_tokens` tokens after `prompt_ids`, stopping after any id of
+    `stop_ids` (give `Tokenizer.eog_ids`: EOS, EOT, EOM).
 
-    `on_token(id)` is called as each token is produced (for streaming).
+    The prompt is prefilled in chunks of `batch_size` tokens at consecutive positions; a
+    KeyboardInterrupt (Ctrl-C) raised while a chunk runs takes effect when it returns.
+    `on_prefill(n)` is called after each chunk with the n prompt tokens it processed (for a
+    progress bar); `on_token(id)` as each token is produced (for streaming).
     Raises: VkrtError when the prompt is empty or prompt + max_tokens exceeds the model's
-    context (`n_ctx` from the GGUF).
+    context (`n_ctx` from the GGUF); ConfigError when batch_size < 1.
     """
     hp, s = model.hp, model.stream
     n_prompt = len(prompt_ids)
     check_context(hp.n_ctx, n_prompt, max_tokens)
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ConfigError(f"batch size must be an integer >= 1, got {batch_size!r}")
+    stop = frozenset(int(i) for i in stop_ids)
     if model.max_seq < n_prompt + max_tokens:
         # Grown in steps of KV_CACHE_STEP positions so that a run of short generations keeps
         # its buffers (and the descriptor sets that name them).
@@ -91,9 +121,19 @@ def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
     greedy = sampling.temperature <= 0.0
     result = GenerationResult(n_prompt)
     t0 = time.perf_counter()
-    a = model.activations(n_prompt)
-    s.write(a.ids, np.asarray(prompt_ids, np.uint32))
-    ids_buffer, n_tokens, pos = a.ids, n_prompt, 0
+    prompt = np.asarray(prompt_ids, np.uint32)
+    a = model.activations(min(n_prompt, batch_size))
+    # Every chunk but the last: K/V into the cache, one submission each (the write of the
+    # next chunk's ids drains the queue), logits unused.
+    pos = 0
+    while n_prompt - pos > batch_size:
+        s.write(a.ids, prompt[pos:pos + batch_size])
+        model.forward(a.ids, batch_size, pos)
+        pos += batch_size
+        if on_prefill is not None:
+            on_prefill(batch_size)
+    s.write(a.ids, prompt[pos:])
+    ids_buffer, n_tokens = a.ids, n_prompt - pos
     for step in range(max_tokens):
         model.forward(ids_buffer, n_tokens, pos)
         if greedy:
@@ -106,12 +146,14 @@ def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
         if step == 0:
             t1 = time.perf_counter()
             result.prefill_s = t1 - t0
+            if on_prefill is not None:
+                on_prefill(n_tokens)
         pos += n_tokens
         n_tokens = 1
         result.tokens.append(token)
         if on_token is not None:
             on_token(token)
-        if eos_id is not None and token == eos_id:
+        if token in stop:
             result.stopped_at_eos = True
             break
     result.decode_s = time.perf_counter() - t1 if result.tokens else 0.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
 from gguf.quants import dequantize
 
 from vkrt.errors import ModelFormatError
@@ -37,6 +37,10 @@ _SCALAR_SIZE = {
     GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4, GGUFValueType.FLOAT32: 4,
     GGUFValueType.UINT64: 8, GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8,
 }
+# Every special-token id key gguf-py declares (gguf.Keys.Tokenizer: bos, eos, eot, eom, unknown,
+# padding, fim_*, ...).
+SPECIAL_TOKEN_KEYS = tuple(v for v in vars(Keys.Tokenizer).values()
+                           if isinstance(v, str) and v.endswith("_token_id"))
 # Arrays longer than this are returned as numpy arrays (token types, scores), not lists.
 _LIST_MAX = 1024
 
@@ -95,24 +99,59 @@ def _value_type(cur: _Cursor, raw: int, what: str) -> GGUFValueType:
         raise cur.fail(f"{what} has unknown value type {raw}") from None
 
 
-def _skip_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> int | None:
-    """Skip one KV value; returns its u32 value when it is `general.alignment`."""
+_MAX_NESTING = 8  # arrays of arrays deeper than this are refused (a crafted file could recurse)
+_SCALAR_FMT = {
+    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
+    GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i", GGUFValueType.FLOAT32: "f",
+    GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
+}
+
+
+def _array(cur: _Cursor, key: str, depth: int, decode: bool) -> list | None:
+    """Walk one array value (its u32 item type, u64 count, items). Items may themselves be
+    arrays (the GGUF spec allows it; gguf-py's reader parses them): those are decoded into
+    nested lists when `decode`, which `_scan` asks for because GGUFReader's `contents()`
+    flattens them."""
+    (raw_itype, count) = cur.unpack("IQ", f"array header of {key!r}")
+    itype = _value_type(cur, raw_itype, f"array {key!r}")
+    min_item = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}.get(itype) \
+        or _SCALAR_SIZE[itype]
+    if count * min_item > cur.size - cur.pos:
+        raise cur.fail(f"array {key!r} claims {count} items, more than the "
+                       f"{cur.size - cur.pos} bytes left in the file")
+    if itype == GGUFValueType.ARRAY:
+        if depth >= _MAX_NESTING:
+            raise cur.fail(f"array {key!r} nests arrays more than {_MAX_NESTING} deep")
+        return [_array(cur, key, depth + 1, True) for _ in range(count)]
+    if itype == GGUFValueType.STRING:
+        items = [cur.string(f"item of {key!r}") for _ in range(count)]
+        if not decode:
+            return None
+        try:
+            return [item.decode("utf-8") for item in items]
+        except UnicodeDecodeError:
+            raise cur.fail(f"a string in array {key!r} is not UTF-8") from None
+    pos = cur.take(count * min_item, f"array {key!r}")
+    if not decode:
+        return None
+    return list(struct.unpack_from(f"<{count}{_SCALAR_FMT[itype]}", cur.buf, pos))
+
+
+def _skip_value(cur: _Cursor, vtype: GGUFValueType, key: str,
+                nested: dict[str, list]) -> int | None:
+    """Skip one KV value; returns its u32 value when it is `general.alignment`. An array of
+    arrays is decoded into `nested[key]`."""
     if vtype == GGUFValueType.STRING:
         cur.string(f"value of {key!r}")
     elif vtype == GGUFValueType.ARRAY:
-        (raw_itype, count) = cur.unpack("IQ", f"array header of {key!r}")
-        itype = _value_type(cur, raw_itype, f"array {key!r}")
-        if itype == GGUFValueType.ARRAY:
-            raise cur.fail(f"array {key!r} holds arrays (nested arrays are not supported)")
-        min_item = 8 if itype == GGUFValueType.STRING else _SCALAR_SIZE[itype]
-        if count * min_item > cur.size - cur.pos:
-            raise cur.fail(f"array {key!r} claims {count} items, more than the "
-                           f"{cur.size - cur.pos} bytes left in the file")
-        if itype == GGUFValueType.STRING:
-            for _ in range(count):
-                cur.string(f"item of {key!r}")
-        else:
-            cur.take(count * min_item, f"array {key!r}")
+        start = cur.pos
+        (raw_itype,) = cur.unpack("I", f"array header of {key!r}")
+        cur.pos = start
+        is_nested = raw_itype == GGUFValueType.ARRAY
+        value = _array(cur, key, 0, decode=is_nested)
+        if is_nested:
+            nested[key] = value
     else:
         pos = cur.take(_SCALAR_SIZE[vtype], f"value of {key!r}")
         if key == "general.alignment":
@@ -122,8 +161,9 @@ def _skip_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> int | None:
     return None
 
 
-def _scan(buf, size: int, path: str) -> list[TensorInfo]:
-    """Validate the header, KVs and tensor infos of a mapped GGUF; returns the tensor layout."""
+def _scan(buf, size: int, path: str) -> tuple[list[TensorInfo], dict[str, list]]:
+    """Validate the header, KVs and tensor infos of a mapped GGUF; returns the tensor layout
+    and the decoded values of the arrays of arrays."""
     cur = _Cursor(buf, size, path)
     magic, version, n_tensors, n_kv = cur.unpack("4sIQQ", "the 24-byte header")
     if magic != b"GGUF":
@@ -139,6 +179,7 @@ def _scan(buf, size: int, path: str) -> list[TensorInfo]:
                        f"impossible in a {size}-byte file")
 
     alignment = _DEFAULT_ALIGNMENT
+    nested: dict[str, list] = {}
     for i in range(n_kv):
         key_bytes = cur.string(f"key of metadata entry {i}", _MAX_NAME_BYTES)
         try:
@@ -146,7 +187,7 @@ def _scan(buf, size: int, path: str) -> list[TensorInfo]:
         except UnicodeDecodeError:
             raise cur.fail(f"key of metadata entry {i} is not UTF-8") from None
         (raw,) = cur.unpack("I", f"type of {key!r}")
-        align = _skip_value(cur, _value_type(cur, raw, repr(key)), key)
+        align = _skip_value(cur, _value_type(cur, raw, repr(key)), key, nested)
         if align is not None:
             if align == 0 or align & (align - 1):
                 raise cur.fail(f"general.alignment is {align}, not a power of two")
@@ -192,7 +233,7 @@ def _scan(buf, size: int, path: str) -> list[TensorInfo]:
                            f"{size}-byte file (truncated or corrupt offset)")
         infos.append(TensorInfo(name, tuple(reversed(dims)), gtype.name,
                                 data_start + offset, nbytes))
-    return infos
+    return infos, nested
 
 
 def _field_value(field) -> Any:
@@ -212,12 +253,14 @@ class GGUFFile:
     """A validated GGUF file. Use `load_gguf(path)` to open one.
 
     metadata: every KV pair, decoded: str, int, float, bool; arrays of strings as lists of str;
-    numeric arrays as lists, or numpy arrays when longer than 1024 items. The reader's own
+    numeric arrays as lists, or numpy arrays when longer than 1024 items; arrays of arrays
+    as nested lists. The reader's own
     `GGUF.*` pseudo-keys are left out.
     The weights stay memory-mapped; `tensor_f32` dequantizes one tensor per call.
     """
 
-    def __init__(self, path: str, reader: GGUFReader, infos: list[TensorInfo]):
+    def __init__(self, path: str, reader: GGUFReader, infos: list[TensorInfo],
+                 nested: dict[str, list] | None = None):
         self.path = path
         self._reader = reader
         self._infos = {info.name: info for info in infos}
@@ -226,6 +269,7 @@ class GGUFFile:
             key: _field_value(field) for key, field in reader.fields.items()
             if not key.startswith("GGUF.")
         }
+        self.metadata.update(nested or {})
 
     @property
     def architecture(self) -> str:
@@ -286,10 +330,10 @@ def load_gguf(path: str | os.PathLike) -> GGUFFile:
             raise ModelFormatError(f"{path}: truncated: {size} bytes, shorter than the "
                                    f"{_HEADER.size}-byte GGUF header")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            infos = _scan(buf, size, path)
+            infos, nested = _scan(buf, size, path)
     try:
         reader = GGUFReader(path)
-        return GGUFFile(path, reader, infos)
+        return GGUFFile(path, reader, infos, nested)
     except ModelFormatError:
         raise
     except Exception as e:  # the file passed our checks; anything else the reader trips on
@@ -348,6 +392,22 @@ class LlamaHParams:
         if embd_shape != (n_vocab, n_embd):
             raise ModelFormatError(f"{g.path}: token_embd.weight has shape {embd_shape}, "
                                    f"expected ({n_vocab}, {n_embd})")
+        if "output.weight" in g._infos:
+            out_shape = g.tensor_info("output.weight").shape
+            if out_shape != (n_vocab, n_embd):
+                raise ModelFormatError(f"{g.path}: output.weight has shape {out_shape}, "
+                                       f"expected ({n_vocab}, {n_embd}) like token_embd.weight")
+        tokens = md.get("tokenizer.ggml.tokens")
+        if tokens is not None and len(tokens) != n_vocab:
+            # llama.cpp refuses this too (llama-model.cpp checks token_embd against n_vocab):
+            # an id past the embedding's rows would read outside the table on the GPU.
+            raise ModelFormatError(f"{g.path}: the tokenizer has {len(tokens)} tokens but "
+                                   f"token_embd.weight has {n_vocab} rows")
+        for key in SPECIAL_TOKEN_KEYS:
+            i = md.get(key)
+            if i is not None and not (isinstance(i, int) and 0 <= i < n_vocab):
+                raise ModelFormatError(f"{g.path}: {key} is {i!r}, outside the "
+                                       f"{n_vocab}-token vocabulary")
         bos, eos = md.get("tokenizer.ggml.bos_token_id"), md.get("tokenizer.ggml.eos_token_id")
         return cls(
             n_layer=int(need("llama.block_count")),

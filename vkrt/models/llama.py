@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vkrt.errors import ModelFormatError
+from vkrt.errors import ModelFormatError, VkrtError
 from vkrt.kernels import Kernels
 from vkrt.models.gguf import GGUFFile, LlamaHParams
 from vkrt.runtime.device import Device
@@ -245,6 +245,8 @@ class Llama:
 
     def logits(self, token_ids: list[int]) -> np.ndarray:
         """Teacher-forced logits `[len(token_ids), n_vocab]` f32 of one forward from position 0."""
+        if len(token_ids) == 0:
+            raise VkrtError("the prompt is empty: nothing to condition on")
         T = len(token_ids)
         if self.max_seq < T:
             self.setup_caches(T)

@@ -2,7 +2,8 @@
 
 Supported: `tokenizer.ggml.model` "gpt2" (byte-level BPE). The pre-tokenizer follows
 `tokenizer.ggml.pre` the way llama.cpp's `llama-vocab.cpp` does; control tokens (token_type 3)
-become special tokens, so `<|im_start|>` in text encodes to its one id.
+become special tokens, so `<|im_start|>` in text encodes to its one id unless
+`encode(..., special=False)` (how `vkrt.models.chat` encodes message contents).
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from vkrt.errors import ModelFormatError
+from vkrt.errors import ModelFormatError, VkrtError
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's llama_token_type values
+# The end-of-generation ids a GGUF can declare (llama.cpp's llama_vocab::is_eog covers these).
+EOG_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id")
 
 
 def _pre_tokenizer(pre: str | None):
@@ -32,11 +36,15 @@ class Tokenizer:
     """Text <-> token ids for one model.
 
     bos_id, eos_id: ids or None. add_bos: whether `encode` prepends BOS by default
-    (`tokenizer.ggml.add_bos_token`, False when absent).
+    (`tokenizer.ggml.add_bos_token`, False when absent). eog_ids: every end-of-generation id
+    the model declares (EOS, `eot_token_id`, `eom_token_id`): generation stops at any of them.
     """
 
-    def __init__(self, hf: HFTokenizer, bos_id: int | None, eos_id: int | None, add_bos: bool):
+    def __init__(self, hf: HFTokenizer, bos_id: int | None, eos_id: int | None, add_bos: bool,
+                 eog_ids: frozenset[int] | None = None):
         self.hf, self.bos_id, self.eos_id, self.add_bos = hf, bos_id, eos_id, add_bos
+        self.eog_ids = frozenset(eog_ids if eog_ids is not None else
+                                 ([] if eos_id is None else [eos_id]))
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any], path: str = "<gguf>") -> "Tokenizer":
@@ -88,19 +96,45 @@ class Tokenizer:
                 raise ModelFormatError(f"{path}: {key} {i} outside the {len(tokens)}-token vocab")
             return None if i is None else int(i)
 
+        eog = frozenset(i for i in map(token_id, EOG_KEYS) if i is not None)
         return cls(hf, token_id("tokenizer.ggml.bos_token_id"),
                    token_id("tokenizer.ggml.eos_token_id"),
-                   bool(metadata.get("tokenizer.ggml.add_bos_token", False)))
+                   bool(metadata.get("tokenizer.ggml.add_bos_token", False)), eog)
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """Text -> id of every special (control) token, the tokens `encode` maps from text."""
+        return {t.content: i for i, t in self.hf.get_added_tokens_decoder().items() if t.special}
 
     @property
     def n_vocab(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Token ids of `text`; special-token text such as `<|im_start|>` maps to its one id.
-        BOS is prepended when `add_bos` (default: `self.add_bos`) and the model has one."""
-        ids = self.hf.encode(text, add_special_tokens=False).ids
-        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+    def encode(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
+        """Token ids of `text`.
+
+        special: special-token text such as `<|im_start|>` maps to its one id; when False it
+        is tokenized as the plain characters it is made of (for text a user wrote).
+        BOS is prepended when `add_bos` (default: `self.add_bos`) and the model has one,
+        unless the ids already start with it (text rendered by a chat template that writes
+        `bos_token` itself must not get a second one).
+        Raises VkrtError when `text` is not valid Unicode (lone surrogates, e.g. from a
+        command-line argument that was not UTF-8).
+        """
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = text[e.start:e.end].encode("utf-8", "surrogateescape")
+            raise VkrtError(f"the text is not valid UTF-8 (bytes {bad!r} at character "
+                            f"{e.start})") from None
+        old = self.hf.encode_special_tokens
+        self.hf.encode_special_tokens = not special
+        try:
+            ids = self.hf.encode(text, add_special_tokens=False).ids
+        finally:
+            self.hf.encode_special_tokens = old
+        if ((self.add_bos if add_bos is None else add_bos) and self.bos_id is not None
+                and ids[:1] != [self.bos_id]):
             ids = [self.bos_id] + ids
         return ids
 
@@ -115,17 +149,29 @@ class Tokenizer:
 
 class DecodeStream:
     """Incremental detokenizer: `step(id) -> str` returns the new text that id completes,
-    "" while it holds the start of a multi-byte UTF-8 character split across tokens.
-    The concatenated pieces equal `decode(all ids)`."""
+    "" while it holds the start of a multi-byte UTF-8 character split across tokens;
+    `finish() -> str` returns what is still held (an incomplete character decodes to U+FFFD,
+    as `decode` does). The pieces of every `step` plus `finish` equal `decode(all ids)`."""
 
     def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
         from tokenizers.decoders import DecodeStream as _HFDecodeStream
 
-        self._hf = tokenizer.hf
+        self._tok, self._skip = tokenizer, skip_special
         self._stream = _HFDecodeStream(skip_special_tokens=skip_special)
+        self._ids: list[int] = []
+        self._emitted = 0  # characters returned so far
 
     def step(self, token_id: int) -> str:
-        return self._stream.step(self._hf, int(token_id)) or ""
+        self._ids.append(int(token_id))
+        piece = self._stream.step(self._tok.hf, int(token_id)) or ""
+        self._emitted += len(piece)
+        return piece
+
+    def finish(self) -> str:
+        """The text held back at the end: `decode(all ids)` minus what `step` returned."""
+        rest = self._tok.decode(self._ids, skip_special=self._skip)[self._emitted:]
+        self._emitted += len(rest)
+        return rest
 
 
 def load_tokenizer(gguf_file) -> Tokenizer:
