@@ -1,13 +1,19 @@
 """The token loop: prefill the prompt, then decode one token at a time over the KV cache.
 
 Greedy decoding never brings logits to the host: the GPU's argmax writes the next token id
-into a buffer that the next step's embedding lookup reads directly, and the host reads those 4
-bytes once per token (the one read that drains the queue) to stream text and stop at EOS.
-Sampling (temperature > 0) reads the last logits row and draws on the host.
+into a slot of the token ring (`Activations.tokens`) that the next step's embedding lookup
+reads directly. The loop runs `inflight - 1` steps ahead (VKRT_INFLIGHT): step j + 1 is
+recorded and submitted before the host reads step j's 4 bytes (a `Readback` that waits for
+step j's submission only), so the host records while the GPU runs. At the stop token the
+steps already submitted beyond it are discarded: their tokens are never read, never reach
+`on_token` or the result (`GenerationResult.discarded_steps`); at `max_tokens` no step beyond
+is submitted. Sampling (temperature > 0) reads the last logits row, draws on the host and
+writes the id back: one step at a time, as before.
 """
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,6 +43,7 @@ class GenerationResult:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     stopped_at_eos: bool = False
+    discarded_steps: int = 0   # steps submitted past the stop token, their tokens never read
 
     @property
     def prefill_tok_s(self) -> float:
@@ -72,10 +79,13 @@ def check_context(n_ctx: int, n_prompt: int, max_tokens: int) -> None:
 
 def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
              sampling: Sampling = Sampling(), eos_id: int | None = None,
-             on_token: Callable[[int], None] | None = None) -> GenerationResult:
+             on_token: Callable[[int], None] | None = None,
+             trace: str | None = None) -> GenerationResult:
     """Generate up to `max_tokens` tokens after `prompt_ids`, stopping after `eos_id`.
 
-    `on_token(id)` is called as each token is produced (for streaming).
+    `on_token(id)` is called as each token is produced (for streaming). `trace`: write a
+    Chrome trace event file of the call there (host phases, GPU dispatches where the device
+    has timestamps; `Stream.start_trace`).
     Raises: VkrtError when the prompt is empty or prompt + max_tokens exceeds the model's
     context (`n_ctx` from the GGUF).
     """
@@ -88,31 +98,80 @@ def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
         steps = -(-(n_prompt + max_tokens) // KV_CACHE_STEP)
         model.setup_caches(min(hp.n_ctx, steps * KV_CACHE_STEP))
     rng = np.random.Generator(np.random.PCG64(sampling.seed))
-    greedy = sampling.temperature <= 0.0
+    timing = s.timing
+    if trace is not None:
+        s.start_trace()
     result = GenerationResult(n_prompt)
     t0 = time.perf_counter()
     a = model.activations(n_prompt)
     s.write(a.ids, np.asarray(prompt_ids, np.uint32))
-    ids_buffer, n_tokens, pos = a.ids, n_prompt, 0
-    for step in range(max_tokens):
-        model.forward(ids_buffer, n_tokens, pos)
-        if greedy:
-            token = int(s.read(a.token)[0])
-            ids_buffer = a.token        # the next embedding reads the argmax in place
-        else:
-            token = _sample(s.read(a.logits.rows(0, 1))[0], sampling, rng)
-            s.write(a.ids, np.array([token], np.uint32))
-            ids_buffer = a.ids
-        if step == 0:
+    if sampling.temperature <= 0.0:
+        _greedy(model, a, n_prompt, max_tokens, eos_id, on_token, result, t0)
+    else:
+        _sampled(model, a, n_prompt, max_tokens, sampling, rng, eos_id, on_token, result, t0)
+    if trace is not None:
+        s.write_trace(trace)
+        s.profiler.events = s.profiler.gpu_events = None
+        s.timing = timing
+    return result
+
+
+def _emit(result: GenerationResult, token: int, t0: float, on_token, eos_id) -> bool:
+    """Append `token`; True when it is the stop token."""
+    if not result.tokens:
+        result.prefill_s = time.perf_counter() - t0
+    result.tokens.append(token)
+    if on_token is not None:
+        on_token(token)
+    if eos_id is not None and token == eos_id:
+        result.stopped_at_eos = True
+        return True
+    return False
+
+
+def _greedy(model: Llama, a, n_prompt: int, max_tokens: int, eos_id, on_token,
+            result: GenerationResult, t0: float) -> None:
+    s = model.stream
+    ring = a.tokens
+    ahead = s.inflight - 1            # steps submitted beyond the one being read
+    ids, n_tokens, pos = a.ids, n_prompt, 0
+    issued, in_flight = 0, deque()    # Readbacks of submitted steps, oldest first
+    t1 = None
+    while True:
+        while issued < max_tokens and len(in_flight) <= ahead:
+            out = ring[issued % len(ring)]
+            model.forward(ids, n_tokens, pos, token_out=out)
+            in_flight.append(s.read_later(out))
+            s.submit()
+            ids, pos, n_tokens = out, pos + n_tokens, 1
+            issued += 1
+        if not in_flight:
+            break
+        token = int(in_flight.popleft().get()[0])
+        stop = _emit(result, token, t0, on_token, eos_id)
+        if t1 is None:
             t1 = time.perf_counter()
-            result.prefill_s = t1 - t0
+        if stop:
+            result.discarded_steps = len(in_flight)
+            in_flight.clear()         # submitted past the stop token: never read
+            break
+    result.decode_s = time.perf_counter() - t1 if t1 is not None else 0.0
+
+
+def _sampled(model: Llama, a, n_prompt: int, max_tokens: int, sampling: Sampling, rng,
+             eos_id, on_token, result: GenerationResult, t0: float) -> None:
+    s = model.stream
+    n_tokens, pos = n_prompt, 0
+    t1 = None
+    for _ in range(max_tokens):
+        model.forward(a.ids, n_tokens, pos)
+        token = _sample(s.read(a.logits.rows(0, 1))[0], sampling, rng)
         pos += n_tokens
         n_tokens = 1
-        result.tokens.append(token)
-        if on_token is not None:
-            on_token(token)
-        if eos_id is not None and token == eos_id:
-            result.stopped_at_eos = True
+        stop = _emit(result, token, t0, on_token, eos_id)
+        if t1 is None:
+            t1 = time.perf_counter()
+        if stop:
             break
-    result.decode_s = time.perf_counter() - t1 if result.tokens else 0.0
-    return result
+        s.write(a.ids, np.array([token], np.uint32))
+    result.decode_s = time.perf_counter() - t1 if t1 is not None else 0.0

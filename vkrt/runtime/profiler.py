@@ -21,7 +21,7 @@ class Counters:
     submits: int = 0           # vkQueueSubmit calls (one per batch, one timeline value each)
     waits_blocked: int = 0     # host waits for a submission value that had not signalled
     waits_ready: int = 0       # host waits whose value had already signalled (no blocking)
-    max_inflight: int = 0      # most submissions not yet known complete, at a submit
+    max_inflight: int = 0      # high-water mark: most submissions not known complete, at a submit
     slot_reuses: int = 0       # a slot recorded into again (after its last value signalled)
     deferred_frees: int = 0    # buffer frees deferred until their last use completes
     deferred_freed: int = 0    # ... and done
@@ -36,8 +36,12 @@ class Counters:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def since(self, before: dict[str, int]) -> dict[str, int]:
-        """The counts accumulated since `before` (a `snapshot()`)."""
-        return {k: v - before[k] for k, v in self.snapshot().items()}
+        """The counts accumulated since `before` (a `snapshot()`); for a high-water mark
+        (`max_inflight`) its current value (set it to 0 to measure a window)."""
+        return {k: v if k in _MARKS else v - before[k] for k, v in self.snapshot().items()}
+
+
+_MARKS = ("max_inflight",)
 
 
 @dataclass
