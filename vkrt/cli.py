@@ -74,7 +74,7 @@ def _generate(args) -> int:
 
         sampling = Sampling(args.temperature, args.top_p, args.seed)
         result = generate(model, prompt_ids, args.max_tokens, sampling,
-                          eos_id=tokenizer.eos_id, on_token=show)
+                          eos_id=tokenizer.eos_id, on_token=show, trace=args.trace)
         sys.stdout.write("\n")
         print(f"[{device.name}] prompt {result.prompt_tokens} tokens, generated "
               f"{len(result.tokens)} tokens; prefill {result.prefill_tok_s:.1f} tok/s, "
@@ -82,6 +82,8 @@ def _generate(args) -> int:
         if config.PROFILE.value:
             print(f"counters: {model.stream.counters.snapshot()}", file=sys.stderr)
             print(f"host phases: {model.stream.profiler.report()}", file=sys.stderr)
+            if model.stream.profiler.gpu_ns:
+                print(f"gpu time: {model.stream.profiler.gpu_report()}", file=sys.stderr)
         model.close()
     return 0
 
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--progress", action="store_true", help="show the loading bar even when "
                                                            "stderr is not a terminal")
+    p.add_argument("--trace", metavar="FILE.json", default=None,
+                   help="write a Chrome trace event file (opens in Perfetto): host phases and "
+                        "each GPU dispatch, on one time base")
     p.set_defaults(run=_generate)
     args = parser.parse_args(argv)
     try:

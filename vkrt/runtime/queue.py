@@ -27,6 +27,10 @@ the value of the last submission that wrote it and of the last that read it (`wr
   vkDestroyBuffer: "All submitted commands that refer to buffer ... must have completed
   execution"), and done by the first host wait that sees the value signalled;
 - waiting for the value of the batch being recorded submits it first.
+Descriptor sets need no slot of their own: `Pipeline.bind` writes a set once, when it is
+allocated for a new tuple of views, and never updates it (pipeline.py), so a set bound by a
+pending command buffer is never rewritten (spec 14.2.4 "Descriptor Set Updates": updating a
+set a pending command buffer uses invalidates that command buffer). Keep it that way.
 Device writes are made visible to the host by a barrier to the HOST stage at the end of every
 submission (spec 7.3 "Fences" / 7.4: a wait alone makes nothing visible; "Host Write
 Ordering Guarantees" cover the other direction at vkQueueSubmit).
