@@ -26,9 +26,15 @@ def assert_one_line_error(proc, *words):
         assert w in lines[0], lines[0]
 
 
-def test_generate_streams_text_and_summary(default_model_path):
-    p = run_cli("generate", "1, 2, 3, 4, 5,", "--max-tokens", "8", "--model", default_model_path)
+def test_generate_streams_text_and_summary(default_model_path, tmp_path):
+    trace = tmp_path / "trace.json"
+    p = run_cli("generate", "1, 2, 3, 4, 5,", "--max-tokens", "8", "--model", default_model_path,
+                "--trace", str(trace))
     assert p.returncode == 0, p.stderr
+    # --trace: a Chrome trace event file with a host and a GPU track (test_llama checks more).
+    import json
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["tid"] for e in events if e["ph"] == "X"} == {1, 2}
     assert p.stdout == " 6, 7, 8\n"   # the reference greedy tokens (test_llama checks 32)
     summary = p.stderr.strip().splitlines()[-1]
     for word in ("prompt 14 tokens", "generated 8 tokens", "prefill", "decode", "tok/s"):

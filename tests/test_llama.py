@@ -10,6 +10,8 @@ largest difference over these prompts is 5e-5 to 9e-5, and the numpy forward in 
 sits 9.2e-5 from transformers. 1e-3 is the issue's fp32 figure, 10x above what we see, and
 100x below the smallest top-2 gap that decides a greedy token in these prompts.
 """
+import json
+
 import numpy as np
 import pytest
 
@@ -34,6 +36,32 @@ def arm(request, llama, monkeypatch):
     return request.param
 
 
+@pytest.fixture
+def stream_of(llama):
+    """Give the model a stream of `inflight` slots in barrier arm `barriers` (VKRT_INFLIGHT,
+    VKRT_BARRIERS); the session's stream comes back after the test. The old stream is drained
+    first: streams do not order work against each other."""
+    from vkrt.runtime.stream import Stream
+
+    old, made = llama.stream, []
+
+    def use(inflight: int, barriers: str = "tracked") -> Stream:
+        llama.stream.synchronize()
+        llama.stream = Stream(llama.device, barriers=barriers, inflight=inflight)
+        made.append(llama.stream)
+        return llama.stream
+
+    yield use
+    for s in made:
+        s.synchronize()
+    llama.stream = old
+    for s in made:
+        s.close()
+
+
+COMBOS = [(n, b) for n in (1, 2, 3) for b in ("tracked", "always")]
+
+
 def chat_ids(tok, default_gguf, text):
     from vkrt.models.chat import render_chat
 
@@ -42,14 +70,19 @@ def chat_ids(tok, default_gguf, text):
     return tok.encode(rendered, add_bos=False)
 
 
-def test_greedy_32_tokens_exact(llama, reference, tok, arm):
+@pytest.mark.parametrize("inflight,barriers", COMBOS, ids=[f"inflight{n}-{b}" for n, b in COMBOS])
+def test_greedy_32_tokens_exact(llama, reference, tok, stream_of, inflight, barriers):
+    stream = stream_of(inflight, barriers)
     prompt = tok.encode("1, 2, 3, 4, 5,")
     expected = reference.greedy(prompt, 32)
     got = generate(llama, prompt, 32).tokens
     assert got == expected, (tok.decode(got), tok.decode(expected))
+    assert stream.counters.max_inflight == inflight   # lavapipe runs slower than we record
 
 
-def test_chat_greedy_exact(llama, reference, tok, default_gguf, arm):
+@pytest.mark.parametrize("inflight,barriers", [(2, "tracked"), (3, "always")])
+def test_chat_greedy_exact(llama, reference, tok, default_gguf, stream_of, inflight, barriers):
+    stream_of(inflight, barriers)
     prompt = chat_ids(tok, default_gguf, "Count from 1 to 10.")
     expected = reference.greedy(prompt, 24)
     got = generate(llama, prompt, 24, stop_ids=tok.eog_ids).tokens
@@ -89,9 +122,11 @@ def per_token(n_layer: int) -> dict:
 def _decode_step_counters(model, tok, arm="tracked"):
     prompt = tok.encode("Hello")
     generate(model, prompt, 3)                       # warm: descriptor sets written
+    model.stream.counters.max_inflight = 0
     before = model.stream.counters.snapshot()
     generate(model, prompt, 3)
     d = model.stream.counters.since(before)
+    inflight = model.stream.inflight
     want = per_token(model.hp.n_layer)
     decode = model.step(model.acts.token, 1, 10)     # the decode step as data
     assert len(decode) == want["dispatches"]
@@ -115,18 +150,73 @@ def _decode_step_counters(model, tok, arm="tracked"):
         assert d["barriers"] == 3 * (n - 1) + 4
         assert d["stages"] == 3 * (n - 1) + 7
     assert d["barriers_waw"] == d["barriers_war"] == 0
-    assert d["submits"] == d["fence_waits"] == 3
+    # One submission per forward, none past max_tokens; each a slot used before (warm-up).
+    assert d["submits"] == d["slot_reuses"] == 3
+    assert d["max_inflight"] == min(inflight, 3)
+    # Waits: one per token read, one per slot reuse, one per submit when inflight == 1, and
+    # the prompt's ids write into mapped memory (for the ids' last reader, long done).
+    waits = 3 + 3 + (3 if inflight == 1 else 0) + (0 if staging else 1)
+    assert d["waits_blocked"] + d["waits_ready"] == waits
+    if inflight > 1:
+        # Only token reads may block (lavapipe's GPU is slower than the host records): a
+        # slot comes back after its step's token was read, the ids' last reader finished
+        # long ago. (With inflight 1 the submit's own wait blocks instead.)
+        assert d["waits_blocked"] <= d["host_reads"]
+        assert d["waits_ready"] >= d["slot_reuses"] + (0 if staging else 1)
     assert d["host_reads"] == 3 and d["read_bytes"] == 3 * 4
     assert d["descriptor_sets"] == 0
 
 
-@pytest.mark.parametrize("mode", ["tracked", "always"])
-def test_decode_step_counters(llama, tok, mode, monkeypatch):
-    """One decode step: one submit, one fence wait, one 4-byte host read; every dispatch of
-    the forward recorded once; barriers only on proven dependencies (tracked) or before
-    every dispatch (always); no descriptor set written once the views are bound."""
-    monkeypatch.setattr(llama.stream.tracker, "always", mode == "always")
+@pytest.mark.parametrize("inflight,mode", [(2, "tracked"), (2, "always"), (1, "tracked")])
+def test_decode_step_counters(llama, tok, stream_of, inflight, mode):
+    """One decode step: one submit, one 4-byte host read; every dispatch of the forward
+    recorded once; barriers only on proven dependencies (tracked) or before every dispatch
+    (always); no descriptor set written once the views are bound; depth `inflight`."""
+    stream_of(inflight, mode)
     _decode_step_counters(llama, tok, mode)
+
+
+def test_stop_token_discards_the_steps_beyond(llama, tok, stream_of):
+    """Three slots: two steps run ahead of the token being read. At the stop token they are
+    discarded: never read, never reported; at max_tokens none is submitted beyond."""
+    stream = stream_of(3)
+    prompt = tok.encode("1, 2, 3,")
+    plain = generate(llama, prompt, 6).tokens
+    seen = []
+    before = stream.counters.snapshot()
+    r = generate(llama, prompt, 6, eos_id=plain[2], on_token=seen.append)
+    d = stream.counters.since(before)
+    stop = plain.index(plain[2]) + 1
+    assert r.tokens == seen == plain[:stop] and r.stopped_at_eos
+    assert r.discarded_steps == 2 and d["host_reads"] == stop
+    assert d["submits"] == stop + 2
+    before = stream.counters.snapshot()
+    assert generate(llama, prompt, 2).tokens == plain[:2]
+    assert stream.counters.since(before)["submits"] == 2
+
+
+def test_trace_file_has_host_and_gpu_tracks(llama, tok, tmp_path):
+    """generate(trace=...) writes a Chrome trace event file: host phases on thread 1, each
+    GPU dispatch by name on thread 2, in one time base (the GPU's within the host's span)."""
+    path = tmp_path / "trace.json"
+    r = generate(llama, tok.encode("Hello"), 2, trace=str(path))
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {"host", "gpu"}
+    host = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
+    gpu = [e for e in events if e["ph"] == "X" and e["tid"] == 2]
+    assert {"build", "record", "submit"} <= {e["name"] for e in host}
+    assert all(set(e) >= {"name", "ph", "ts", "dur", "pid", "tid"} for e in host + gpu)
+    per_step = per_token(llama.hp.n_layer)["dispatches"]
+    assert len([e for e in gpu if e["name"] == "blk.3.ffn_down"]) == len(r.tokens)
+    assert len([e for e in gpu if e["name"] != "readback"]) == len(r.tokens) * per_step
+    assert trace["otherData"]["calibration"] in ("VK_EXT_calibrated_timestamps", "submit-aligned")
+    host_end = max(e["ts"] + e["dur"] for e in host)
+    assert all(0 <= e["ts"] and e["dur"] >= 0 for e in gpu)
+    assert min(e["ts"] for e in gpu) >= min(e["ts"] for e in host if e["name"] == "submit") - 1e3
+    assert max(e["ts"] + e["dur"] for e in gpu) <= host_end + 1e3
+    assert llama.stream.profiler.events is None   # tracing stops with the call
 
 
 def test_decode_step_plan_without_recording(llama):
@@ -174,9 +264,11 @@ def test_sampling_is_seeded(llama, tok):
     assert a != generate(llama, prompt, 8).tokens               # and not the greedy path
 
 
-def test_decode_clean_under_validation(default_gguf, tok):
+@pytest.mark.parametrize("inflight,direct", [(2, None), (3, False)], ids=["inflight2", "inflight3-staging"])
+def test_decode_clean_under_validation(default_gguf, tok, inflight, direct):
     """Prefill and decode with the Khronos validation layer and synchronization validation
-    on: any message raises from the stream's fence wait (Device.check_validation)."""
+    on: any message raises from the stream's next wait (Device.check_validation)."""
+    from vkrt import config
     import vulkan
 
     from vkrt.models.llama import Llama
@@ -186,9 +278,11 @@ def test_decode_clean_under_validation(default_gguf, tok):
     if VALIDATION_LAYER not in layers:   # CI installs it (scripts/setup.sh test)
         pytest.skip(f"{VALIDATION_LAYER} not installed (Debian: vulkan-validationlayers)")
 
-    with Device(validation=True) as device:
+    with config.INFLIGHT.override(str(inflight)), \
+            Device(validation=True, direct_host_access=direct) as device:
         model = Llama.from_gguf(device, default_gguf)
         tokens = generate(model, tok.encode("1, 2, 3,"), 5).tokens
+        assert model.stream.counters.max_inflight == inflight
         model.close()
         assert device.validation_errors == []
     assert tok.decode(tokens) == " 4, 5"   # " ", "4", ",", " ", "5": greedy, as transformers

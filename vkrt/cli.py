@@ -124,7 +124,7 @@ def _generate(args) -> int:
         result = generate(model, prompt_ids, args.max_tokens, sampling,
                           stop_ids=tokenizer.eog_ids, batch_size=args.batch_size,
                           on_token=lambda token: _write(stream.step(token)),
-                          on_prefill=bar.update)
+                          on_prefill=bar.update, trace=args.trace)
         bar.close()
         _write(stream.finish() + "\n")
         print(f"[{device.name}] prompt {result.prompt_tokens} tokens, generated "
@@ -133,6 +133,8 @@ def _generate(args) -> int:
         if config.PROFILE.value:
             print(f"counters: {model.stream.counters.snapshot()}", file=sys.stderr)
             print(f"host phases: {model.stream.profiler.report()}", file=sys.stderr)
+            if model.stream.profiler.gpu_ns:
+                print(f"gpu time: {model.stream.profiler.gpu_report()}", file=sys.stderr)
         model.close()
     return 0
 
@@ -198,6 +200,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="prompt tokens per prefill chunk (one GPU submission each)")
     p.add_argument("--progress", action="store_true",
                    help="show the loading and prefill bars even when stderr is not a terminal")
+    p.add_argument("--trace", metavar="FILE.json", default=None,
+                   help="write a Chrome trace event file (opens in Perfetto): host phases and "
+                        "each GPU dispatch, on one time base")
     p.set_defaults(run=_generate)
     return parser
 

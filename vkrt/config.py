@@ -108,4 +108,22 @@ BARRIERS: Switch[str] = Switch(
     "`tracked`: a pipeline barrier only before a dispatch or copy that depends on pending "
     "work (RAW, WAW, WAR on byte ranges); `always`: one before every dispatch and copy.")
 
-ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS)
+
+
+def _inflight(raw: str) -> int:
+    n = int(raw)
+    if n < 1:
+        raise ValueError(f"VKRT_INFLIGHT={raw!r}: expected an integer >= 1")
+    return n
+
+
+INFLIGHT: Switch[int] = Switch(
+    "VKRT_INFLIGHT", _inflight, 2,
+    "Submissions in flight: the host records the next one while the GPU runs earlier ones "
+    "(a slot each: command buffer, staging, queries); 1: submit and wait.")
+TIMESTAMPS: Switch[bool] = Switch(
+    "VKRT_TIMESTAMPS", _bool, False,
+    "Time every dispatch with timestamp queries (GPU time per dispatch name in the profile), "
+    "on devices whose queue supports them.")
+
+ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS, INFLIGHT, TIMESTAMPS)

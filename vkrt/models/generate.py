@@ -2,15 +2,22 @@
 
 The prompt is prefilled in chunks of `batch_size` tokens (one submission each), so a long
 prefill can be interrupted (KeyboardInterrupt is raised between chunks) and show progress.
+
 Greedy decoding never brings logits to the host: the GPU's argmax writes the next token id
-into a buffer that the next step's embedding lookup reads directly, and the host reads those 4
-bytes once per token (the one read that drains the queue) to stream text and stop at EOS.
-Sampling (temperature > 0) reads the last logits row and draws on the host.
+into a slot of the token ring (`Activations.tokens`) that the next step's embedding lookup
+reads directly. The loop runs `inflight - 1` steps ahead (VKRT_INFLIGHT): step j + 1 is
+recorded and submitted before the host reads step j's 4 bytes (a `Readback` that waits for
+step j's submission only), so the host records while the GPU runs. At the stop token the
+steps already submitted beyond it are discarded: their tokens are never read, never reach
+`on_token` or the result (`GenerationResult.discarded_steps`); at `max_tokens` no step beyond
+is submitted. Sampling (temperature > 0) reads the last logits row, draws on the host and
+writes the id back: one step at a time, as before.
 """
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -53,6 +60,7 @@ class GenerationResult:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     stopped_at_eos: bool = False   # stopped at one of `stop_ids` (EOS, EOT, EOM)
+    discarded_steps: int = 0   # steps submitted past the stop token, their tokens never read
 
     @property
     def prefill_tok_s(self) -> float:
@@ -95,14 +103,17 @@ def check_context(n_ctx: int, n_prompt: int, max_tokens: int) -> None:
 def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
              sampling: Sampling = Sampling(), stop_ids: Iterable[int] = (),
              on_token: Callable[[int], None] | None = None, batch_size: int = BATCH_SIZE,
-             on_prefill: Callable[[int], None] | None = None) -> GenerationResult:
+             on_prefill: Callable[[int], None] | None = None,
+             trace: str | None = None) -> GenerationResult:
     """Generate up to `max_tokens` tokens after `prompt_ids`, stopping after any id of
     `stop_ids` (give `Tokenizer.eog_ids`: EOS, EOT, EOM).
 
     The prompt is prefilled in chunks of `batch_size` tokens at consecutive positions; a
     KeyboardInterrupt (Ctrl-C) raised while a chunk runs takes effect when it returns.
     `on_prefill(n)` is called after each chunk with the n prompt tokens it processed (for a
-    progress bar); `on_token(id)` as each token is produced (for streaming).
+    progress bar); `on_token(id)` as each token is produced (for streaming). `trace`: write a
+    Chrome trace event file of the call there (host phases, GPU dispatches where the device
+    has timestamps; `Stream.start_trace`).
     Raises: VkrtError when the prompt is empty or prompt + max_tokens exceeds the model's
     context (`n_ctx` from the GGUF); ConfigError when batch_size < 1.
     """
@@ -118,43 +129,104 @@ def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
         steps = -(-(n_prompt + max_tokens) // KV_CACHE_STEP)
         model.setup_caches(min(hp.n_ctx, steps * KV_CACHE_STEP))
     rng = np.random.Generator(np.random.PCG64(sampling.seed))
-    greedy = sampling.temperature <= 0.0
+    timing = s.timing
+    if trace is not None:
+        s.start_trace()
     result = GenerationResult(n_prompt)
     t0 = time.perf_counter()
     prompt = np.asarray(prompt_ids, np.uint32)
     a = model.activations(min(n_prompt, batch_size))
-    # Every chunk but the last: K/V into the cache, one submission each (the write of the
-    # next chunk's ids drains the queue), logits unused.
+    # Every chunk but the last: K/V into the cache, one submission each (the next chunk's
+    # write into the ids waits for this chunk's embedding to have read them), logits unused.
     pos = 0
     while n_prompt - pos > batch_size:
         s.write(a.ids, prompt[pos:pos + batch_size])
         model.forward(a.ids, batch_size, pos)
+        s.submit()
         pos += batch_size
         if on_prefill is not None:
             on_prefill(batch_size)
     s.write(a.ids, prompt[pos:])
-    ids_buffer, n_tokens = a.ids, n_prompt - pos
-    for step in range(max_tokens):
-        model.forward(ids_buffer, n_tokens, pos)
-        if greedy:
-            token = int(s.read(a.token)[0])
-            ids_buffer = a.token        # the next embedding reads the argmax in place
-        else:
-            token = _sample(s.read(a.logits.rows(0, 1))[0], sampling, rng)
-            s.write(a.ids, np.array([token], np.uint32))
-            ids_buffer = a.ids
-        if step == 0:
+    first = _Start(a.ids, n_prompt - pos, pos, on_prefill)
+    if sampling.temperature <= 0.0:
+        _greedy(model, a, first, max_tokens, stop, on_token, result, t0)
+    else:
+        _sampled(model, a, first, max_tokens, sampling, rng, stop, on_token, result, t0)
+    if trace is not None:
+        s.write_trace(trace)
+        s.profiler.events = s.profiler.gpu_events = None
+        s.timing = timing
+    return result
+
+
+@dataclass
+class _Start:
+    """The first step of the loop: the prompt's last chunk (`n_tokens` ids at `pos`)."""
+    ids: object
+    n_tokens: int
+    pos: int
+    on_prefill: Callable[[int], None] | None
+
+
+def _emit(result: GenerationResult, token: int, t0: float, on_token, stop: frozenset,
+          first: _Start) -> bool:
+    """Append `token`; True when it is a stop token."""
+    if not result.tokens:
+        result.prefill_s = time.perf_counter() - t0
+        if first.on_prefill is not None:
+            first.on_prefill(first.n_tokens)
+    result.tokens.append(token)
+    if on_token is not None:
+        on_token(token)
+    if token in stop:
+        result.stopped_at_eos = True
+        return True
+    return False
+
+
+def _greedy(model: Llama, a, first: _Start, max_tokens: int, stop: frozenset, on_token,
+            result: GenerationResult, t0: float) -> None:
+    s = model.stream
+    ring = a.tokens
+    ahead = s.inflight - 1            # steps submitted beyond the one being read
+    ids, n_tokens, pos = first.ids, first.n_tokens, first.pos
+    issued, in_flight = 0, deque()    # Readbacks of submitted steps, oldest first
+    t1 = None
+    while True:
+        while issued < max_tokens and len(in_flight) <= ahead:
+            out = ring[issued % len(ring)]
+            model.forward(ids, n_tokens, pos, token_out=out)
+            in_flight.append(s.read_later(out))
+            s.submit()
+            ids, pos, n_tokens = out, pos + n_tokens, 1
+            issued += 1
+        if not in_flight:
+            break
+        token = int(in_flight.popleft().get()[0])
+        stopped = _emit(result, token, t0, on_token, stop, first)
+        if t1 is None:
             t1 = time.perf_counter()
-            result.prefill_s = t1 - t0
-            if on_prefill is not None:
-                on_prefill(n_tokens)
+        if stopped:
+            result.discarded_steps = len(in_flight)
+            in_flight.clear()         # submitted past the stop token: never read
+            break
+    result.decode_s = time.perf_counter() - t1 if t1 is not None else 0.0
+
+
+def _sampled(model: Llama, a, first: _Start, max_tokens: int, sampling: Sampling, rng,
+             stop: frozenset, on_token, result: GenerationResult, t0: float) -> None:
+    s = model.stream
+    n_tokens, pos = first.n_tokens, first.pos
+    t1 = None
+    for _ in range(max_tokens):
+        model.forward(a.ids, n_tokens, pos)
+        token = _sample(s.read(a.logits.rows(0, 1))[0], sampling, rng)
         pos += n_tokens
         n_tokens = 1
-        result.tokens.append(token)
-        if on_token is not None:
-            on_token(token)
-        if token in stop:
-            result.stopped_at_eos = True
+        stopped = _emit(result, token, t0, on_token, stop, first)
+        if t1 is None:
+            t1 = time.perf_counter()
+        if stopped:
             break
-    result.decode_s = time.perf_counter() - t1 if result.tokens else 0.0
-    return result
+        s.write(a.ids, np.array([token], np.uint32))
+    result.decode_s = time.perf_counter() - t1 if t1 is not None else 0.0

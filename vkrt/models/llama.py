@@ -50,7 +50,13 @@ class Activations:
     """Scratch tensors for a forward over up to `n_tokens` tokens, `[tokens, width]` f32, with
     logits for up to `logit_rows` of them (1 for generation: a [tokens, n_vocab] view
     passes maxStorageBufferRange, 128 MiB on lavapipe, beyond 682 tokens of SmolLM2).
-    All are disjoint views of one buffer (`arena`): the tracker orders them by byte range."""
+    All are disjoint views of one buffer (`arena`): the tracker orders them by byte range.
+
+    `tokens` is the token ring: one `[1]` u32 slot per in-flight decode step (the stream's
+    VKRT_INFLIGHT). Decode step j's argmax writes `tokens[j % len]` and step j + 1's
+    embedding reads it; the host reads step j's token after submitting up to len - 1 later
+    steps, each writing another slot, so no later step overwrites a token before the host
+    has read it (generate.py). `token` is `tokens[0]`."""
     n_tokens: int
     logit_rows: int
     arena: Buffer
@@ -67,13 +73,14 @@ class Activations:
     up: Tensor       # [tokens, n_ff]
     act: Tensor      # [tokens, n_ff]
     logits: Tensor   # [logit_rows, n_vocab]
-    token: Tensor    # [1] u32, argmax of the last logits row
+    tokens: list     # ring of [1] u32 tensors: the argmax of the last logits row, per step
+    token: Tensor    # tokens[0]
 
     @classmethod
     def allocate(cls, device: Device, hp: LlamaHParams, n_tokens: int,
-                 logit_rows: int) -> "Activations":
+                 logit_rows: int, ring: int = 1) -> "Activations":
         """One buffer holding every view, each at an offset aligned to the device's
-        minStorageBufferOffsetAlignment."""
+        minStorageBufferOffsetAlignment; `ring` token slots."""
         qw, kvw, T = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, n_tokens
         layout = {"ids": ("uint32", (T,)), "x": ("float32", (T, hp.n_embd)),
                   "xn": ("float32", (T, hp.n_embd)), "q": ("float32", (T, qw)),
@@ -81,7 +88,8 @@ class Activations:
                   "q_rope": ("float32", (T, qw)), "attn": ("float32", (T, qw)),
                   "proj": ("float32", (T, hp.n_embd)), "gate": ("float32", (T, hp.n_ff)),
                   "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
-                  "logits": ("float32", (logit_rows, hp.n_vocab)), "token": ("uint32", (1,))}
+                  "logits": ("float32", (logit_rows, hp.n_vocab))}
+        layout.update({f"token{j}": ("uint32", (1,)) for j in range(max(1, ring))})
         align = device.min_storage_buffer_offset_alignment
         offsets, end = {}, 0
         for name, (_, shape) in layout.items():
@@ -90,7 +98,8 @@ class Activations:
         arena = Buffer(device, end, name="activations")
         views = {name: Tensor(arena, offsets[name], int(np.prod(shape)) * 4, dtype, shape, name)
                  for name, (dtype, shape) in layout.items()}
-        return cls(T, logit_rows, arena, **views)
+        tokens = [views.pop(f"token{j}") for j in range(max(1, ring))]
+        return cls(T, logit_rows, arena, tokens=tokens, token=tokens[0], **views)
 
     def close(self) -> None:
         self.arena.close()
@@ -165,14 +174,17 @@ class Llama:
 
     def activations(self, n_tokens: int, logit_rows: int = 1) -> Activations:
         """Scratch tensors for a forward of `n_tokens` tokens keeping `logit_rows` rows of
-        logits; reallocated (larger) only when the current ones are too small."""
-        a = self.acts
-        if a is not None and a.n_tokens >= n_tokens and a.logit_rows >= logit_rows:
+        logits and a token ring of `stream.inflight` slots; reallocated (larger) only when the
+        current ones are too small (the old buffer is freed once in-flight steps are done)."""
+        a, ring = self.acts, self.stream.inflight
+        if (a is not None and a.n_tokens >= n_tokens and a.logit_rows >= logit_rows
+                and len(a.tokens) >= ring):
             return a
         if a is not None:
             n_tokens, logit_rows = max(n_tokens, a.n_tokens), max(logit_rows, a.logit_rows)
+            ring = max(ring, len(a.tokens))
             a.close()
-        self.acts = Activations.allocate(self.device, self.hp, n_tokens, logit_rows)
+        self.acts = Activations.allocate(self.device, self.hp, n_tokens, logit_rows, ring)
         return self.acts
 
     # -- the forward -----------------------------------------------------------------------
@@ -207,13 +219,13 @@ class Llama:
         ]
 
     def step(self, ids: Tensor, n_tokens: int, pos0: int,
-             all_logits: bool = False) -> list[Dispatch]:
+             all_logits: bool = False, token_out: Tensor | None = None) -> list[Dispatch]:
         """The dispatches of one forward over `n_tokens` token ids (u32 in `ids`) at positions
         pos0 .. pos0 + n_tokens - 1, writing K/V into the cache. Nothing is recorded.
 
         Once recorded, `acts.logits` holds `[n_tokens, n_vocab]` logits when `all_logits`,
-        else the last token's `[n_vocab]` logits, and `acts.token` its argmax (the greedy
-        next token).
+        else the last token's `[n_vocab]` logits, and `token_out` (default `acts.token`, a
+        `[1]` u32 view) its argmax (the greedy next token).
         Raises: ValueError when the positions exceed the KV cache.
         """
         hp, T, w, k = self.hp, n_tokens, self.w, self.k
@@ -232,14 +244,16 @@ class Llama:
         else:
             out.append(k.linear(a.xn, output, a.logits, 1, x_row=T - 1, name="output"))
         last_row = (T - 1) * hp.n_vocab if all_logits else 0
-        out.append(k.argmax(a.logits, a.token, hp.n_vocab, last_row, name="argmax"))
+        out.append(k.argmax(a.logits, a.token if token_out is None else token_out, hp.n_vocab,
+                            last_row, name="argmax"))
         return out
 
-    def forward(self, ids: Tensor, n_tokens: int, pos0: int, all_logits: bool = False) -> None:
+    def forward(self, ids: Tensor, n_tokens: int, pos0: int, all_logits: bool = False,
+                token_out: Tensor | None = None) -> None:
         """Record `step(...)` on the model's stream (the host time building the list is the
-        profiler's "build" phase). Nothing waits: read results through the stream."""
+        profiler's "build" phase). Nothing is submitted: read results through the stream."""
         t0 = time.perf_counter_ns()
-        step = self.step(ids, n_tokens, pos0, all_logits)
+        step = self.step(ids, n_tokens, pos0, all_logits, token_out)
         self.stream.profiler.add("build", t0)
         self.stream.record(step)
 

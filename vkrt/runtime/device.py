@@ -222,22 +222,70 @@ class Device:
             "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, "pNext": want11,
             "shaderFloat16": f12.shaderFloat16, "storageBuffer8BitAccess": f12.storageBuffer8BitAccess,
             "shaderInt8": f12.shaderInt8})
+        # Submissions are ordered by a timeline semaphore (queue.py): core in Vulkan 1.2, but
+        # an optional feature (spec 7.4 "Semaphores"; Roadmap 2022 requires it).
+        if not f12.timelineSemaphore:
+            raise VkrtError(f"{self.info.name}: the Vulkan 1.2 feature timelineSemaphore is "
+                            f"not supported (vkrt orders submissions with one)")
+        want12.timelineSemaphore = 1
         self.features = {"storageBuffer16BitAccess": bool(f11.storageBuffer16BitAccess),
-                         "shaderFloat16": bool(f12.shaderFloat16)}
+                         "shaderFloat16": bool(f12.shaderFloat16), "timelineSemaphore": True}
+        extensions = self._calibration_extension()
+        ext_names = [new("char[]", e.encode()) for e in extensions]
+        ext_ptr = new("char*[]", ext_names) if ext_names else NULL
         priority = new("float[1]", [1.0])
         queue_info = new("VkDeviceQueueCreateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
             "queueFamilyIndex": self.queue_family, "queueCount": 1, "pQueuePriorities": priority})
         info = new("VkDeviceCreateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, "pNext": want12,
-            "queueCreateInfoCount": 1, "pQueueCreateInfos": queue_info})
+            "queueCreateInfoCount": 1, "pQueueCreateInfos": queue_info,
+            "enabledExtensionCount": len(ext_names), "ppEnabledExtensionNames": ext_ptr})
         out = new("VkDevice*")
         check(lib.vkCreateDevice(self.physical, info, NULL, out), "vkCreateDevice")
         self.handle = out[0]
         self._closers.append(lambda: lib.vkDestroyDevice(self.handle, NULL))
+        if self.calibrated_timestamps:
+            self._get_calibrated = vk.vkGetDeviceProcAddr(self.handle,
+                                                          "vkGetCalibratedTimestampsEXT")
+            self._calibration_info = new("VkCalibratedTimestampInfoEXT[2]", [
+                {"sType": vk.VK_STRUCTURE_TYPE_CALIBRATED_TIMESTAMP_INFO_EXT,
+                 "timeDomain": vk.VK_TIME_DOMAIN_DEVICE_EXT},
+                {"sType": vk.VK_STRUCTURE_TYPE_CALIBRATED_TIMESTAMP_INFO_EXT,
+                 "timeDomain": vk.VK_TIME_DOMAIN_CLOCK_MONOTONIC_EXT}])
+            self._calibration_out = new("uint64_t[2]")
         queue = new("VkQueue*")
         lib.vkGetDeviceQueue(self.handle, self.queue_family, 0, queue)
         self.queue = queue[0]
+
+    def _calibration_extension(self) -> list[str]:
+        """VK_EXT_calibrated_timestamps when the device offers it with both the device and
+        CLOCK_MONOTONIC domains (Python's perf_counter_ns clock on Linux): GPU timestamps
+        then map onto host time (`calibrate`)."""
+        self.calibrated_timestamps = False
+        name = "VK_EXT_calibrated_timestamps"
+        try:
+            names = [e.extensionName for e in
+                     vk.vkEnumerateDeviceExtensionProperties(self.physical, None)]
+            if name not in names or not self.timestamp_valid_bits:
+                return []
+            domains = vk.vkGetInstanceProcAddr(
+                self.instance, "vkGetPhysicalDeviceCalibrateableTimeDomainsEXT")(self.physical)
+        except vk.VkError:
+            return []
+        domains = set(domains)
+        if {vk.VK_TIME_DOMAIN_DEVICE_EXT, vk.VK_TIME_DOMAIN_CLOCK_MONOTONIC_EXT} <= domains:
+            self.calibrated_timestamps = True
+            return [name]
+        return []
+
+    def calibrate(self) -> tuple[int, int] | None:
+        """(device timestamp ticks, host CLOCK_MONOTONIC ns) sampled together, or None
+        without VK_EXT_calibrated_timestamps."""
+        if not self.calibrated_timestamps:
+            return None
+        self._get_calibrated(self.handle, 2, self._calibration_info, self._calibration_out)
+        return int(self._calibration_out[0]), int(self._calibration_out[1])
 
     def memory_type(self, required: int, preferred: int, type_bits: int) -> int:
         """Index of a memory type allowed by `type_bits` with all `required` property flags,
@@ -258,14 +306,27 @@ class Device:
         self._children[id(child)] = child
 
     def drain(self) -> None:
-        """Submit and wait for the work every stream of this device has recorded: called before
-        a buffer is destroyed, since a recorded (or in-flight) command may still name it
-        (Vulkan spec, vkDestroyBuffer: "All submitted commands that refer to buffer ... must
-        have completed execution")."""
+        """Submit and wait for the work every stream of this device has recorded."""
         for child in list(self._children.values()):
-            finish = getattr(child, "finish", None)
-            if finish is not None:
-                finish()
+            sync = getattr(child, "synchronize", None)
+            if sync is not None:
+                sync()
+
+    def retire(self, buffer) -> bool:
+        """Called by `Buffer.close`: True when some stream's recorded or in-flight command
+        still names `buffer`, which that stream then destroys once the submission has
+        completed (Vulkan spec, vkDestroyBuffer: "All submitted commands that refer to buffer
+        ... must have completed execution"); False when it may be destroyed now. Used by
+        several streams at once, the host waits for all but the last."""
+        users = [(s, v) for s in list(self._children.values())
+                 if hasattr(s, "last_use_of") and (v := s.last_use_of(buffer.serial))]
+        for stream, value in users[:-1]:
+            stream.wait(value)
+        if not users:
+            return False
+        stream, value = users[-1]
+        stream.defer_free(buffer, value)
+        return True
 
     def release(self, child) -> None:
         self._children.pop(id(child), None)

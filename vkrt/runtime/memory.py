@@ -91,17 +91,24 @@ class Buffer:
 
     def host_view(self, dtype=np.uint8) -> np.ndarray:
         """A zero-copy numpy view of the mapping. It must not outlive the buffer, and the
-        stream must be drained before reading it (the stream's `read` does both)."""
+        GPU's writes must have completed and been made visible first (the stream's `read` does both)."""
         assert self.mapped is not None, f"buffer {self.name!r} is not host-visible"
         return np.frombuffer(self.mapped, dtype=dtype)
 
     def close(self, drain: bool = True) -> None:
-        """Drain the device's streams (a recorded command may name this buffer), then unmap,
-        free and destroy; safe to call twice. `drain=False` is for an owner that knows no
-        recorded or in-flight command names the buffer."""
+        """Free the buffer once no recorded or in-flight command names it: now when none
+        does, else deferred until the submission that last used it has completed (the stream
+        destroys it then, `Device.retire`); no queue is drained. Safe to call twice.
+        `drain=False` destroys now: for an owner that knows no command names the buffer."""
         dev = self.device
         if drain and self.handle is not None and dev.handle is not None:
-            dev.drain()
+            if dev.retire(self):
+                return
+        self.destroy()
+
+    def destroy(self) -> None:
+        """Unmap, free and destroy now; safe to call twice."""
+        dev = self.device
         if self.memory is not None:
             if self.mapped is not None:
                 lib.vkUnmapMemory(dev.handle, self.memory)

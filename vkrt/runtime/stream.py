@@ -1,10 +1,18 @@
 """`Stream`: where a list of records (dispatches, copies) is recorded, where the barrier tracker
-is consulted, where batches are submitted and where the host waits.
+is consulted, and the host's access to tensors.
 
-One command buffer, one fence: records are recorded until a host access (`read`, `write`) or
-`finish()` ends the batch, submits it and waits on the fence. Before each record the tracker
-(`barriers.py`) decides whether a pipeline barrier must precede it, from the byte ranges the
-record reads and writes; its pending accesses survive the submission.
+Records go into the command buffer of the current in-flight slot (`queue.py`); `submit()`
+sends the batch and returns its timeline value without waiting (with VKRT_INFLIGHT=1 it
+waits: the plain path). Host reads and writes wait only for the submissions they depend on
+(`queue.py` says what waits for what); `synchronize()` (alias `finish()`) drains everything.
+Before each record the tracker (`barriers.py`) decides whether a pipeline barrier must
+precede it, from the byte ranges the record reads and writes; its pending accesses survive
+submissions, so the first dependent record of a later batch gets the barrier.
+
+With timestamps on (VKRT_TIMESTAMPS=1, or `start_trace()`), each slot's batch writes a
+timestamp at its start and one after every record (`vkCmdWriteTimestamp`, Vulkan spec 17.5
+"Timestamp Queries"), so record i ran between timestamps i and i + 1 (a record that runs
+concurrently with the previous ones is charged only what it adds).
 """
 from __future__ import annotations
 
@@ -20,22 +28,13 @@ from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.profiler import Counters, Profiler
+from vkrt.runtime.queue import QUERIES_PER_SLOT, Readback, Submitter, timeout_ns  # noqa: F401
 from vkrt.runtime.tensor import Tensor
-from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
+from vkrt.runtime.vk import NULL, ffi, lib, new, vk
 
-STAGING_MIN_BYTES = 1 << 20
-UINT64_MAX = 2**64 - 1
 _ALL_ACCESS = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
                | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
 _WORK_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-
-
-def timeout_ns(timeout_s: float) -> int:
-    """A timeout in seconds as vkWaitForFences takes it: nanoseconds in a uint64, where
-    UINT64_MAX waits forever (Vulkan spec, vkWaitForFences). inf, or anything past 2**64 - 1
-    ns (584 years), waits forever."""
-    ns = timeout_s * 1e9
-    return UINT64_MAX if not ns < UINT64_MAX else max(0, int(ns))
 
 
 class Stream:
@@ -43,68 +42,52 @@ class Stream:
 
     Args:
         barriers: "tracked" or "always" (default: VKRT_BARRIERS, see `barriers.py`).
-    Attributes: `counters` (Counters), `profiler` (Profiler), `tracker` (Tracker).
+        inflight: submission slots, >= 1 (default: VKRT_INFLIGHT, see `queue.py`).
+        timestamps: time every record with timestamp queries (default: VKRT_TIMESTAMPS;
+            ignored on a queue without timestamp support).
+    Attributes: `counters` (Counters), `profiler` (Profiler: host phases, GPU times per
+        record name, trace events), `tracker` (Tracker), `queue` (Submitter), `inflight`.
+    Raises: VkrtError for inflight < 1.
     """
 
-    def __init__(self, device: Device, barriers: str | None = None):
+    def __init__(self, device: Device, barriers: str | None = None, inflight: int | None = None,
+                 timestamps: bool | None = None):
         self.device = device
         self.tracker = Tracker(always=(barriers or config.BARRIERS.value) == "always")
         self._new_batch = True
         self.counters, self.profiler = Counters(), Profiler()
-        self.pool = self.fence = None
-        self._staging: dict[str, Buffer] = {}
-        self._recording = False
+        self.inflight = config.INFLIGHT.value if inflight is None else int(inflight)
+        self.queue = None
+        self.timing = False
+        self._calibration = None
         try:
-            self._create()
+            self.queue = Submitter(device, self.inflight, self.counters, self.profiler)
+            self.queue.on_complete = self._collect_timestamps
+            self.queue.on_begin = self._on_begin
         except BaseException:
             self.close()
             raise
-        device.adopt(self)
-
-    def _create(self) -> None:
-        device, h = self.device, self.device.handle
-        info = new("VkCommandPoolCreateInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
-            "flags": vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
-            "queueFamilyIndex": device.queue_family})
-        out = new("VkCommandPool*")
-        check(lib.vkCreateCommandPool(h, info, NULL, out), "vkCreateCommandPool")
-        self.pool = out[0]
-        alloc = new("VkCommandBufferAllocateInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, "commandPool": self.pool,
-            "level": vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, "commandBufferCount": 1})
-        self._cmd = new("VkCommandBuffer[1]")
-        check(lib.vkAllocateCommandBuffers(h, alloc, self._cmd), "vkAllocateCommandBuffers")
-        self.cmd = self._cmd[0]
-        fence_info = new("VkFenceCreateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO})
-        fence = new("VkFence[1]")
-        check(lib.vkCreateFence(h, fence_info, NULL, fence), "vkCreateFence")
-        self._fence, self.fence = fence, fence[0]
-        # Structs of the hot path, built once (shared/FACTS.md: 2.9-4.0 us per dispatch this
-        # way against 32-39 us through the binding's wrappers).
-        self._begin_info = new("VkCommandBufferBeginInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-            "flags": vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT})
-        self._submit = new("VkSubmitInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1,
-            "pCommandBuffers": self._cmd})
         self._full = new("VkMemoryBarrier*", {
             "sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
             "srcAccessMask": vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
             "dstAccessMask": _ALL_ACCESS})
-        # Device writes are made visible to the host only by a barrier to the HOST stage: a
-        # fence wait alone does not (Vulkan spec 7.3, "Fences", on vkWaitForFences).
-        self._to_host = new("VkMemoryBarrier*", {
-            "sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-            "srcAccessMask": vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
-            "dstAccessMask": vk.VK_ACCESS_HOST_READ_BIT})
         self._copy = new("VkBufferCopy*")
+        device.adopt(self)
+        if config.TIMESTAMPS.value if timestamps is None else timestamps:
+            self.enable_timestamps()
 
     # -- recording -------------------------------------------------------------------------
-    def _begin(self) -> None:
-        if not self._recording:
-            check(lib.vkBeginCommandBuffer(self.cmd, self._begin_info), "vkBeginCommandBuffer")
-            self._recording = True
+    def _on_begin(self, slot) -> None:
+        """A batch begins in `slot` (its command buffer is recording)."""
+        self._new_batch = True
+        cmd = slot.cmd
+        if self.timing:
+            slot.enable_queries()
+            lib.vkCmdResetQueryPool(cmd, slot.query_pool, 0, QUERIES_PER_SLOT)
+            lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, slot.query_pool, 0)
+            slot.timed, slot.timing = [], True
+        else:
+            slot.timing = False
 
     def record(self, records: Iterable[Dispatch | Copy]) -> None:
         """Record `records` in order, each behind a pipeline barrier when the tracker proves
@@ -112,8 +95,12 @@ class Stream:
 
         Raises: ShaderInterfaceError when a view breaks a device limit (`Pipeline.bind`)."""
         t0 = time.perf_counter_ns()
-        self._begin()
-        cmd, counters, tracker = self.cmd, self.counters, self.tracker
+        q = self.queue
+        cmd = q.begin()
+        counters, tracker = self.counters, self.tracker
+        value, writes_at, reads_at = q.pending, q.writes_at, q.reads_at
+        slot = q.slot
+        timed = slot.timed if slot.timing else None
         compute = vk.VK_PIPELINE_BIND_POINT_COMPUTE
         for r in records:
             if r.transfer:
@@ -132,114 +119,119 @@ class Stream:
             if barrier or self._new_batch:
                 counters.stages += 1
                 self._new_batch = False
+            for rng in r.writes:          # what a host access will wait for (queue.py)
+                writes_at[rng] = value
+            for rng in r.reads:
+                reads_at[rng] = value
             if r.transfer:
                 lib.vkCmdCopyBuffer(cmd, r.src.buffer.handle, r.dst.buffer.handle, 1, self._copy)
                 counters.copies += 1
-                continue
-            p = r.pipeline
-            lib.vkCmdBindPipeline(cmd, compute, p.handle)
-            lib.vkCmdBindDescriptorSets(cmd, compute, p.layout, 0, 1, bound, 0, NULL)
-            if r.push:
-                # A cffi view made once per record: cffi converting the bytes object at every
-                # call cost ~65 us per dispatch on lavapipe's host, against ~2 us this way.
-                if r.push_c is None:
-                    r.push_c = ffi.from_buffer(r.push)
-                lib.vkCmdPushConstants(cmd, p.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                                       len(r.push), r.push_c)
-            lib.vkCmdDispatch(cmd, *r.grid)
-            counters.dispatches += 1
+            else:
+                p = r.pipeline
+                lib.vkCmdBindPipeline(cmd, compute, p.handle)
+                lib.vkCmdBindDescriptorSets(cmd, compute, p.layout, 0, 1, bound, 0, NULL)
+                if r.push:
+                    # A cffi view made once per record: cffi converting the bytes object at
+                    # every call cost ~65 us per dispatch on lavapipe's host, against ~2 us.
+                    if r.push_c is None:
+                        r.push_c = ffi.from_buffer(r.push)
+                    lib.vkCmdPushConstants(cmd, p.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                                           len(r.push), r.push_c)
+                lib.vkCmdDispatch(cmd, *r.grid)
+                counters.dispatches += 1
+            if timed is not None and len(timed) + 1 < QUERIES_PER_SLOT:
+                timed.append(r.name)
+                lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
+                                        slot.query_pool, len(timed))
         self.profiler.add("record", t0)
 
     def barrier(self) -> None:
         """Record a full pipeline barrier: everything recorded or submitted before it is
         ordered before everything after, and nothing is pending any more (counted in
         `counters.barriers`, under no cause)."""
-        self._begin()
-        lib.vkCmdPipelineBarrier(self.cmd, _WORK_STAGES, _WORK_STAGES, 0, 1, self._full,
+        cmd = self.queue.begin()
+        lib.vkCmdPipelineBarrier(cmd, _WORK_STAGES, _WORK_STAGES, 0, 1, self._full,
                                  0, NULL, 0, NULL)
         self.counters.barriers += 1
         self.tracker.clear()
 
     # -- submission ------------------------------------------------------------------------
-    def finish(self) -> None:
-        """Submit what was recorded and wait until the GPU has executed it (drains)."""
-        if not self._recording:
-            return
-        t = time.perf_counter_ns()
-        lib.vkCmdPipelineBarrier(self.cmd, _WORK_STAGES, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
-                                 self._to_host, 0, NULL, 0, NULL)
-        check(lib.vkEndCommandBuffer(self.cmd), "vkEndCommandBuffer")
-        self._recording = False
-        check(lib.vkQueueSubmit(self.device.queue, 1, self._submit, self.fence), "vkQueueSubmit")
-        self.counters.submits += 1
-        t = self.profiler.add("submit", t)
-        timeout_s = config.FENCE_TIMEOUT_S.value
-        result = lib.vkWaitForFences(self.device.handle, 1, self._fence, vk.VK_TRUE,
-                                     timeout_ns(timeout_s))
-        if result == vk.VK_TIMEOUT:
-            raise VkrtError(f"GPU work did not finish within {timeout_s:g} s "
-                            f"(VKRT_FENCE_TIMEOUT_S) on {self.device.name}")
-        check(result, "vkWaitForFences")
-        self.counters.fence_waits += 1
-        self.profiler.add("wait", t)
-        check(lib.vkResetFences(self.device.handle, 1, self._fence), "vkResetFences")
-        check(lib.vkResetCommandBuffer(self.cmd, 0), "vkResetCommandBuffer")
-        # The tracker keeps its pending accesses (see barriers.py): only a barrier clears them.
-        self._new_batch = True
-        self.device.check_validation()
+    def submit(self) -> int:
+        """Submit what was recorded; return the submission's timeline value (the last value
+        when nothing was recorded). Waits only for a slot to reuse, or, with inflight == 1,
+        for the submission itself. The tracker keeps its pending accesses (barriers.py)."""
+        return self.queue.submit()
+
+    def wait(self, value: int) -> None:
+        """Wait until submission `value` has completed (see `Submitter.wait`)."""
+        self.queue.wait(value)
+
+    def synchronize(self) -> None:
+        """Submit what was recorded and wait until the GPU has executed everything (drains)."""
+        self.queue.synchronize()
+
+    finish = synchronize
+
+    @property
+    def submitted(self) -> int:
+        return self.queue.submitted
+
+    def last_write(self, rng: tuple) -> int:
+        return self.queue.last_write(rng)
+
+    def last_use_of(self, serial: int) -> int:
+        """The last submission value naming buffer `serial`, or 0 when every use completed."""
+        v = self.queue.last_use_of(serial)
+        return v if v > self.queue.completed else 0
+
+    def defer_free(self, buffer: Buffer, value: int) -> None:
+        self.queue.defer_free(buffer, value)
 
     # -- host access -----------------------------------------------------------------------
-    def _staging_for(self, direction: str, nbytes: int) -> Buffer:
-        """The host-visible staging buffer for `direction` ("up" or "down"), grown to `nbytes`.
-        Two buffers, so that growing the readback buffer can never free the upload buffer that
-        a recorded, not yet submitted copy still reads."""
-        staging = self._staging.get(direction)
-        if staging is None or staging.nbytes < nbytes:
-            if staging is not None:
-                # No command names it: reads finish right after recording their copy, and
-                # writes finish before they touch the upload buffer.
-                staging.close(drain=False)
-            nbytes = max(nbytes, STAGING_MIN_BYTES)
-            staging = Buffer(self.device, nbytes, host_visible=True, name=f"staging-{direction}")
-            self._staging[direction] = staging
-        return staging
+    def read_later(self, t: Tensor) -> Readback:
+        """Ask for `t`'s elements as they are once everything recorded so far has run; the
+        returned `Readback.get()` waits for the submission that last wrote `t` (not for later
+        ones). A buffer the host cannot map gets a staging copy recorded now, in the current
+        batch."""
+        q = self.queue
+        if t.buffer.mapped is None:
+            staging, offset = q.stage(t.nbytes)
+            self.record([Copy(t, Tensor(staging, offset, t.nbytes, t.dtype, t.shape), "readback")])
+            rb = Readback(self, t, q.pending, q.slot, offset)
+            q.slot.readbacks.append(rb)
+            return rb
+        return Readback(self, t, q.last_write(t.range))
 
     def read(self, t: Tensor) -> np.ndarray:
-        """Submit what is recorded, wait for it (drains), and return a copy of `t`'s elements
-        as a numpy array of its dtype and shape. A buffer the host cannot map is copied
-        through the staging buffer in the same submission: one submit and one fence wait per
-        read either way."""
-        if t.buffer.mapped is None:
-            staging = self._staging_for("down", t.nbytes)
-            self.record([Copy(t, Tensor(staging, 0, t.nbytes, t.dtype, t.shape), "readback")])
-            self.finish()
-            out = staging.host_view()[:t.nbytes].copy()
-        else:
-            self.finish()
-            out = np.frombuffer(t.buffer.mapped, np.uint8, t.nbytes, t.offset).copy()
-        self.counters.host_reads += 1
-        self.counters.read_bytes += t.nbytes
-        return out.view(t.dtype).reshape(t.shape)
+        """A copy of `t`'s elements (numpy, its dtype and shape) after everything recorded so
+        far: waits for the submission that last wrote `t` (submitting the current batch when
+        that is the one); a buffer the host cannot map is copied through staging in the current
+        batch, which is submitted and waited for."""
+        return self.read_later(t).get()
 
     def write(self, t: Tensor, array: np.ndarray) -> None:
         """Copy `array`'s bytes into the start of `t`, ordered after everything recorded so
-        far and before everything recorded after. Drains the queue first (the host must not
-        overwrite memory the GPU may still read); a buffer the host cannot map gets a staging
-        copy recorded into the next submission, through the tracker like any record.
+        far and before everything recorded after. Mapped memory: waits for the last
+        submission that read or wrote those bytes, then copies. Otherwise the bytes go into
+        the slot's staging and a copy is recorded into the current batch, ordered by the
+        tracker like any record (no host wait).
 
         Raises: VkrtError when the bytes do not fit in `t`."""
         data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
         if data.nbytes > t.nbytes or data.nbytes == 0:
             raise VkrtError(f"writing {data.nbytes} bytes into {t!r}: does not fit "
                             f"(1 to {t.nbytes} bytes)")
-        self.finish()
-        start = time.perf_counter_ns()
+        q = self.queue
+        rng = (t.buffer.serial, t.offset, t.offset + data.nbytes)
         if t.buffer.mapped is not None:
+            q.wait(q.last_use(rng))
+            start = time.perf_counter_ns()
             t.buffer.host_view()[t.offset:t.offset + data.nbytes] = data
         else:
-            staging = self._staging_for("up", data.nbytes)
-            staging.host_view()[:data.nbytes] = data
-            self.record([Copy(Tensor(staging, 0, data.nbytes, "uint8", (data.nbytes,)),
+            start = time.perf_counter_ns()
+            staging, offset = q.stage(data.nbytes)
+            staging.host_view()[offset:offset + data.nbytes] = data
+            self.record([Copy(Tensor(staging, offset, data.nbytes, "uint8", (data.nbytes,)),
                               Tensor(t.buffer, t.offset, data.nbytes, "uint8", (data.nbytes,),
                                      t.name), "upload")])
         self.counters.host_writes += 1
@@ -253,20 +245,75 @@ class Stream:
         self.write(t, array)
         return t
 
+    # -- timestamps and trace --------------------------------------------------------------
+    def enable_timestamps(self) -> bool:
+        """Time every record from the next batch on; False (and nothing changes) when the
+        queue family has no timestamps (timestampValidBits 0)."""
+        if not self.device.timestamp_valid_bits:
+            return False
+        self.timing = True
+        return True
+
+    def start_trace(self) -> bool:
+        """Keep host phases and (where supported) per-dispatch GPU times as trace events from
+        now on; `write_trace(path)` writes them. Returns whether GPU times are recorded."""
+        self.profiler.events = []
+        self.profiler.gpu_events = []
+        return self.enable_timestamps()
+
+    def write_trace(self, path) -> dict:
+        """Write the trace events kept since `start_trace()` as a Chrome trace event file
+        (JSON, opens in Perfetto): host phases on one track, GPU records on another.
+        Synchronizes first. Returns the written object."""
+        from vkrt.runtime.trace import write_chrome_trace
+
+        self.synchronize()
+        return write_chrome_trace(path, self.profiler, self.device.name,
+                                  self._calibration_name())
+
+    def _calibration_name(self) -> str:
+        return ("VK_EXT_calibrated_timestamps" if self.device.calibrated_timestamps
+                else "submit-aligned")
+
+    def _collect_timestamps(self, slot) -> None:
+        """Turn the finished batch's timestamps into per-record GPU times (host clock)."""
+        slot.timing = False
+        n = len(slot.timed)
+        if n == 0:
+            return
+        ticks = slot.query_results(n + 1)
+        bits = self.device.timestamp_valid_bits
+        if bits < 64:
+            ticks &= np.uint64((1 << bits) - 1)
+        period = self.device.timestamp_period_ns
+        rel = (ticks - ticks[0]).astype(np.float64) * period   # ns since the batch started
+        start_gpu_ns = float(ticks[0]) * period
+        cal = self.device.calibrate() if self.device.calibrated_timestamps else None
+        if cal is not None:
+            gpu_ticks, host_ns = cal
+            t0 = host_ns - (float(gpu_ticks) * period - start_gpu_ns)
+        else:
+            # Submit-aligned: a batch starts when it was submitted or when the previous one
+            # ended on the host timeline, whichever is later (queue order).
+            t0 = max(slot.submit_ns, self._last_gpu_end_ns)
+        self._last_gpu_end_ns = t0 + rel[-1]
+        self.profiler.add_gpu(slot.timed, t0, rel)
+        self.counters.timestamps += n
+
+    _last_gpu_end_ns = 0.0
+
+    # -- tests -----------------------------------------------------------------------------
+    def hold(self) -> None:
+        """For tests: submissions wait for `release()` before they start (queue.py)."""
+        self.queue.hold()
+
+    def release(self) -> None:
+        self.queue.release()
+
     def close(self) -> None:
-        """Discard anything recorded but not submitted, wait for the queue, and destroy the
-        stream's command pool, fence and staging buffers."""
-        h = self.device.handle
-        self._recording = False
-        if self.pool is not None:
-            lib.vkQueueWaitIdle(self.device.queue)
-        for staging in self._staging.values():
-            staging.close(drain=False)
-        self._staging = {}
-        if self.pool is not None:
-            lib.vkDestroyCommandPool(h, self.pool, NULL)
-            self.pool = None
-        if self.fence is not None:
-            lib.vkDestroyFence(h, self.fence, NULL)
-            self.fence = None
+        """Discard anything recorded but not submitted, wait for the queue, free what was
+        deferred, and destroy the slots (command pools, staging, query pools)."""
+        if self.queue is not None:
+            self.queue.close()
+            self.queue = None
         self.device.release(self)

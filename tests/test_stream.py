@@ -1,0 +1,269 @@
+"""Pipelined submission (vkrt/runtime/queue.py): slots, timeline values, what a host access
+waits for, deferred frees, timestamps. On lavapipe, which runs submissions on its own thread.
+
+`stream.hold()` makes every submission wait on a semaphore the host signals (`release()`):
+the GPU provably has not started, so a host access that does not wait for its writer reads
+stale bytes, a wait that should not happen blocks (and times out after VKRT_FENCE_TIMEOUT_S,
+set short here), and a buffer freed too early is visibly gone. `release_after(s)` signals from
+a timer thread while the test's host blocks on the submission.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from vkrt import config
+from vkrt.errors import VkrtError
+from vkrt.kernels import Kernels
+from vkrt.runtime.device import VALIDATION_LAYER, Device
+from vkrt.runtime.memory import Buffer
+from vkrt.runtime.pipeline import PipelineCache
+from vkrt.runtime.stream import Stream
+from vkrt.runtime.tensor import Tensor
+from vkrt.runtime.vk import ffi
+
+N = 64
+
+
+def _validation_layer() -> bool:
+    import vulkan
+    return VALIDATION_LAYER in [p.layerName for p in vulkan.vkEnumerateInstanceLayerProperties()]
+
+
+@pytest.fixture(scope="module", params=[None, False], ids=["host-access", "staging"])
+def device(request):
+    with config.VALIDATION.override("1" if _validation_layer() else "0"):
+        d = Device(direct_host_access=request.param)
+    yield d
+    d.close()
+    assert d.validation_errors == []
+
+
+@pytest.fixture
+def kernels(device):
+    return Kernels(PipelineCache(device))
+
+
+@pytest.fixture(autouse=True)
+def short_timeout():
+    with config.FENCE_TIMEOUT_S.override("20"):
+        yield
+
+
+def make(stream, value, name=""):
+    return stream.upload(np.full(N, value, np.float32), name=name)
+
+
+def release_after(stream, seconds=0.3):
+    timer = threading.Timer(seconds, stream.release)
+    timer.start()
+    return timer
+
+
+def test_timeline_semaphore_feature_is_enabled(device):
+    assert device.features["timelineSemaphore"]
+
+
+@pytest.mark.parametrize("inflight", [1, 2, 3])
+def test_slots_rotate_and_own_their_resources(device, kernels, inflight):
+    stream = Stream(device, inflight=inflight)
+    try:
+        x, y = make(stream, 0), make(stream, 1)
+        stream.synchronize()
+        slots = stream.queue.slots
+        assert len(slots) == inflight
+        # Each slot its own command pool, command buffer and staging buffer.
+        assert len({int(ffi.cast("uintptr_t", s.cmd)) for s in slots}) == inflight
+        assert len({s.staging.serial for s in slots}) == inflight
+        fresh = sum(s.value == 0 for s in slots)   # never submitted from (mapped uploads)
+        stream.counters.max_inflight = 0
+        before = stream.counters.snapshot()
+        used, values = [], []
+        for _ in range(2 * inflight):
+            stream.record([kernels.add(x, y, N)])
+            used.append(stream.queue.slot.index)
+            values.append(stream.submit())
+        stream.synchronize()
+        d = stream.counters.since(before)
+        first = used[0]
+        assert used == [(first + i) % inflight for i in range(2 * inflight)]
+        assert values == list(range(values[0], values[0] + 2 * inflight))
+        assert d["submits"] == 2 * inflight
+        assert d["slot_reuses"] == 2 * inflight - fresh   # a slot waited for before reuse
+        assert d["max_inflight"] <= inflight
+        if inflight == 1:
+            assert d["max_inflight"] == 1
+            # The plain path: every submit waited right away.
+            assert d["waits_blocked"] + d["waits_ready"] >= 2 * inflight
+        np.testing.assert_array_equal(stream.read(x), 2 * inflight)
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("inflight", [2, 3])
+def test_submit_does_not_wait_and_depth_reaches_inflight(device, kernels, inflight):
+    stream = Stream(device, inflight=inflight)
+    try:
+        x, y = make(stream, 0), make(stream, 1)
+        stream.synchronize()
+        stream.counters.max_inflight = 0
+        before = stream.counters.snapshot()
+        stream.hold()   # nothing below can run until release: a wait would time out
+        with config.FENCE_TIMEOUT_S.override("2"):
+            for _ in range(inflight):
+                stream.record([kernels.add(x, y, N)])
+                stream.submit()
+        d = stream.counters.since(before)
+        assert d["submits"] == inflight
+        assert d["max_inflight"] == inflight
+        assert d["waits_blocked"] == 0
+        # The next batch needs the first slot back: it blocks until the GPU ran it.
+        timer = release_after(stream)
+        stream.record([kernels.add(x, y, N)])
+        timer.join()
+        assert stream.counters.since(before)["waits_blocked"] == 1
+        np.testing.assert_array_equal(stream.read(x), inflight + 1)
+    finally:
+        stream.close()
+
+
+def test_host_read_waits_for_its_writer_only(device, kernels):
+    stream = Stream(device, inflight=2)
+    try:
+        x, y, w = make(stream, 0, "x"), make(stream, 1, "y"), make(stream, 5, "w")
+        stream.synchronize()
+        before = stream.counters.snapshot()
+        stream.hold()
+        stream.record([kernels.add(x, y, N)])
+        stream.submit()
+        if w.buffer.mapped is not None:
+            # w's last writer has completed: reading it does not wait for the held add.
+            with config.FENCE_TIMEOUT_S.override("2"):
+                np.testing.assert_array_equal(stream.read(w), 5)
+            assert stream.counters.since(before)["waits_blocked"] == 0
+        timer = release_after(stream)
+        got = stream.read(x)     # blocks until the add has run
+        timer.join()
+        np.testing.assert_array_equal(got, 1)
+        assert stream.counters.since(before)["waits_blocked"] == 1
+    finally:
+        stream.close()
+
+
+def test_host_write_waits_for_the_last_reader(device, kernels):
+    stream = Stream(device, inflight=2)
+    try:
+        x, z = make(stream, 3, "x"), make(stream, 0, "z")
+        stream.synchronize()
+        before = stream.counters.snapshot()
+        stream.hold()
+        stream.record([kernels.add(z, x, N)])    # reads x
+        stream.submit()
+        timer = release_after(stream)
+        stream.write(x, np.full(N, 100, np.float32))
+        timer.join()
+        if x.buffer.mapped is not None:          # the host wrote x only after the add ran
+            assert stream.counters.since(before)["waits_blocked"] == 1
+        else:   # no host wait: a copy the tracker orders after the add (its second barrier)
+            d = stream.counters.since(before)
+            assert d["waits_blocked"] == 0 and d["barriers_transfer"] == 2
+        np.testing.assert_array_equal(stream.read(z), 3)
+        np.testing.assert_array_equal(stream.read(x), 100)
+    finally:
+        stream.close()
+
+
+def test_free_is_deferred_until_the_last_use(device, kernels):
+    stream = Stream(device, inflight=2)
+    try:
+        x, y = make(stream, 0, "x"), make(stream, 2, "y")
+        stream.synchronize()
+        before = stream.counters.snapshot()
+        stream.hold()
+        stream.record([kernels.add(x, y, N)])
+        value = stream.submit()
+        y.buffer.close()               # the held add still reads it
+        d = stream.counters.since(before)
+        assert d["deferred_frees"] == 1 and d["deferred_freed"] == 0
+        assert y.buffer.handle is not None and y.buffer.memory is not None
+        assert stream.queue.completed < value
+        stream.release()
+        np.testing.assert_array_equal(stream.read(x), 2)   # its wait frees y
+        d = stream.counters.since(before)
+        assert d["deferred_freed"] == 1
+        assert y.buffer.handle is None
+        # A buffer no command names is freed at once.
+        z = make(stream, 1, "z")
+        stream.synchronize()
+        z.buffer.close()
+        assert z.buffer.handle is None
+        assert stream.counters.since(before)["deferred_frees"] == 1
+    finally:
+        stream.close()
+
+
+def test_each_slot_stages_its_own_uploads():
+    """Staging path, two uploads in two held submissions: each slot's staging keeps its
+    bytes until its copy ran."""
+    with Device(direct_host_access=False) as dev:
+        stream = Stream(dev, inflight=2)
+        a = Tensor.of(Buffer(dev, 4 * N, name="a"), "float32")
+        b = Tensor.of(Buffer(dev, 4 * N, name="b"), "float32")
+        stream.synchronize()
+        stream.hold()
+        stream.write(a, np.full(N, 7, np.float32))
+        stream.submit()
+        stream.write(b, np.full(N, 9, np.float32))
+        stream.submit()
+        stream.release()
+        np.testing.assert_array_equal(stream.read(a), 7)
+        np.testing.assert_array_equal(stream.read(b), 9)
+        assert len({s.staging.serial for s in stream.queue.slots}) == 2
+        stream.close()
+
+
+def test_readback_refuses_a_tensor_overwritten_by_a_later_submission(kernels, device):
+    stream = Stream(device, inflight=2)
+    try:
+        x, y = make(stream, 0), make(stream, 1)
+        stream.record([kernels.add(x, y, N)])
+        rb = stream.read_later(x)
+        stream.submit()
+        stream.record([kernels.add(x, y, N)])
+        stream.submit()
+        if x.buffer.mapped is None:   # a staging copy is a snapshot: the first add's result
+            np.testing.assert_array_equal(rb.get(), 1)
+        else:
+            with pytest.raises(VkrtError, match=r"submission \d+ wrote it after submission \d+"):
+                rb.get()
+        np.testing.assert_array_equal(stream.read(x), 2)
+    finally:
+        stream.close()
+
+
+def test_inflight_below_one_is_refused(device):
+    with pytest.raises(VkrtError, match="VKRT_INFLIGHT must be at least 1, got 0"):
+        Stream(device, inflight=0)
+
+
+def test_timestamps_time_each_dispatch_by_name(device, kernels):
+    if not device.timestamp_valid_bits:
+        pytest.skip("no timestamps on this queue")
+    stream = Stream(device, inflight=2, timestamps=True)
+    try:
+        x, y = make(stream, 0), make(stream, 1)
+        stream.synchronize()
+        before = stream.counters.snapshot()
+        stream.record([kernels.add(x, y, N, name="first"), kernels.add(x, y, N, name="second")])
+        stream.submit()
+        stream.record([kernels.add(x, y, N, name="first")])
+        stream.synchronize()
+        assert stream.counters.since(before)["timestamps"] == 3
+        assert stream.profiler.gpu_count == {"first": 2, "second": 1} | {
+            k: v for k, v in stream.profiler.gpu_count.items() if k not in ("first", "second")}
+        assert stream.profiler.gpu_count["first"] == 2
+        assert all(v >= 0 for v in stream.profiler.gpu_ns.values())
+    finally:
+        stream.close()
