@@ -77,7 +77,7 @@ def test_greedy_32_tokens_exact(llama, reference, tok, stream_of, inflight, barr
     expected = reference.greedy(prompt, 32)
     got = generate(llama, prompt, 32).tokens
     assert got == expected, (tok.decode(got), tok.decode(expected))
-    assert stream.counters.max_inflight == inflight   # lavapipe runs slower than we record
+    assert stream.counters.max_inflight == inflight   # submissions ahead of the host's read
 
 
 @pytest.mark.parametrize("inflight,barriers", [(2, "tracked"), (3, "always")])
@@ -145,9 +145,13 @@ def _decode_step_counters(model, tok, arm="tracked"):
         # Staging: the prompt's embedding waits for the ids upload and each readback for the
         # argmax (transfer barriers); a decode step's embedding then reads a token id that
         # the readback's barrier already ordered: no barrier, but a new stage.
+        # With one slot, the prompt's upload reads the staging bytes that slot's last
+        # readback wrote (a pending transfer write: the tracker does not know the host
+        # waited), one more transfer barrier.
+        transfer = 4 + (inflight == 1)
         assert d["barriers_raw"] == 3 * (n - 1)
-        assert d["barriers_transfer"] == 4
-        assert d["barriers"] == 3 * (n - 1) + 4
+        assert d["barriers_transfer"] == transfer
+        assert d["barriers"] == 3 * (n - 1) + transfer
         assert d["stages"] == 3 * (n - 1) + 7
     assert d["barriers_waw"] == d["barriers_war"] == 0
     # One submission per forward, none past max_tokens; each a slot used before (warm-up).
@@ -184,7 +188,7 @@ def test_stop_token_discards_the_steps_beyond(llama, tok, stream_of):
     plain = generate(llama, prompt, 6).tokens
     seen = []
     before = stream.counters.snapshot()
-    r = generate(llama, prompt, 6, eos_id=plain[2], on_token=seen.append)
+    r = generate(llama, prompt, 6, stop_ids=[plain[2]], on_token=seen.append)
     d = stream.counters.since(before)
     stop = plain.index(plain[2]) + 1
     assert r.tokens == seen == plain[:stop] and r.stopped_at_eos
@@ -210,7 +214,8 @@ def test_trace_file_has_host_and_gpu_tracks(llama, tok, tmp_path):
     assert all(set(e) >= {"name", "ph", "ts", "dur", "pid", "tid"} for e in host + gpu)
     per_step = per_token(llama.hp.n_layer)["dispatches"]
     assert len([e for e in gpu if e["name"] == "blk.3.ffn_down"]) == len(r.tokens)
-    assert len([e for e in gpu if e["name"] != "readback"]) == len(r.tokens) * per_step
+    copies = ("upload", "readback")   # staging copies (a discrete GPU's path)
+    assert len([e for e in gpu if e["name"] not in copies]) == len(r.tokens) * per_step
     assert trace["otherData"]["calibration"] in ("VK_EXT_calibrated_timestamps", "submit-aligned")
     host_end = max(e["ts"] + e["dur"] for e in host)
     assert all(0 <= e["ts"] and e["dur"] >= 0 for e in gpu)

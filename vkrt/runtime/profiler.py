@@ -21,7 +21,8 @@ class Counters:
     submits: int = 0           # vkQueueSubmit calls (one per batch, one timeline value each)
     waits_blocked: int = 0     # host waits for a submission value that had not signalled
     waits_ready: int = 0       # host waits whose value had already signalled (no blocking)
-    max_inflight: int = 0      # high-water mark: most submissions not known complete, at a submit
+    max_inflight: int = 0      # high-water mark: most submissions the host had not waited for,
+                               # at a submit (its pipelining depth)
     slot_reuses: int = 0       # a slot recorded into again (after its last value signalled)
     deferred_frees: int = 0    # buffer frees deferred until their last use completes
     deferred_freed: int = 0    # ... and done

@@ -180,6 +180,7 @@ class Submitter:
         self.counters, self.profiler = counters, profiler
         self.submitted = 0        # last value submitted
         self.completed = 0        # last value seen signalled
+        self.waited = 0           # last value the host waited for (synchronized with)
         self.recording = False
         self.slot: Slot | None = None
         self.writes_at: dict[tuple, int] = {}   # (serial, start, end) -> last writing value
@@ -284,7 +285,10 @@ class Submitter:
         check(lib.vkGetSemaphoreCounterValue(self.device.handle, self.semaphore[0],
                                              self._counter), "vkGetSemaphoreCounterValue")
         self.completed = max(self.completed, self._counter[0])
-        c.max_inflight = max(c.max_inflight, value - self.completed)
+        # Pipelining depth as the host sees it: submissions it has not synchronized with.
+        # (Whether the GPU kept up is what waits_ready / waits_blocked say; a GPU-side depth
+        # would depend on the race between host and GPU, and differ from run to run.)
+        c.max_inflight = max(c.max_inflight, value - self.waited)
         self.profiler.add("submit", t)
         if self.inflight == 1:
             self.wait(value)
@@ -301,6 +305,7 @@ class Submitter:
             if value > self.pending or not self.recording:
                 raise VkrtError(f"waiting for submission {value}: only {self.submitted} made")
             self.submit()
+        self.waited = max(self.waited, value)
         if value <= self.completed:
             self.counters.waits_ready += 1
             self._retire()
