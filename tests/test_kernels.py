@@ -122,6 +122,21 @@ def test_add_in_place_exact_and_bounded(gpu):
     np.testing.assert_array_equal(got[n:], x[n:])
 
 
+def test_bias_add_rows_exact_and_bounded(gpu):
+    # width 70: two workgroups per row, the second mostly past the row end; x holds 2 rows
+    # past n_tokens that must keep their values (the `t < n_tokens` bound), and the grid's
+    # y is one larger than n_tokens, as `spread` may make it past maxComputeWorkGroupCount.
+    r, width, n_tokens, rows = rng(9), 70, 3, 5
+    x, b = randn(r, rows, width), randn(r, width)
+    bx, bb = gpu.upload(x), gpu.upload(b)
+    gpu.run("bias_add", {0: ELEMENTWISE}, (bx, bb), (groups(width, ELEMENTWISE), n_tokens + 1, 1),
+            push(width, n_tokens))
+    got = gpu.read(bx).reshape(rows, width)
+    # One IEEE f32 add per element: bit-exact against numpy's f32 add.
+    np.testing.assert_array_equal(got[:n_tokens], x[:n_tokens] + b)
+    np.testing.assert_array_equal(got[n_tokens:], x[n_tokens:])
+
+
 def test_silu_mul(gpu):
     r, n = rng(2), 1001
     g, u = randn(r, n) * 4, randn(r, n)

@@ -48,6 +48,7 @@ class Kernels:
         self._copy_rows = Op(p("copy_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._silu_mul = Op(p("silu_mul", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
         self._add = Op(p("add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
+        self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._argmax = Op(p("argmax", {0: ARGMAX_BLOCK}), (F32, U32))
         # attention's workgroup is one head: local_size_x = head_dim.
         self._attention = (Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
@@ -130,6 +131,15 @@ class Kernels:
         """x[i] += y[i] for i < n (in place)."""
         grid = (*spread(_groups(n, ELEMENTWISE_BLOCK), self.limit), 1)
         return self._add(x, y, grid=grid, name=name, need=(n, n), n=n)
+
+    def bias_add(self, x: Tensor, bias: Tensor, n_tokens: int, name: str = "") -> Dispatch:
+        """x[t, i] += bias[i] for t < n_tokens, i < width (in place); x [tokens, width],
+        bias [width]: the bias of a linear layer (nn.Linear: y = x W^T + b)."""
+        width = bias.shape[0]
+        return self._bias_add(x, bias, grid=(_groups(width, ELEMENTWISE_BLOCK),
+                                             *spread(n_tokens, self.limit[1:])),
+                              name=name, need=(n_tokens * width, width), width=width,
+                              n_tokens=n_tokens)
 
     def argmax(self, logits: Tensor, out: Tensor, n: int, offset: int = 0,
                name: str = "") -> Dispatch:
