@@ -29,6 +29,16 @@ class TransformersReference:
             os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path),
             dtype=torch.float32).eval()
 
+    @classmethod
+    def from_model(cls, model) -> "TransformersReference":
+        """The oracle over a transformers model already built (e.g. from a config and a
+        state dict), in eval mode."""
+        import torch
+
+        self = cls.__new__(cls)
+        self.torch, self.model = torch, model.eval()
+        return self
+
     def logits(self, token_ids: list[int]) -> np.ndarray:
         """One teacher-forced forward: float32 [T, vocab], row t predicts token t+1."""
         with self.torch.no_grad():

@@ -340,12 +340,41 @@ def load_gguf(path: str | os.PathLike) -> GGUFFile:
         raise ModelFormatError(f"{path}: GGUFReader failed: {type(e).__name__}: {e}") from None
 
 
+# Every `llama.*` metadata key vkrt reads (LlamaHParams.from_gguf implements each) or knows
+# to leave the math unchanged. Any other key under the architecture's prefix is refused: a key
+# vkrt does not know (sliding windows, logit soft-capping, expert counts, YaRN parameters,
+# attention scales, ...) may change the forward, and a file is never run with part of it
+# ignored. Names from gguf-py's constants.py (Keys.LLM, Keys.Attention, Keys.Rope), as
+# llama.cpp's convert_hf_to_gguf.py writes them for LlamaForCausalLM.
+LLAMA_KEYS_IMPLEMENTED = frozenset({
+    "vocab_size", "context_length", "embedding_length", "block_count", "feed_forward_length",
+    "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+    "attention.key_length", "attention.value_length",
+    "rope.freq_base", "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor",
+})
+# Read by llama.cpp only for scaling types vkrt refuses (YaRN's original context) or never for
+# the math (whether the model was fine-tuned with scaling).
+LLAMA_KEYS_HARMLESS = frozenset({"rope.scaling.original_context_length",
+                                 "rope.scaling.finetuned"})
+ROPE_SCALING_TYPES = ("none", "linear")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 @dataclass(frozen=True)
 class LlamaHParams:
     """Hyperparameters of a `llama`-architecture GGUF, from its metadata.
 
-    head_dim = n_embd // n_head; rope_theta is `llama.rope.freq_base` (10000 when absent);
-    tied_embeddings is True when there is no `output.weight` (the logits reuse token_embd).
+    head_dim is `llama.attention.key_length` when present (value_length must equal it), else
+    n_embd // n_head; rope_theta is `llama.rope.freq_base` (10000 when absent);
+    rope_scale is the linear RoPE scaling factor (`llama.rope.scaling.factor` with scaling
+    type `linear` or no type, as llama.cpp's llama-model.cpp reads it; 1.0 when absent):
+    angles are position * inv_freq / rope_scale (transformers' modeling_rope_utils
+    `_compute_linear_scaling_rope_parameters`); tied_embeddings is True when there is no
+    `output.weight` (the logits reuse token_embd).
     """
 
     n_layer: int
@@ -361,28 +390,75 @@ class LlamaHParams:
     tied_embeddings: bool
     bos_id: int | None
     eos_id: int | None
+    rope_scale: float = 1.0
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "LlamaHParams":
-        """Raises ModelFormatError for another architecture or a missing/inconsistent key."""
+        """Raises ModelFormatError (one line naming the file and the key with its value) for
+        another architecture, a missing or inconsistent key, or a `llama.*` key vkrt does
+        not implement (see LLAMA_KEYS_IMPLEMENTED)."""
         arch = g.architecture
         if arch != "llama":
             raise ModelFormatError(f"{g.path}: unsupported architecture {arch!r} "
                                    "(general.architecture; supported: 'llama')")
         md = g.metadata
+        for key, value in md.items():
+            if key.startswith("llama.") and key[6:] not in LLAMA_KEYS_IMPLEMENTED \
+                    and key[6:] not in LLAMA_KEYS_HARMLESS:
+                raise ModelFormatError(f"{g.path}: metadata key {key!r} = {_short(value)} is "
+                                       "not implemented by vkrt's Llama (refused, not ignored)")
 
         def need(key: str):
             if key not in md:
                 raise ModelFormatError(f"{g.path}: missing metadata key {key!r}")
             return md[key]
 
-        n_embd = int(need("llama.embedding_length"))
-        n_head = int(need("llama.attention.head_count"))
-        if n_head < 1 or n_embd % n_head:
+        def integer(key: str, default: int | None = None) -> int:
+            value = need(key) if default is None else md.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelFormatError(f"{g.path}: metadata key {key!r} is {_short(value)}, "
+                                       "expected a positive integer")
+            return value
+
+        def number(key: str, default: float | None = None) -> float:
+            value = need(key) if default is None else md.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not np.isfinite(value) or value <= 0:
+                raise ModelFormatError(f"{g.path}: metadata key {key!r} is {_short(value)}, "
+                                       "expected a positive finite number")
+            return float(value)
+
+        n_embd = integer("llama.embedding_length")
+        n_head = integer("llama.attention.head_count")
+        if "llama.attention.key_length" in md:
+            head_dim = integer("llama.attention.key_length")
+        elif n_embd % n_head:
             raise ModelFormatError(f"{g.path}: embedding_length {n_embd} is not a multiple "
-                                   f"of head_count {n_head}")
-        n_head_kv = int(md.get("llama.attention.head_count_kv", n_head))
-        if n_head_kv < 1 or n_head % n_head_kv:
+                                   f"of head_count {n_head} and no llama.attention.key_length "
+                                   "gives the head size")
+        else:
+            head_dim = n_embd // n_head
+        v_dim = integer("llama.attention.value_length", head_dim)
+        if v_dim != head_dim:
+            raise ModelFormatError(f"{g.path}: llama.attention.value_length = {v_dim} differs "
+                                   f"from the key head size {head_dim}: vkrt needs one head "
+                                   "size for K and V")
+        rope_dim = integer("llama.rope.dimension_count", head_dim)
+        if rope_dim != head_dim:
+            # transformers' Llama rotates whole heads (modeling_llama.py apply_rotary_pos_emb).
+            raise ModelFormatError(f"{g.path}: llama.rope.dimension_count = {rope_dim} differs "
+                                   f"from the head size {head_dim}: partial RoPE is not "
+                                   "implemented")
+        scaling = md.get("llama.rope.scaling.type", "linear")
+        if scaling not in ROPE_SCALING_TYPES:
+            raise ModelFormatError(f"{g.path}: llama.rope.scaling.type = {_short(scaling)} is "
+                                   f"not implemented (supported: {', '.join(ROPE_SCALING_TYPES)})")
+        rope_scale = number("llama.rope.scaling.factor", 1.0)
+        if scaling == "none" and rope_scale != 1.0:
+            raise ModelFormatError(f"{g.path}: llama.rope.scaling.factor = {rope_scale} with "
+                                   "llama.rope.scaling.type = 'none'")
+        n_head_kv = integer("llama.attention.head_count_kv", n_head)
+        if n_head % n_head_kv:
             raise ModelFormatError(f"{g.path}: head_count {n_head} is not a multiple of "
                                    f"head_count_kv {n_head_kv}")
         if "token_embd.weight" not in g._infos:
@@ -410,17 +486,18 @@ class LlamaHParams:
                                        f"{n_vocab}-token vocabulary")
         bos, eos = md.get("tokenizer.ggml.bos_token_id"), md.get("tokenizer.ggml.eos_token_id")
         return cls(
-            n_layer=int(need("llama.block_count")),
+            n_layer=integer("llama.block_count"),
             n_embd=n_embd,
             n_head=n_head,
             n_head_kv=n_head_kv,
-            head_dim=n_embd // n_head,
-            n_ff=int(need("llama.feed_forward_length")),
+            head_dim=head_dim,
+            n_ff=integer("llama.feed_forward_length"),
             n_vocab=n_vocab,
-            rope_theta=float(md.get("llama.rope.freq_base", 10000.0)),
-            rms_eps=float(need("llama.attention.layer_norm_rms_epsilon")),
-            n_ctx=int(need("llama.context_length")),
+            rope_theta=number("llama.rope.freq_base", 10000.0),
+            rms_eps=number("llama.attention.layer_norm_rms_epsilon"),
+            n_ctx=integer("llama.context_length"),
             tied_embeddings="output.weight" not in g._infos,
             bos_id=None if bos is None else int(bos),
             eos_id=None if eos is None else int(eos),
+            rope_scale=rope_scale,
         )

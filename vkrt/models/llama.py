@@ -26,7 +26,8 @@ from vkrt.runtime.stream import Stream
 from vkrt.runtime.tensor import Tensor
 
 
-def rope_table(head_dim: int, theta: float, n_positions: int) -> np.ndarray:
+def rope_table(head_dim: int, theta: float, n_positions: int, scale: float = 1.0,
+               freq_factors: np.ndarray | None = None) -> np.ndarray:
     """(cos, sin) of every RoPE angle: f32 `[n_positions, head_dim / 2, 2]`.
 
     As transformers' default RoPE computes them (modeling_rope_utils
@@ -34,9 +35,20 @@ def rope_table(head_dim: int, theta: float, n_positions: int) -> np.ndarray:
     1 / theta^(2i / head_dim) in f32, angle = position * inv_freq in f32, then cos and sin,
     here evaluated in f64 and rounded to f32 (correctly rounded, as torch's CPU f32 cos/sin
     are to within an ulp).
+    Scaling, both as f32 divisions of inv_freq:
+    - `scale` (linear scaling, `llama.rope.scaling.factor`): inv_freq / scale, as
+      `_compute_linear_scaling_rope_parameters` does;
+    - `freq_factors` (f32 `[head_dim / 2]`, the GGUF's `rope_freqs.weight`, which llama.cpp's
+      convert_hf_to_gguf.py writes for rope_type "llama3"): inv_freq / freq_factors[i], as
+      llama.cpp's ggml_rope_ext divides each pair's angle by its frequency factor. Equal up to
+      rounding to transformers' `_compute_llama3_parameters` inv_freq.
     """
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
     inv_freq = (1.0 / (np.float32(theta) ** exponent)).astype(np.float32)
+    if scale != 1.0:
+        inv_freq = (inv_freq / np.float32(scale)).astype(np.float32)
+    if freq_factors is not None:
+        inv_freq = (inv_freq / np.asarray(freq_factors, np.float32)).astype(np.float32)
     angle = (np.arange(n_positions, dtype=np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)
     return np.stack([np.cos(angle), np.sin(angle)], axis=-1).astype(np.float32)
 
@@ -114,8 +126,10 @@ class Llama:
     """
 
     def __init__(self, device: Device, hp: LlamaHParams, weights: dict[str, Tensor],
-                 stream: Stream, pipelines: PipelineCache):
+                 stream: Stream, pipelines: PipelineCache,
+                 rope_freqs: np.ndarray | None = None):
         self.device, self.hp, self.w = device, hp, weights
+        self.rope_freqs = rope_freqs  # rope_freqs.weight, f32 [head_dim / 2], or None
         self.stream, self.pipelines = stream, pipelines
         self.acts: Activations | None = None
         self.kv: Buffer | None = None
@@ -130,22 +144,45 @@ class Llama:
     def from_gguf(cls, device: Device, gguf: GGUFFile, progress: bool = False) -> "Llama":
         """Dequantize every tensor of `gguf` to f32 and upload it to `device`.
 
-        Raises: ModelFormatError (unsupported architecture, missing tensor, wrong shape),
+        Every tensor of the file is read by the forward or the file is refused, and every
+        check runs before the first upload.
+        Raises: ModelFormatError (unsupported architecture or metadata key, missing, misshapen
+        or unknown tensor, a weight larger than the device's maxStorageBufferRange as f32),
         DeviceMemoryError when the weights do not fit.
         """
         from tqdm import tqdm
 
         hp = LlamaHParams.from_gguf(gguf)
-        if hp.n_embd % 4 or hp.n_ff % 4 or hp.head_dim % 2:
-            raise ModelFormatError(f"{gguf.path}: n_embd {hp.n_embd} and n_ff {hp.n_ff} must be "
-                                   f"multiples of 4 and head_dim {hp.head_dim} even")
+        qw = hp.n_head * hp.head_dim
+        if hp.n_embd % 4 or hp.n_ff % 4 or qw % 4 or hp.head_dim % 2:
+            raise ModelFormatError(f"{gguf.path}: n_embd {hp.n_embd}, n_ff {hp.n_ff} and "
+                                   f"n_head * head_dim {qw} must be multiples of 4 and "
+                                   f"head_dim {hp.head_dim} even")
+        names = _expected_tensors(hp, gguf)
+        limit = device.max_storage_buffer_range
+        for name in names:
+            shape = gguf.tensor_info(name).shape
+            nbytes = int(np.prod(shape)) * 4
+            if nbytes > limit:
+                raise ModelFormatError(
+                    f"{gguf.path}: tensor {name!r} {list(shape)} is {nbytes} bytes as f32, more "
+                    f"than the device's maxStorageBufferRange of {limit} bytes (each weight is "
+                    "bound whole)")
+        rope_freqs = None
+        if ROPE_FREQS in names:
+            names.remove(ROPE_FREQS)
+            rope_freqs = gguf.tensor_f32(ROPE_FREQS)
+            bad = ~(np.isfinite(rope_freqs) & (rope_freqs > 0))
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ModelFormatError(f"{gguf.path}: tensor {ROPE_FREQS!r}[{i}] is "
+                                       f"{rope_freqs[i]}, expected a positive finite factor")
         stream = Stream(device)
         weights: dict[str, Tensor] = {}
-        names = _expected_tensors(hp, gguf)
         for name in tqdm(names, desc="loading weights", unit="tensor", disable=not progress,
                          leave=False):
             weights[name] = stream.upload(gguf.tensor_f32(name), name=name)
-        return cls(device, hp, weights, stream, PipelineCache(device))
+        return cls(device, hp, weights, stream, PipelineCache(device), rope_freqs)
 
     # -- buffers ---------------------------------------------------------------------------
     def setup_caches(self, max_seq: int) -> None:
@@ -153,7 +190,8 @@ class Llama:
         (prompt + generated)."""
         hp = self.hp
         self._close_caches()
-        self.rope = self.stream.upload(rope_table(hp.head_dim, hp.rope_theta, max_seq), name="rope")
+        table = rope_table(hp.head_dim, hp.rope_theta, max_seq, hp.rope_scale, self.rope_freqs)
+        self.rope = self.stream.upload(table, name="rope")
         kvw = hp.n_head_kv * hp.head_dim
         nbytes = max_seq * kvw * 4
         stride = _aligned(nbytes, self.device.min_storage_buffer_offset_alignment)
@@ -188,14 +226,22 @@ class Llama:
         return self.acts
 
     # -- the forward -----------------------------------------------------------------------
+    def _linear(self, x: Tensor, name: str, y: Tensor, T: int) -> list[Dispatch]:
+        """y = x W^T (+ b when the file has `name.bias`) for T tokens: the GGUF tensor `name`."""
+        k, w = self.k, self.w
+        out = [k.linear(x, w[name + ".weight"], y, T, name=name)]
+        if name + ".bias" in w:
+            out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
+        return out
+
     def _attention_block(self, i: int, a: Activations, T: int, pos0: int) -> list[Dispatch]:
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
         return [
             k.rmsnorm(a.x, w[blk + "attn_norm.weight"], a.xn, T, hp.rms_eps, blk + "attn_norm"),
-            k.linear(a.xn, w[blk + "attn_q.weight"], a.q, T, name=blk + "attn_q"),
-            k.linear(a.xn, w[blk + "attn_k.weight"], a.k, T, name=blk + "attn_k"),
-            k.linear(a.xn, w[blk + "attn_v.weight"], a.v, T, name=blk + "attn_v"),
+            *self._linear(a.xn, blk + "attn_q", a.q, T),
+            *self._linear(a.xn, blk + "attn_k", a.k, T),
+            *self._linear(a.xn, blk + "attn_v", a.v, T),
             k.rope(a.q, self.rope, a.q_rope, T, hp.n_head, hp.head_dim, pos0,
                    name=blk + "rope_q"),
             k.rope(a.k, self.rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
@@ -203,7 +249,7 @@ class Llama:
             k.copy_rows(a.v, v_cache, T, pos0, name=blk + "v_cache"),
             k.attention(a.q_rope, k_cache, v_cache, a.attn, T, hp.n_head, hp.n_head_kv,
                         hp.head_dim, pos0, self.attn_scale, name=blk + "attn"),
-            k.linear(a.attn, w[blk + "attn_output.weight"], a.proj, T, name=blk + "attn_output"),
+            *self._linear(a.attn, blk + "attn_output", a.proj, T),
             k.add(a.x, a.proj, T * hp.n_embd, name=blk + "attn_residual"),
         ]
 
@@ -211,10 +257,10 @@ class Llama:
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         return [
             k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps, blk + "ffn_norm"),
-            k.linear(a.xn, w[blk + "ffn_gate.weight"], a.gate, T, name=blk + "ffn_gate"),
-            k.linear(a.xn, w[blk + "ffn_up.weight"], a.up, T, name=blk + "ffn_up"),
+            *self._linear(a.xn, blk + "ffn_gate", a.gate, T),
+            *self._linear(a.xn, blk + "ffn_up", a.up, T),
             k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul"),
-            k.linear(a.act, w[blk + "ffn_down.weight"], a.proj, T, name=blk + "ffn_down"),
+            *self._linear(a.act, blk + "ffn_down", a.proj, T),
             k.add(a.x, a.proj, T * hp.n_embd, name=blk + "ffn_residual"),
         ]
 
@@ -279,9 +325,18 @@ class Llama:
         self.stream.close()
 
 
+ROPE_FREQS = "rope_freqs.weight"  # llama3 RoPE frequency factors, [head_dim / 2]
+# Linear layers that may carry a bias (transformers' LlamaConfig attention_bias: q, k, v and
+# o_proj; mlp_bias: gate, up and down_proj; convert_hf_to_gguf.py names them
+# blk.N.attn_{q,k,v,output}.bias and blk.N.ffn_{gate,up,down}.bias).
+BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
 def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
-    """The GGUF tensor names the forward reads, checked present with the shapes it assumes.
-    Raises ModelFormatError naming the first missing or misshapen tensor."""
+    """The GGUF tensor names the forward reads (file order), checked present with the shapes
+    it assumes; biases and `rope_freqs.weight` are read when present. Raises
+    ModelFormatError naming the first missing, misshapen or unknown tensor (one the forward
+    would not read: the file is refused rather than run with it ignored)."""
 
     qw, kvw = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
     shapes = {"token_embd.weight": (hp.n_vocab, hp.n_embd), "output_norm.weight": (hp.n_embd,)}
@@ -302,4 +357,22 @@ def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
         if tuple(g.tensor_info(name).shape) != shape:
             raise ModelFormatError(f"{g.path}: tensor {name!r} has shape "
                                    f"{tuple(g.tensor_info(name).shape)}, expected {shape}")
-    return list(shapes)
+    optional = {ROPE_FREQS: (hp.head_dim // 2,)}
+    for i in range(hp.n_layer):
+        for layer in BIASED:
+            name = f"blk.{i}.{layer}"
+            optional[name + ".bias"] = (shapes[name + ".weight"][0],)
+    for name in g.tensor_names:
+        if name in shapes:
+            continue
+        if name not in optional:
+            raise ModelFormatError(f"{g.path}: tensor {name!r} {list(g.tensor_info(name).shape)} "
+                                   "is not read by vkrt's Llama forward (refused, not ignored)")
+        if tuple(g.tensor_info(name).shape) != optional[name]:
+            raise ModelFormatError(f"{g.path}: tensor {name!r} has shape "
+                                   f"{tuple(g.tensor_info(name).shape)}, expected {optional[name]}")
+    if ROPE_FREQS in present and hp.rope_scale != 1.0:
+        # transformers has one rope_type per model; llama.cpp would apply both.
+        raise ModelFormatError(f"{g.path}: tensor {ROPE_FREQS!r} (llama3 RoPE scaling) together "
+                               f"with llama.rope.scaling.factor = {hp.rope_scale}")
+    return [n for n in g.tensor_names if n in shapes or n in optional]
