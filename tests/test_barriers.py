@@ -20,7 +20,7 @@ import pytest
 from vkrt import config
 from vkrt.kernels import Kernels
 from vkrt.runtime.barriers import Tracker, plan, stages
-from vkrt.runtime.device import Device
+from vkrt.runtime.device import Device, validation_layer_available
 from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
@@ -133,18 +133,11 @@ def numpy_run(batches) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module", params=[None, False], ids=["host-access", "staging"])
 def device(request):
-    with config.VALIDATION.override("1" if _validation_layer() else "0"):
+    with config.VALIDATION.override("1" if validation_layer_available() else "0"):
         d = Device(direct_host_access=request.param)
     yield d
     d.close()
     assert d.validation_errors == []
-
-
-def _validation_layer() -> bool:
-    import vulkan
-
-    from vkrt.runtime.device import VALIDATION_LAYER
-    return VALIDATION_LAYER in [p.layerName for p in vulkan.vkEnumerateInstanceLayerProperties()]
 
 
 @pytest.mark.parametrize("mode", ["tracked", "always"])

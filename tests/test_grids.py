@@ -14,26 +14,19 @@ import pytest
 from vkrt import config
 from vkrt.kernels import ELEMENTWISE_BLOCK, Kernels, spread
 from vkrt.models.llama import rope_table
-from vkrt.runtime.device import Device
+from vkrt.runtime.device import Device, validation_layer_available
 from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.stream import Stream
 
 
 @pytest.fixture(scope="module")
 def gpu():
-    with config.VALIDATION.override("1" if _validation_layer() else "0"):
+    with config.VALIDATION.override("1" if validation_layer_available() else "0"):
         device = Device()
     stream = Stream(device)
     yield device, stream, Kernels(PipelineCache(device), head_dim=8)
     device.close()
     assert device.validation_errors == []
-
-
-def _validation_layer() -> bool:
-    import vulkan
-
-    from vkrt.runtime.device import VALIDATION_LAYER
-    return VALIDATION_LAYER in [p.layerName for p in vulkan.vkEnumerateInstanceLayerProperties()]
 
 
 def test_spread():

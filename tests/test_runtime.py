@@ -21,7 +21,8 @@ import vulkan
 from vkrt import config
 from vkrt.errors import DeviceMemoryError, ShaderInterfaceError, VkrtError
 from vkrt.kernels import Kernels
-from vkrt.runtime.device import VALIDATION_LAYER, Device, list_devices
+from vkrt.runtime.device import (VALIDATION_LAYER, Device, list_devices,
+                                 validation_layer_available)
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.op import Op
 from vkrt.runtime.pipeline import PipelineCache
@@ -65,12 +66,10 @@ def argmax_op(cache: PipelineCache) -> Op:
     return Op(cache.get_pipeline("argmax", {0: 256}))
 
 
-def validation_layer_installed() -> bool:
-    return VALIDATION_LAYER in [p.layerName for p in vulkan.vkEnumerateInstanceLayerProperties()]
 
 
 needs_validation = pytest.mark.skipif(
-    not validation_layer_installed(),
+    not validation_layer_available(),
     reason=f"{VALIDATION_LAYER} not installed (Debian: apt-get install vulkan-validationlayers)")
 
 
@@ -522,7 +521,7 @@ def test_fence_timeout_is_a_clear_error():
 @pytest.mark.parametrize("seconds,ns", [(0.5, 500_000_000), (0.0, 0), (float("inf"), 2**64 - 1),
                                        (1e30, 2**64 - 1), (2**64 / 1e9, 2**64 - 1)])
 def test_fence_timeout_in_nanoseconds(seconds, ns):
-    from vkrt.runtime.stream import timeout_ns
+    from vkrt.runtime.queue import timeout_ns
     assert timeout_ns(seconds) == ns
 
 

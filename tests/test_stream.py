@@ -17,7 +17,7 @@ import pytest
 from vkrt import config
 from vkrt.errors import VkrtError
 from vkrt.kernels import Kernels
-from vkrt.runtime.device import VALIDATION_LAYER, Device
+from vkrt.runtime.device import Device, validation_layer_available
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.stream import Stream
@@ -27,14 +27,9 @@ from vkrt.runtime.vk import ffi
 N = 64
 
 
-def _validation_layer() -> bool:
-    import vulkan
-    return VALIDATION_LAYER in [p.layerName for p in vulkan.vkEnumerateInstanceLayerProperties()]
-
-
 @pytest.fixture(scope="module", params=[None, False], ids=["host-access", "staging"])
 def device(request):
-    with config.VALIDATION.override("1" if _validation_layer() else "0"):
+    with config.VALIDATION.override("1" if validation_layer_available() else "0"):
         d = Device(direct_host_access=request.param)
     yield d
     d.close()

@@ -91,6 +91,12 @@ def _info(index: int, pd) -> DeviceInfo:
                       f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}", p.driverVersion)
 
 
+def validation_layer_available() -> bool:
+    """Whether the Khronos validation layer (VK_LAYER_KHRONOS_validation; Debian package
+    `vulkan-validationlayers`) is installed, so that `Device(validation=True)` can start."""
+    return VALIDATION_LAYER in [p.layerName for p in vk.vkEnumerateInstanceLayerProperties()]
+
+
 def list_devices() -> list[DeviceInfo]:
     """Every Vulkan physical device, in the order `VKRT_DEVICE` indexes them.
 

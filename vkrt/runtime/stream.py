@@ -28,7 +28,7 @@ from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.profiler import Counters, Profiler
-from vkrt.runtime.queue import QUERIES_PER_SLOT, Readback, Submitter, timeout_ns  # noqa: F401
+from vkrt.runtime.queue import QUERIES_PER_SLOT, Readback, Submitter
 from vkrt.runtime.tensor import Tensor
 from vkrt.runtime.vk import NULL, ffi, lib, new, vk
 
