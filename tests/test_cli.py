@@ -239,9 +239,12 @@ def test_prompt_from_stdin_into_a_closed_pipe(default_model_path):
 
 def test_ctrl_c_during_prefill(default_model_path):
     # A 600-token prompt on stdin (`-`); SIGINT while the first chunk runs on the GPU.
+    # SIGINT back to its default in the child: a shell running this suite in the background
+    # (`cmd &` without job control) starts it ignored, and Python then installs no handler.
     proc = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "generate", "-", "--max-tokens",
                              "1", "--progress", "--model", default_model_path],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     proc.stdin.write(("one two three four five six " * 100).encode())
     proc.stdin.close()
     err = b""
@@ -252,8 +255,12 @@ def test_ctrl_c_during_prefill(default_model_path):
     time.sleep(1.5)   # past recording: the first 64-token chunk now runs on the GPU (~5 s)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
     err += proc.stderr.read()
-    assert proc.wait(timeout=60) == 130
+    assert proc.returncode == 130
     assert time.monotonic() - t0 < 2.0
     lines = [l for l in err.decode().replace("\r", "\n").splitlines() if l.strip()]
     assert lines[-1] == "vkrt: interrupted" and b"Traceback" not in err, err
