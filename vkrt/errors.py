@@ -1,5 +1,5 @@
 """The exceptions users catch. Every vkrt error derives from `VkrtError`; messages say what
-was expected and what was found (shared/DESIGN.md, Conventions)."""
+was expected and what was found."""
 
 
 class VkrtError(Exception):

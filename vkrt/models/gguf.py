@@ -293,7 +293,8 @@ class GGUFFile:
 
         Shape is `tensor_info(name).shape`: a matrix is [rows, cols] as llama.cpp means it,
         `blk.0.attn_q.weight` [n_out=576, n_in=576], `token_embd.weight` [n_vocab, n_embd].
-        Q and K keep llama.cpp's row order (RoPE on adjacent pairs; see FACTS.md).
+        Q and K keep llama.cpp's row order (convert_hf_to_gguf.py permutes their rows, so
+        RoPE rotates adjacent pairs).
         Raises KeyError for an unknown name, ModelFormatError for a type gguf cannot dequantize.
         """
         info, t = self._infos[name], self._tensors[name]

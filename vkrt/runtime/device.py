@@ -59,7 +59,8 @@ def _create_instance(validation: bool):
         names = [new("char[]", VALIDATION_LAYER.encode()), new("char[]", b"VK_EXT_debug_utils")]
         layer_ptr = new("char*[1]", [names[0]])
         ext_ptr = new("char*[1]", [names[1]])
-        # Synchronization validation is opt-in, through VkValidationFeaturesEXT (FACTS.md).
+        # Synchronization validation is opt-in, through VkValidationFeaturesEXT
+        # (VK_LAYER_ENABLES did not enable it in Debian's layer 1.3.239).
         enables = new("VkValidationFeatureEnableEXT[1]",
                       [vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT])
         features = new("VkValidationFeaturesEXT*", {
@@ -223,7 +224,8 @@ class Device:
 
     def _create_device(self) -> None:
         # 16-bit storage and float16 are enabled when present: shaders that use them without
-        # the features enabled trip VUID-RuntimeSpirv-storageBuffer16BitAccess-06331 (FACTS.md).
+        # the features enabled trip VUID-RuntimeSpirv-storageBuffer16BitAccess-06331 (seen on
+        # lavapipe with Debian's layer 1.3.239).
         f11 = new("VkPhysicalDeviceVulkan11Features*",
                   {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES})
         f12 = new("VkPhysicalDeviceVulkan12Features*",

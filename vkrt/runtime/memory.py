@@ -2,11 +2,11 @@
 transfer source and destination.
 
 Where the bytes live: device buffers take a DEVICE_LOCAL memory type. On a CPU or integrated
-device (lavapipe: one type that is device-local, host-visible, coherent and cached, FACTS.md)
+device (lavapipe: one type that is device-local, host-visible, coherent and cached)
 that type is also host-visible and the buffer is mapped once, so uploads and readbacks are a
 memcpy. On a discrete GPU the host reaches device-local memory through a staging buffer
 (`host_visible=True`) and a copy recorded by the stream: host-visible memory there is system
-RAM across PCIe (~157 GB/s vs ~4,300 GB/s device-local on the H200, FACTS.md).
+RAM across PCIe (~157 GB/s vs ~4,300 GB/s device-local, a vector add measured on an H200).
 """
 from __future__ import annotations
 
