@@ -63,3 +63,18 @@ def llama(device, default_gguf):
     model = Llama.from_gguf(device, default_gguf)
     yield model
     model.close()
+
+
+@pytest.fixture(scope="module", params=[None, False], ids=["host-access", "staging"])
+def checked_device(request):
+    """A device on each memory path (host-mapped, and forced staging: a discrete GPU's path),
+    with the validation layer and synchronization validation where installed; closed at the
+    end of the module with no validation message left."""
+    from vkrt import config
+    from vkrt.runtime.device import Device, validation_layer_available
+
+    with config.VALIDATION.override("1" if validation_layer_available() else "0"):
+        d = Device(direct_host_access=request.param)
+    yield d
+    d.close()
+    assert d.validation_errors == []

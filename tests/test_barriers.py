@@ -17,10 +17,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from vkrt import config
 from vkrt.kernels import Kernels
 from vkrt.runtime.barriers import Tracker, plan, stages
-from vkrt.runtime.device import Device, validation_layer_available
 from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
@@ -131,13 +129,9 @@ def numpy_run(batches) -> dict[str, np.ndarray]:
     return mem
 
 
-@pytest.fixture(scope="module", params=[None, False], ids=["host-access", "staging"])
-def device(request):
-    with config.VALIDATION.override("1" if validation_layer_available() else "0"):
-        d = Device(direct_host_access=request.param)
-    yield d
-    d.close()
-    assert d.validation_errors == []
+@pytest.fixture(scope="module")
+def device(checked_device):
+    return checked_device
 
 
 @pytest.mark.parametrize("mode", ["tracked", "always"])

@@ -17,7 +17,7 @@ import pytest
 from vkrt import config
 from vkrt.errors import VkrtError
 from vkrt.kernels import Kernels
-from vkrt.runtime.device import Device, validation_layer_available
+from vkrt.runtime.device import Device
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.stream import Stream
@@ -27,13 +27,9 @@ from vkrt.runtime.vk import ffi
 N = 64
 
 
-@pytest.fixture(scope="module", params=[None, False], ids=["host-access", "staging"])
-def device(request):
-    with config.VALIDATION.override("1" if validation_layer_available() else "0"):
-        d = Device(direct_host_access=request.param)
-    yield d
-    d.close()
-    assert d.validation_errors == []
+@pytest.fixture(scope="module")
+def device(checked_device):
+    return checked_device
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import numpy as np
 
 from vkrt import config
 from vkrt.errors import VkrtError
-from vkrt.runtime.barriers import Tracker
+from vkrt.runtime.barriers import CAUSES, Tracker
 from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
@@ -35,6 +35,9 @@ from vkrt.runtime.vk import NULL, ffi, lib, new, vk
 _ALL_ACCESS = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
                | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
 _WORK_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+
+
+_CAUSE_COUNTER = {c: "barriers_" + c.lower() for c in CAUSES}  # Counters field per cause
 
 
 class Stream:
@@ -114,7 +117,7 @@ class Stream:
                                          0, NULL, 0, NULL)
                 counters.barriers += 1
                 if cause is not None:
-                    name = "barriers_" + cause.lower()
+                    name = _CAUSE_COUNTER[cause]
                     setattr(counters, name, getattr(counters, name) + 1)
             if barrier or self._new_batch:
                 counters.stages += 1
