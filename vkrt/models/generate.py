@@ -19,12 +19,29 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
 from vkrt.errors import ConfigError, VkrtError
-from vkrt.models.llama import Llama
+
+
+class CausalLM(Protocol):
+    """What the token loop needs of a model family (vkrt.models.llama.Llama,
+    vkrt.models.opt.OPT): hyperparameters with `n_ctx` (context length, tokens), its stream,
+    a KV cache of `max_seq` positions grown by `setup_caches`, scratch `activations(n_tokens)`
+    with `ids` (u32 `[tokens]`), `tokens` (the token ring) and `logits`, and `forward`, which
+    records one step over `n_tokens` ids at positions pos0.. writing the last row's argmax into
+    `token_out`."""
+    hp: object
+    stream: object
+    max_seq: int
+
+    def setup_caches(self, max_seq: int) -> None: ...
+    def activations(self, n_tokens: int, logit_rows: int = 1): ...
+    def forward(self, ids, n_tokens: int, pos0: int, all_logits: bool = False,
+                token_out=None) -> None: ...
+
 
 KV_CACHE_STEP = 256  # positions
 BATCH_SIZE = 64      # prompt tokens per prefill chunk (one submission each)
@@ -100,63 +117,90 @@ def check_context(n_ctx: int, n_prompt: int, max_tokens: int) -> None:
                         f"{n_prompt + max_tokens} exceeds the model's context of {n_ctx} tokens")
 
 
-def generate(model: Llama, prompt_ids: list[int], max_tokens: int,
-             sampling: Sampling = Sampling(), stop_ids: Iterable[int] = (),
-             on_token: Callable[[int], None] | None = None, batch_size: int = BATCH_SIZE,
-             on_prefill: Callable[[int], None] | None = None,
-             trace: str | None = None) -> GenerationResult:
-    """Generate up to `max_tokens` tokens after `prompt_ids`, stopping after any id of
-    `stop_ids` (give `Tokenizer.eog_ids`: EOS, EOT, EOM).
+def stream_tokens(model: CausalLM, prompt_ids: list[int], max_tokens: int,
+                  sampling: Sampling = Sampling(), stop_ids: Iterable[int] = (),
+                  batch_size: int = BATCH_SIZE,
+                  on_prefill: Callable[[int], None] | None = None, trace: str | None = None,
+                  result: GenerationResult | None = None) -> Iterator[int]:
+    """Yield up to `max_tokens` token ids after `prompt_ids` as they are produced, stopping
+    after any id of `stop_ids` (give `Tokenizer.eog_ids`: EOS, EOT, EOM).
 
     The prompt is prefilled in chunks of `batch_size` tokens at consecutive positions; a
     KeyboardInterrupt (Ctrl-C) raised while a chunk runs takes effect when it returns.
     `on_prefill(n)` is called after each chunk with the n prompt tokens it processed (for a
-    progress bar); `on_token(id)` as each token is produced (for streaming). `trace`: write a
-    Chrome trace event file of the call there (host phases, GPU dispatches where the device
-    has timestamps; `Stream.start_trace`).
+    progress bar). `result`, when given, is filled in as tokens come (ids, timings: the time
+    the consumer spends between tokens counts as decode time). `trace`: write a Chrome trace
+    event file of the call there when the iterator ends or is closed (host phases, GPU
+    dispatches where the device has timestamps; `Stream.start_trace`). Closing the iterator
+    early leaves submitted steps to finish on the GPU; their tokens are never read.
     Raises: VkrtError when the prompt is empty or prompt + max_tokens exceeds the model's
-    context (`n_ctx` from the GGUF); ConfigError when batch_size < 1.
+    context (`hp.n_ctx`); ConfigError when batch_size < 1. Both are raised by the call itself,
+    before any work, not at the first `next()`.
     """
-    hp, s = model.hp, model.stream
+    hp = model.hp
     n_prompt = len(prompt_ids)
     check_context(hp.n_ctx, n_prompt, max_tokens)
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ConfigError(f"batch size must be an integer >= 1, got {batch_size!r}")
-    stop = frozenset(int(i) for i in stop_ids)
+    result = GenerationResult(n_prompt) if result is None else result
+    return _run(model, list(prompt_ids), max_tokens, sampling, frozenset(int(i) for i in stop_ids),
+                batch_size, on_prefill, trace, result)
+
+
+def generate(model: CausalLM, prompt_ids: list[int], max_tokens: int,
+             sampling: Sampling = Sampling(), stop_ids: Iterable[int] = (),
+             on_token: Callable[[int], None] | None = None, batch_size: int = BATCH_SIZE,
+             on_prefill: Callable[[int], None] | None = None,
+             trace: str | None = None) -> GenerationResult:
+    """`stream_tokens` run to the end: the ids and timings of one generation. `on_token(id)`
+    is called as each token is produced (for streaming). Raises as `stream_tokens`."""
+    result = GenerationResult(len(prompt_ids))
+    for token in stream_tokens(model, prompt_ids, max_tokens, sampling, stop_ids, batch_size,
+                               on_prefill, trace, result):
+        if on_token is not None:
+            on_token(token)
+    return result
+
+
+def _run(model: CausalLM, prompt_ids: list[int], max_tokens: int, sampling: Sampling,
+         stop: frozenset, batch_size: int, on_prefill, trace: str | None,
+         result: GenerationResult) -> Iterator[int]:
+    hp, s = model.hp, model.stream
+    n_prompt = len(prompt_ids)
     if model.max_seq < n_prompt + max_tokens:
         # Grown in steps of KV_CACHE_STEP positions so that a run of short generations keeps
         # its buffers (and the descriptor sets that name them).
         steps = -(-(n_prompt + max_tokens) // KV_CACHE_STEP)
         model.setup_caches(min(hp.n_ctx, steps * KV_CACHE_STEP))
-    rng = np.random.Generator(np.random.PCG64(sampling.seed))
     timing = s.timing
     if trace is not None:
         s.start_trace()
-    result = GenerationResult(n_prompt)
-    t0 = time.perf_counter()
-    prompt = np.asarray(prompt_ids, np.uint32)
-    a = model.activations(min(n_prompt, batch_size))
-    # Every chunk but the last: K/V into the cache, one submission each (the next chunk's
-    # write into the ids waits for this chunk's embedding to have read them), logits unused.
-    pos = 0
-    while n_prompt - pos > batch_size:
-        s.write(a.ids, prompt[pos:pos + batch_size])
-        model.forward(a.ids, batch_size, pos)
-        s.submit()
-        pos += batch_size
-        if on_prefill is not None:
-            on_prefill(batch_size)
-    s.write(a.ids, prompt[pos:])
-    first = _Start(a.ids, n_prompt - pos, pos, on_prefill)
-    if sampling.temperature <= 0.0:
-        _greedy(model, a, first, max_tokens, stop, on_token, result, t0)
-    else:
-        _sampled(model, a, first, max_tokens, sampling, rng, stop, on_token, result, t0)
-    if trace is not None:
-        s.write_trace(trace)
-        s.profiler.events = s.profiler.gpu_events = None
-        s.timing = timing
-    return result
+    try:
+        t0 = time.perf_counter()
+        prompt = np.asarray(prompt_ids, np.uint32)
+        a = model.activations(min(n_prompt, batch_size))
+        # Every chunk but the last: K/V into the cache, one submission each (the next chunk's
+        # write into the ids waits for this chunk's embedding to have read them), logits unused.
+        pos = 0
+        while n_prompt - pos > batch_size:
+            s.write(a.ids, prompt[pos:pos + batch_size])
+            model.forward(a.ids, batch_size, pos)
+            s.submit()
+            pos += batch_size
+            if on_prefill is not None:
+                on_prefill(batch_size)
+        s.write(a.ids, prompt[pos:])
+        first = _Start(a.ids, n_prompt - pos, pos, on_prefill)
+        if sampling.temperature <= 0.0:
+            yield from _greedy(model, a, first, max_tokens, stop, result, t0)
+        else:
+            rng = np.random.Generator(np.random.PCG64(sampling.seed))
+            yield from _sampled(model, a, first, max_tokens, sampling, rng, stop, result, t0)
+    finally:
+        if trace is not None:
+            s.write_trace(trace)
+            s.profiler.events = s.profiler.gpu_events = None
+            s.timing = timing
 
 
 @dataclass
@@ -168,7 +212,7 @@ class _Start:
     on_prefill: Callable[[int], None] | None
 
 
-def _emit(result: GenerationResult, token: int, t0: float, on_token, stop: frozenset,
+def _emit(result: GenerationResult, token: int, t0: float, stop: frozenset,
           first: _Start) -> bool:
     """Append `token`; True when it is a stop token."""
     if not result.tokens:
@@ -176,57 +220,60 @@ def _emit(result: GenerationResult, token: int, t0: float, on_token, stop: froze
         if first.on_prefill is not None:
             first.on_prefill(first.n_tokens)
     result.tokens.append(token)
-    if on_token is not None:
-        on_token(token)
     if token in stop:
         result.stopped_at_eos = True
         return True
     return False
 
 
-def _greedy(model: Llama, a, first: _Start, max_tokens: int, stop: frozenset, on_token,
-            result: GenerationResult, t0: float) -> None:
+def _greedy(model: CausalLM, a, first: _Start, max_tokens: int, stop: frozenset,
+            result: GenerationResult, t0: float) -> Iterator[int]:
     s = model.stream
     ring = a.tokens
     ahead = s.inflight - 1            # steps submitted beyond the one being read
     ids, n_tokens, pos = first.ids, first.n_tokens, first.pos
     issued, in_flight = 0, deque()    # Readbacks of submitted steps, oldest first
     t1 = None
-    while True:
-        while issued < max_tokens and len(in_flight) <= ahead:
-            out = ring[issued % len(ring)]
-            model.forward(ids, n_tokens, pos, token_out=out)
-            in_flight.append(s.read_later(out))
-            s.submit()
-            ids, pos, n_tokens = out, pos + n_tokens, 1
-            issued += 1
-        if not in_flight:
-            break
-        token = int(in_flight.popleft().get()[0])
-        stopped = _emit(result, token, t0, on_token, stop, first)
-        if t1 is None:
-            t1 = time.perf_counter()
-        if stopped:
-            result.discarded_steps = len(in_flight)
-            in_flight.clear()         # submitted past the stop token: never read
-            break
-    result.decode_s = time.perf_counter() - t1 if t1 is not None else 0.0
+    try:
+        while True:
+            while issued < max_tokens and len(in_flight) <= ahead:
+                out = ring[issued % len(ring)]
+                model.forward(ids, n_tokens, pos, token_out=out)
+                in_flight.append(s.read_later(out))
+                s.submit()
+                ids, pos, n_tokens = out, pos + n_tokens, 1
+                issued += 1
+            if not in_flight:
+                break
+            token = int(in_flight.popleft().get()[0])
+            stopped = _emit(result, token, t0, stop, first)
+            if t1 is None:
+                t1 = time.perf_counter()
+            yield token
+            if stopped:
+                break
+    finally:
+        result.discarded_steps = len(in_flight)   # submitted past the stop: never read
+        result.decode_s = time.perf_counter() - t1 if t1 is not None else 0.0
 
 
-def _sampled(model: Llama, a, first: _Start, max_tokens: int, sampling: Sampling, rng,
-             stop: frozenset, on_token, result: GenerationResult, t0: float) -> None:
+def _sampled(model: CausalLM, a, first: _Start, max_tokens: int, sampling: Sampling, rng,
+             stop: frozenset, result: GenerationResult, t0: float) -> Iterator[int]:
     s = model.stream
     n_tokens, pos = first.n_tokens, first.pos
     t1 = None
-    for _ in range(max_tokens):
-        model.forward(a.ids, n_tokens, pos)
-        token = _sample(s.read(a.logits.rows(0, 1))[0], sampling, rng)
-        pos += n_tokens
-        n_tokens = 1
-        stopped = _emit(result, token, t0, on_token, stop, first)
-        if t1 is None:
-            t1 = time.perf_counter()
-        if stopped:
-            break
-        s.write(a.ids, np.array([token], np.uint32))
-    result.decode_s = time.perf_counter() - t1 if t1 is not None else 0.0
+    try:
+        for _ in range(max_tokens):
+            model.forward(a.ids, n_tokens, pos)
+            token = _sample(s.read(a.logits.rows(0, 1))[0], sampling, rng)
+            pos += n_tokens
+            n_tokens = 1
+            stopped = _emit(result, token, t0, stop, first)
+            if t1 is None:
+                t1 = time.perf_counter()
+            yield token
+            if stopped:
+                break
+            s.write(a.ids, np.array([token], np.uint32))
+    finally:
+        result.decode_s = time.perf_counter() - t1 if t1 is not None else 0.0

@@ -376,3 +376,15 @@ def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
         raise ModelFormatError(f"{g.path}: tensor {ROPE_FREQS!r} (llama3 RoPE scaling) together "
                                f"with llama.rope.scaling.factor = {hp.rope_scale}")
     return [n for n in g.tensor_names if n in shapes or n in optional]
+
+
+def checkpoint_from_gguf(g: GGUFFile):
+    """The registry's entry (vkrt.models.registry): a `llama` GGUF's hyperparameters,
+    tokenizer and chat template, checked; `build(device, progress)` uploads the weights."""
+    from vkrt.models.registry import Checkpoint
+    from vkrt.models.tokenizer import Tokenizer
+
+    hp = LlamaHParams.from_gguf(g)
+    tokenizer = Tokenizer.from_metadata(g.metadata, g.path)
+    return Checkpoint(g.path, "llama", hp, tokenizer, g.metadata.get("tokenizer.chat_template"),
+                      lambda device, progress=False: Llama.from_gguf(device, g, progress))
