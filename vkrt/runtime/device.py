@@ -184,10 +184,17 @@ class Device:
         self.timestamp_period_ns = props.limits.timestampPeriod
         subgroup = new("VkPhysicalDeviceSubgroupProperties*",
                        {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES})
+        driver = new("VkPhysicalDeviceDriverProperties*",
+                     {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES,
+                      "pNext": subgroup})
         props2 = new("VkPhysicalDeviceProperties2*",
-                     {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": subgroup})
+                     {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": driver})
         lib.vkGetPhysicalDeviceProperties2(self.physical, props2)
         self.subgroup_size = subgroup.subgroupSize  # 8 on lavapipe, 32 on NVIDIA
+        # VkPhysicalDeviceDriverProperties (Vulkan 1.2): e.g. "NVIDIA" / "580.159.04",
+        # "llvmpipe" / "Mesa 22.3.6 (LLVM 15.0.6)".
+        self.driver_name = ffi.string(driver.driverName).decode("utf-8", "replace")
+        self.driver_info = ffi.string(driver.driverInfo).decode("utf-8", "replace")
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
         self.queue_family = next(i for i, f in enumerate(families)
                                  if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)

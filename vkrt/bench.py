@@ -1,0 +1,236 @@
+"""`vkrt bench`: prefill and decode speed of one model on one device, with the counters and
+host phases that explain it.
+
+Method (the same for every arm, arms alternating repeat by repeat on one loaded model so that
+ratios are side by side):
+- The prompt is `prompt_tokens` ids drawn from the vocabulary by numpy's PCG64 seeded with 0
+  (ids 100 .. min(n_vocab, 40000)), prefilled in chunks of `batch_size` tokens.
+- Warm-up: one short generation per arm (pipelines built, descriptor sets written).
+- Each repeat: a generation of one token (the prompt's forward alone: prefill time and the
+  prompt's counters), then one of `tokens` tokens. Prefill tok/s = prompt tokens / time to
+  the first token; decode tok/s = (tokens - 1) / time from the first token to the last;
+  TPOT = its inverse. Reported as median, min and max over repeats.
+- Per decoded token (last repeat): dispatches, barriers, dependent stages, submits, and host
+  ms by phase (build, record, submit, transfer; `wait` is blocked on the GPU): the counts of
+  the long run minus those of the one-token run, over tokens - 1.
+- GPU time per decoded token, by kernel (timestamp queries around every dispatch, on the
+  device's timestamp clock; each span includes any barrier stall before it): one extra run
+  of each length with timestamps on, outside the timed repeats. Absent where the queue has
+  no timestamps.
+- Weight bytes on the device (the buffers holding the model's weights) and the process's peak
+  RSS (getrusage ru_maxrss).
+Times are wall clock on the host (perf_counter).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from vkrt.models.generate import generate
+
+PHASES = ("build", "record", "submit", "transfer", "wait")
+PER_TOKEN = ("dispatches", "barriers", "stages", "barriers_raw", "barriers_waw", "barriers_war",
+             "barriers_transfer", "submits", "waits_blocked", "waits_ready")
+
+
+def bench_prompt(n_vocab: int, n: int) -> list[int]:
+    """The benchmark's prompt: n ids from numpy's PCG64 seeded with 0, in [100, min(n_vocab,
+    40000))."""
+    return [int(i) for i in
+            np.random.default_rng(0).integers(100, min(n_vocab, 40000), n)]
+
+
+def _stats(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3)}
+
+
+def weight_bytes(lm) -> int:
+    """Bytes of the device buffers holding a model's weights (`lm.w`, name -> Tensor)."""
+    return sum({t.buffer.serial: t.buffer.nbytes for t in lm.w.values()}.values())
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size (Linux getrusage reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def git_commit() -> str | None:
+    """The commit of the source tree vkrt runs from, with `-dirty` when it has changes; None
+    outside a git checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty",
+                              "--abbrev=12"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _kernel(name: str) -> str:
+    """`blk.3.ffn_down` -> `ffn_down`: GPU time grouped by what the dispatch does."""
+    return re.sub(r"^blk\.\d+\.|^(model\.)?decoder\.layers\.\d+\.", "", name)
+
+
+class _Arm:
+    """One configuration: a barrier policy and an in-flight depth, each with its own stream."""
+
+    def __init__(self, barriers: str, inflight: int, stream, label: str):
+        self.barriers, self.inflight, self.stream, self.label = barriers, inflight, stream, label
+        self.runs: list[dict] = []
+
+
+def _use(lm, arm: _Arm) -> None:
+    lm.stream.synchronize()      # streams do not order work against each other
+    lm.stream = arm.stream
+    arm.stream.tracker.always = arm.barriers == "always"
+
+
+def _repeat(lm, prompt: list[int], tokens: int, batch_size: int) -> dict:
+    s = lm.stream
+    s.profiler.phases_ns.clear()
+    before = s.counters.snapshot()
+    first = generate(lm, prompt, 1, batch_size=batch_size)
+    prompt_only, prompt_ns = s.counters.since(before), dict(s.profiler.phases_ns)
+    s.profiler.phases_ns.clear()
+    s.counters.max_inflight = 0
+    before = s.counters.snapshot()
+    r = generate(lm, prompt, tokens, batch_size=batch_size)
+    total = s.counters.since(before)
+    n = max(len(r.tokens) - 1, 1)
+    host = {k: (s.profiler.phases_ns.get(k, 0) - prompt_ns.get(k, 0)) / n / 1e6 for k in PHASES}
+    tpot_ms = 1e3 * r.decode_s / n
+    return {"prefill_tok_s": first.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
+            "tpot_ms": tpot_ms, "tokens": r.tokens, "max_inflight": total["max_inflight"],
+            "per_token": {k: round((total[k] - prompt_only[k]) / n, 2) for k in PER_TOKEN},
+            "host_ms": {k: round(v, 3) for k, v in host.items()},
+            "host_busy_fraction": round(sum(v for k, v in host.items() if k != "wait")
+                                        / tpot_ms, 3) if tpot_ms else None}
+
+
+def _gpu_per_token(lm, prompt: list[int], tokens: int, batch_size: int) -> dict | None:
+    """GPU µs per decoded token by kernel, from timestamps (None without them)."""
+    s = lm.stream
+    timing = s.timing
+    if not s.enable_timestamps():
+        return None
+    try:
+        totals = []
+        for n in (1, tokens):
+            s.profiler.gpu_ns.clear()
+            s.profiler.gpu_count.clear()
+            generate(lm, prompt, n, batch_size=batch_size)
+            s.synchronize()
+            totals.append(dict(s.profiler.gpu_ns))
+    finally:
+        s.timing = timing
+    n = max(tokens - 1, 1)
+    by_kernel: dict[str, float] = {}
+    for name, ns in totals[1].items():
+        k = _kernel(name)
+        by_kernel[k] = by_kernel.get(k, 0.0) + (ns - totals[0].get(name, 0.0)) / n / 1e3
+    total_us = sum(by_kernel.values())
+    return {"gpu_ms_per_token": round(total_us / 1e3, 4),
+            "gpu_us_per_token_by_kernel": {k: round(v, 2) for k, v in
+                                           sorted(by_kernel.items(), key=lambda kv: -kv[1])}}
+
+
+def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
+        barriers: list[str], inflights: list[int]) -> dict:
+    """Benchmark a loaded `vkrt.models.model.Model` in every arm (barrier policy x in-flight
+    depth). Returns the report as a JSON-ready dict (see the module docstring)."""
+    from vkrt.runtime.stream import Stream
+
+    lm, device = model.lm, model.device
+    if tokens < 2 or prompt_tokens < 1 or repeat < 1:
+        raise ValueError("need --tokens >= 2, --prompt-tokens >= 1 and --repeat >= 1")
+    prompt = bench_prompt(model.hparams.n_vocab, prompt_tokens)
+    home = lm.stream
+    streams = {n: Stream(device, inflight=n) for n in inflights}
+    arms = [_Arm(b, n, streams[n], b if len(inflights) == 1 else f"{b}/inflight{n}")
+            for n in inflights for b in barriers]
+    if len(barriers) == 1 and len(inflights) == 1:
+        arms[0].label = f"{barriers[0]}/inflight{inflights[0]}"
+    try:
+        for arm in arms:
+            _use(lm, arm)
+            generate(lm, prompt[:8], 4, batch_size=batch_size)          # warm-up
+        for _ in range(repeat):
+            for arm in arms:
+                _use(lm, arm)
+                arm.runs.append(_repeat(lm, prompt, tokens, batch_size))
+        _use(lm, arms[0])
+        gpu = _gpu_per_token(lm, prompt, tokens, batch_size)
+    finally:
+        lm.stream.synchronize()
+        lm.stream = home
+        for s in streams.values():
+            s.close()
+    report = {"model": model.path, "family": model.family, "device": device.name,
+              "prompt_tokens": prompt_tokens, "tokens": tokens, "repeat": repeat,
+              "batch_size": batch_size, "weight_bytes": weight_bytes(lm),
+              "peak_rss_bytes": peak_rss_bytes(), "arms": {}}
+    for arm in arms:
+        last = arm.runs[-1]
+        report["arms"][arm.label] = {
+            "prefill_tok_s": _stats([r["prefill_tok_s"] for r in arm.runs]),
+            "decode_tok_s": _stats([r["decode_tok_s"] for r in arm.runs]),
+            "tpot_ms": _stats([r["tpot_ms"] for r in arm.runs]),
+            "per_decoded_token": last["per_token"], "max_inflight": last["max_inflight"],
+            "host_ms_per_token": last["host_ms"], "host_busy_fraction": last["host_busy_fraction"],
+            "same_tokens_as_first_arm": all(r["tokens"] == arms[0].runs[0]["tokens"]
+                                            for r in arm.runs)}
+    if gpu is not None:
+        stages = report["arms"][arms[0].label]["per_decoded_token"]["stages"]
+        gpu["measured_in_arm"] = arms[0].label
+        gpu["gpu_us_per_stage"] = round(1e3 * gpu["gpu_ms_per_token"] / stages, 2) if stages else None
+        report["gpu"] = gpu
+    return report
+
+
+def describe(report: dict) -> str:
+    """The report as a few lines of text for a terminal."""
+    lines = [f"{report['model']} ({report['family']}) on {report['device']}: prompt "
+             f"{report['prompt_tokens']} tokens, {report['tokens']} generated, "
+             f"{report['repeat']} repeats (median [min, max])"]
+    for label, a in report["arms"].items():
+        p, d, t = a["prefill_tok_s"], a["decode_tok_s"], a["tpot_ms"]
+        per, host = a["per_decoded_token"], a["host_ms_per_token"]
+        lines.append(
+            f"  {label:<18} prefill {p['median']:>9.1f} tok/s [{p['min']:.1f}, {p['max']:.1f}]"
+            f"  decode {d['median']:>8.1f} tok/s [{d['min']:.1f}, {d['max']:.1f}]"
+            f"  TPOT {t['median']:.3f} ms")
+        lines.append(f"  {'':<18} per token: {per['dispatches']:g} dispatches, "
+                     f"{per['stages']:g} stages, {per['barriers']:g} barriers; host ms "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in host.items())
+                     + ("" if a["same_tokens_as_first_arm"] else "  TOKENS DIFFER"))
+    if "gpu" in report:
+        g = report["gpu"]
+        top = ", ".join(f"{k} {v:.1f}" for k, v in
+                        list(g["gpu_us_per_token_by_kernel"].items())[:6])
+        lines.append(f"  GPU {g['gpu_ms_per_token']:.3f} ms per token "
+                     f"({g['gpu_us_per_stage']} µs per stage); µs by kernel: {top}")
+    lines.append(f"  weights on device {report['weight_bytes'] / 2**20:.1f} MiB, "
+                 f"peak RSS {report['peak_rss_bytes'] / 2**20:.1f} MiB")
+    return "\n".join(lines)
+
+
+def environment(device) -> dict:
+    """What `--json` adds: device, driver and API version, commit, Python and time."""
+    info = device.info
+    return {"device": info.name, "device_kind": info.kind, "vulkan_api": info.api_version,
+            "driver": device.driver_name, "driver_version": device.driver_info, "commit": git_commit(),
+            "python": sys.version.split()[0],
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def dumps(report: dict) -> str:
+    return json.dumps(report, indent=1)
