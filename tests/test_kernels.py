@@ -546,3 +546,94 @@ def test_argmax_of_all_minus_infinity_is_an_index(gpu):
     # would then read past its table with (generate feeds argmax to embed).
     logits = np.full(300, -np.inf, np.float32)
     assert run_argmax(gpu, logits, 300, 0) == 0
+
+
+# -- OPT kernels: LayerNorm, ReLU, learned positions, sliced embeddings ---------------------
+@pytest.mark.parametrize("n", [3, 333], ids=["row-shorter-than-a-subgroup", "row-333"])
+@pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
+def test_layernorm_rows(gpu, subgroups, n):
+    # Rows with a large common offset (mean 50, spread 3): a one-pass E[x^2] - E[x]^2 would
+    # cancel; a row near constant (variance ~eps) where eps must matter.
+    r, n_tokens, eps = rng(40), 4, 1e-5
+    x = randn(r, n_tokens, n) * np.float32(3) + np.float32(50)
+    x[2] = np.float32(7) + randn(r, n) * np.float32(1e-3)
+    w, b = randn(r, n), randn(r, n)
+    bx, bw, bb, bo = gpu.upload(x), gpu.upload(w), gpu.upload(b), gpu.filled(n_tokens * n + 4)
+    gpu.run("layernorm", {0: workgroup(gpu, subgroups)}, (bx, bw, bb, bo),
+            (n_tokens + 1, 1, 1), push(n, eps, n_tokens))   # one workgroup past the rows
+    got = gpu.read(bo)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(1, keepdims=True)
+    norm = (x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(1, keepdims=True) + eps)
+    want = norm * w + b
+    # f32 rounding of the row sums perturbs the mean and the deviations by a few ulp of the
+    # row's largest |x|, amplified by 1/sigma (sigma = sqrt(var + eps)): error bound in units
+    # of u = 2^-24 * max|x| / sigma * |w| + 2^-24 * |b|. Measured max 2.7 units (lavapipe; the row of
+    # 7 +- 1e-3, sigma ~ 3.3e-3, is ill-conditioned for torch too); bound 32 units.
+    # A dropped mean, bias or eps is off by ~1 / 2^-24 units.
+    sigma = np.sqrt(((x64 - mean) ** 2).mean(1, keepdims=True) + eps)
+    unit = 2.0 ** -24 * (np.abs(x64).max(1, keepdims=True) / sigma * np.abs(w) + np.abs(b))
+    err = np.abs(got[:-4].reshape(n_tokens, n) - want) / unit
+    assert err.max() < 32, err.max()
+    np.testing.assert_array_equal(got[-4:], SENTINEL)
+
+
+def test_relu_in_place_exact_and_bounded(gpu):
+    r, n, extra = rng(41), 1001, 6
+    x = randn(r, n + extra)
+    x[:4] = [0.0, -0.0, np.inf, -np.inf]
+    bx = gpu.upload(x)
+    gpu.run("relu", {0: ELEMENTWISE}, (bx,), (groups(n, ELEMENTWISE), 1, 1), push(n))
+    got = gpu.read(bx)
+    np.testing.assert_array_equal(got[:n], np.maximum(x[:n], 0))
+    np.testing.assert_array_equal(got[n:], x[n:])   # past n: untouched, negatives too
+
+
+def test_add_rows_adds_table_rows_from_row0(gpu):
+    # width 70: two workgroups per row; rows 2 past n_tokens keep their values; the grid's y
+    # is one larger than n_tokens; row0 = pos0 + 2 as OPT uses it.
+    r, width, n_tokens, rows, n_table, row0 = rng(42), 70, 3, 5, 12, 7
+    x, table = randn(r, rows, width), randn(r, n_table, width)
+    bx, bt = gpu.upload(x), gpu.upload(table)
+    gpu.run("add_rows", {0: ELEMENTWISE}, (bx, bt),
+            (groups(width, ELEMENTWISE), n_tokens + 1, 1), push(width, row0, n_tokens))
+    got = gpu.read(bx).reshape(rows, width)
+    # One IEEE f32 add per element: bit-exact.
+    np.testing.assert_array_equal(got[:n_tokens], x[:n_tokens] + table[row0:row0 + n_tokens])
+    np.testing.assert_array_equal(got[n_tokens:], x[n_tokens:])
+
+
+def test_embed_range_writes_only_its_ids(gpu):
+    # Two slices of a 37-row table (rows 0..19, 20..36) in two dispatches cover every id;
+    # one slice alone leaves the other ids' rows untouched (sentinel).
+    r, n_vocab, n_embd, split = rng(43), 37, 70, 20
+    table = randn(r, n_vocab, n_embd)
+    ids = np.array([5, 0, 36, 20, 19, 5], np.uint32)
+    bi = gpu.upload(ids)
+    lo, hi = gpu.upload(table[:split]), gpu.upload(table[split:])
+    out = gpu.filled(len(ids) * n_embd + 3)
+    grid = (groups(n_embd, ELEMENTWISE), len(ids) + 1, 1)
+    gpu.run("embed_range", {0: ELEMENTWISE}, (hi, bi, out), grid,
+            push(n_embd, split, n_vocab - split, len(ids)))
+    got = gpu.read(out)[:-3].reshape(len(ids), n_embd)
+    mine = ids >= split
+    np.testing.assert_array_equal(got[mine], table[ids[mine]])
+    np.testing.assert_array_equal(got[~mine], SENTINEL)
+    gpu.run("embed_range", {0: ELEMENTWISE}, (lo, bi, out), grid,
+            push(n_embd, 0, split, len(ids)))
+    got = gpu.read(out)
+    np.testing.assert_array_equal(got[:-3].reshape(len(ids), n_embd), table[ids])
+    np.testing.assert_array_equal(got[-3:], SENTINEL)
+
+
+def test_copy_block_into_wider_rows(gpu):
+    r, width, dst_width, col0, n_tokens = rng(44), 70, 157, 81, 3
+    src = randn(r, n_tokens, width)
+    bs, bd = gpu.upload(src), gpu.filled(n_tokens * dst_width + 5)
+    gpu.run("copy_block", {0: ELEMENTWISE}, (bs, bd),
+            (groups(width, ELEMENTWISE), n_tokens + 1, 1), push(width, dst_width, col0, n_tokens))
+    got = gpu.read(bd)
+    want = np.full((n_tokens, dst_width), SENTINEL)
+    want[:, col0:col0 + width] = src
+    np.testing.assert_array_equal(got[:-5].reshape(n_tokens, dst_width), want)
+    np.testing.assert_array_equal(got[-5:], SENTINEL)

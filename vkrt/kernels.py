@@ -53,6 +53,12 @@ class Kernels:
         # attention's workgroup is one head: local_size_x = head_dim.
         self._attention = (Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
                            if head_dim else None)
+        # OPT (vkrt/models/opt.py): LayerNorm, ReLU, learned positions, sliced embeddings.
+        self._layernorm = Op(p("layernorm", {0: sg}), (F32, F32, F32, F32))
+        self._relu = Op(p("relu", {0: ELEMENTWISE_BLOCK}), (F32,))
+        self._add_rows = Op(p("add_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
+        self._embed_range = Op(p("embed_range", {0: ELEMENTWISE_BLOCK}), (F32, U32, F32))
+        self._copy_block = Op(p("copy_block", {0: ELEMENTWISE_BLOCK}), (F32, F32))
 
     def embed(self, table: Tensor, ids: Tensor, out: Tensor, n_tokens: int,
               name: str = "") -> Dispatch:
@@ -146,3 +152,50 @@ class Kernels:
         """out[0] = the smallest index of the largest of logits[offset : offset + n]."""
         return self._argmax(logits, out, grid=(1, 1, 1), name=name, need=(offset + n, 1), n=n,
                             offset=offset)
+
+    # -- OPT -------------------------------------------------------------------------------
+    def layernorm(self, x: Tensor, weight: Tensor, bias: Tensor, out: Tensor, n_tokens: int,
+                  eps: float, name: str = "") -> Dispatch:
+        """out[t] = (x[t] - mean) / sqrt(var + eps) * weight + bias for t < n_tokens (biased
+        variance over the row, torch.nn.LayerNorm); weight, bias [n]."""
+        n = weight.shape[0]
+        return self._layernorm(x, weight, bias, out, grid=(*spread(n_tokens, self.limit), 1),
+                               name=name, need=(n_tokens * n, None, n, n_tokens * n), n=n,
+                               eps=eps, n_rows=n_tokens)
+
+    def relu(self, x: Tensor, n: int, name: str = "") -> Dispatch:
+        """x[i] = max(x[i], 0) for i < n (in place)."""
+        grid = (*spread(_groups(n, ELEMENTWISE_BLOCK), self.limit), 1)
+        return self._relu(x, grid=grid, name=name, need=(n,), n=n)
+
+    def add_rows(self, x: Tensor, table: Tensor, n_tokens: int, row0: int,
+                 name: str = "") -> Dispatch:
+        """x[t] += table[row0 + t] for t < n_tokens (in place); x [tokens, width], table
+        [rows, width]: learned position embeddings (row0 = first position + offset)."""
+        width = table.shape[1]
+        return self._add_rows(x, table, grid=(_groups(width, ELEMENTWISE_BLOCK),
+                                              *spread(n_tokens, self.limit[1:])),
+                              name=name, need=(n_tokens * width, (row0 + n_tokens) * width),
+                              width=width, row0=row0, n_tokens=n_tokens)
+
+    def embed_range(self, table: Tensor, row0: int, ids: Tensor, out: Tensor, n_tokens: int,
+                    name: str = "") -> Dispatch:
+        """out[t] = table[ids[t] - row0] for the t < n_tokens whose id lies in row0 ..
+        row0 + rows - 1 (other rows of out untouched); table [rows, n_embd] is the slice of
+        an embedding from row row0 (a table larger than one binding, uploaded in slices)."""
+        n_rows, n_embd = table.shape
+        return self._embed_range(table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK),
+                                                        *spread(n_tokens, self.limit[1:])),
+                                 name=name, need=(None, n_tokens, n_tokens * n_embd),
+                                 n_embd=n_embd, row0=row0, n_rows=n_rows, n_tokens=n_tokens)
+
+    def copy_block(self, src: Tensor, dst: Tensor, n_tokens: int, width: int, col0: int,
+                   name: str = "") -> Dispatch:
+        """dst[t, col0 + i] = src[t, i] for t < n_tokens, i < width; src [tokens, width],
+        dst [tokens, dst_width] with col0 + width <= dst_width."""
+        dst_width = dst.shape[-1]
+        assert col0 + width <= dst_width, (col0, width, dst_width)
+        return self._copy_block(src, dst, grid=(_groups(width, ELEMENTWISE_BLOCK),
+                                                *spread(n_tokens, self.limit[1:])),
+                                name=name, need=(n_tokens * width, n_tokens * dst_width),
+                                width=width, dst_width=dst_width, col0=col0, n_tokens=n_tokens)

@@ -10,14 +10,15 @@ once; activations (views of one buffer) and the KV cache (views of another) are 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from vkrt.errors import ModelFormatError, VkrtError
+from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels
+from vkrt.models.decoder import Decoder
 from vkrt.models.gguf import GGUFFile, LlamaHParams
+from vkrt.models.scratch import arena, grow, kv_cache
 from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.memory import Buffer
@@ -51,10 +52,6 @@ def rope_table(head_dim: int, theta: float, n_positions: int, scale: float = 1.0
         inv_freq = (inv_freq / np.asarray(freq_factors, np.float32)).astype(np.float32)
     angle = (np.arange(n_positions, dtype=np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)
     return np.stack([np.cos(angle), np.sin(angle)], axis=-1).astype(np.float32)
-
-
-def _aligned(nbytes: int, align: int) -> int:
-    return -(-nbytes // align) * align
 
 
 @dataclass
@@ -102,22 +99,15 @@ class Activations:
                   "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
                   "logits": ("float32", (logit_rows, hp.n_vocab))}
         layout.update({f"token{j}": ("uint32", (1,)) for j in range(max(1, ring))})
-        align = device.min_storage_buffer_offset_alignment
-        offsets, end = {}, 0
-        for name, (_, shape) in layout.items():
-            offsets[name] = end
-            end += _aligned(int(np.prod(shape)) * 4, align)
-        arena = Buffer(device, end, name="activations")
-        views = {name: Tensor(arena, offsets[name], int(np.prod(shape)) * 4, dtype, shape, name)
-                 for name, (dtype, shape) in layout.items()}
+        buffer, views = arena(device, layout)
         tokens = [views.pop(f"token{j}") for j in range(max(1, ring))]
-        return cls(T, logit_rows, arena, tokens=tokens, token=tokens[0], **views)
+        return cls(T, logit_rows, buffer, tokens=tokens, token=tokens[0], **views)
 
     def close(self) -> None:
         self.arena.close()
 
 
-class Llama:
+class Llama(Decoder):
     """A Llama-architecture model resident on one device.
 
     Build with `Llama.from_gguf(device, gguf)`. `setup_caches(max_seq)` allocates the KV cache:
@@ -192,16 +182,9 @@ class Llama:
         self._close_caches()
         table = rope_table(hp.head_dim, hp.rope_theta, max_seq, hp.rope_scale, self.rope_freqs)
         self.rope = self.stream.upload(table, name="rope")
-        kvw = hp.n_head_kv * hp.head_dim
-        nbytes = max_seq * kvw * 4
-        stride = _aligned(nbytes, self.device.min_storage_buffer_offset_alignment)
-        self.kv = Buffer(self.device, 2 * hp.n_layer * stride, name="kv_cache")
-
-        def view(j: int, name: str) -> Tensor:
-            return Tensor(self.kv, j * stride, nbytes, "float32", (max_seq, kvw), name)
-
-        self.k_cache = [view(2 * i, f"blk.{i}.k_cache") for i in range(hp.n_layer)]
-        self.v_cache = [view(2 * i + 1, f"blk.{i}.v_cache") for i in range(hp.n_layer)]
+        self.kv, self.k_cache, self.v_cache = kv_cache(
+            self.device, hp.n_layer, max_seq, hp.n_head_kv * hp.head_dim,
+            lambda i, what: f"blk.{i}.{what}")
         self.max_seq = max_seq
 
     def _close_caches(self) -> None:
@@ -214,15 +197,9 @@ class Llama:
         """Scratch tensors for a forward of `n_tokens` tokens keeping `logit_rows` rows of
         logits and a token ring of `stream.inflight` slots; reallocated (larger) only when the
         current ones are too small (the old buffer is freed once in-flight steps are done)."""
-        a, ring = self.acts, self.stream.inflight
-        if (a is not None and a.n_tokens >= n_tokens and a.logit_rows >= logit_rows
-                and len(a.tokens) >= ring):
-            return a
-        if a is not None:
-            n_tokens, logit_rows = max(n_tokens, a.n_tokens), max(logit_rows, a.logit_rows)
-            ring = max(ring, len(a.tokens))
-            a.close()
-        self.acts = Activations.allocate(self.device, self.hp, n_tokens, logit_rows, ring)
+        self.acts = grow(self.acts, n_tokens, logit_rows, self.stream.inflight,
+                         lambda n, rows, ring: Activations.allocate(self.device, self.hp, n,
+                                                                    rows, ring))
         return self.acts
 
     # -- the forward -----------------------------------------------------------------------
@@ -293,27 +270,6 @@ class Llama:
         out.append(k.argmax(a.logits, a.token if token_out is None else token_out, hp.n_vocab,
                             last_row, name="argmax"))
         return out
-
-    def forward(self, ids: Tensor, n_tokens: int, pos0: int, all_logits: bool = False,
-                token_out: Tensor | None = None) -> None:
-        """Record `step(...)` on the model's stream (the host time building the list is the
-        profiler's "build" phase). Nothing is submitted: read results through the stream."""
-        t0 = time.perf_counter_ns()
-        step = self.step(ids, n_tokens, pos0, all_logits, token_out)
-        self.stream.profiler.add("build", t0)
-        self.stream.record(step)
-
-    def logits(self, token_ids: list[int]) -> np.ndarray:
-        """Teacher-forced logits `[len(token_ids), n_vocab]` f32 of one forward from position 0."""
-        if len(token_ids) == 0:
-            raise VkrtError("the prompt is empty: nothing to condition on")
-        T = len(token_ids)
-        if self.max_seq < T:
-            self.setup_caches(T)
-        a = self.activations(T, T)
-        self.stream.write(a.ids, np.asarray(token_ids, np.uint32))
-        self.forward(a.ids, T, 0, all_logits=True)
-        return self.stream.read(a.logits.rows(0, T))
 
     def close(self) -> None:
         """Free every buffer and the stream (pipelines are freed with the device)."""

@@ -1,0 +1,67 @@
+"""Device buffers a forward works in, shared by the model families: one buffer of disjoint
+activation views (`arena`), the KV cache (`kv_cache`), and the rule that reallocates the
+activations only when a forward needs more than they hold (`grow`).
+
+Every view starts at a multiple of the device's minStorageBufferOffsetAlignment (a descriptor
+binds exactly the view, Vulkan spec VUID-VkWriteDescriptorSet-descriptorType-00328).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from vkrt.runtime.memory import Buffer
+from vkrt.runtime.tensor import Tensor
+
+
+def aligned(nbytes: int, align: int) -> int:
+    """`nbytes` rounded up to a multiple of `align`."""
+    return -(-nbytes // align) * align
+
+
+def arena(device, layout: dict[str, tuple[str, tuple[int, ...]]],
+          name: str = "activations") -> tuple[Buffer, dict[str, Tensor]]:
+    """One buffer holding a view per `layout` entry (name: (dtype, shape)), in order, each at
+    an aligned offset; returns the buffer and the views by name (4-byte dtypes)."""
+    align = device.min_storage_buffer_offset_alignment
+    offsets, end = {}, 0
+    for key, (_, shape) in layout.items():
+        offsets[key] = end
+        end += aligned(int(np.prod(shape)) * 4, align)
+    buffer = Buffer(device, end, name=name)
+    views = {key: Tensor(buffer, offsets[key], int(np.prod(shape)) * 4, dtype, shape, key)
+             for key, (dtype, shape) in layout.items()}
+    return buffer, views
+
+
+def kv_cache(device, n_layer: int, max_seq: int, width: int,
+             name: Callable[[int, str], str]) -> tuple[Buffer, list[Tensor], list[Tensor]]:
+    """One buffer holding, per layer i, K and V views of `[max_seq, width]` f32 named
+    `name(i, "k_cache")` and `name(i, "v_cache")`; returns (buffer, k views, v views)."""
+    nbytes = max_seq * width * 4
+    stride = aligned(nbytes, device.min_storage_buffer_offset_alignment)
+    kv = Buffer(device, 2 * n_layer * stride, name="kv_cache")
+
+    def view(j: int, what: str) -> Tensor:
+        return Tensor(kv, j * stride, nbytes, "float32", (max_seq, width), name(j // 2, what))
+
+    return (kv, [view(2 * i, "k_cache") for i in range(n_layer)],
+            [view(2 * i + 1, "v_cache") for i in range(n_layer)])
+
+
+def grow(current, n_tokens: int, logit_rows: int, ring: int,
+         allocate: Callable[[int, int, int], object]):
+    """`current` activations (with `n_tokens`, `logit_rows`, `tokens`, `close()`) when they
+    hold a forward of `n_tokens` tokens, `logit_rows` rows of logits and a token ring of
+    `ring` slots; else closes them (the buffer is freed once in-flight steps are done) and
+    returns `allocate(n, rows, ring)` sized for the larger of the old and the new needs."""
+    a = current
+    if (a is not None and a.n_tokens >= n_tokens and a.logit_rows >= logit_rows
+            and len(a.tokens) >= ring):
+        return a
+    if a is not None:
+        n_tokens, logit_rows = max(n_tokens, a.n_tokens), max(logit_rows, a.logit_rows)
+        ring = max(ring, len(a.tokens))
+        a.close()
+    return allocate(n_tokens, logit_rows, ring)
