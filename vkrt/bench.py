@@ -6,17 +6,16 @@ ratios are side by side):
 - The prompt is `prompt_tokens` ids drawn from the vocabulary by numpy's PCG64 seeded with 0
   (ids 100 .. min(n_vocab, 40000)), prefilled in chunks of `batch_size` tokens.
 - Warm-up: one short generation per arm (pipelines built, descriptor sets written).
-- Each repeat: a generation of one token (the prompt's forward alone: prefill time and the
-  prompt's counters), then one of `tokens` tokens. Prefill tok/s = prompt tokens / time to
-  the first token; decode tok/s = (tokens - 1) / time from the first token to the last;
-  TPOT = its inverse. Reported as median, min and max over repeats.
+- Each repeat: one greedy generation of `tokens` tokens (no stop token). Prefill tok/s =
+  prompt tokens / time to the first token; decode tok/s = (tokens - 1) / time from the first
+  token to the last; TPOT = its inverse. Reported as median, min and max over repeats.
 - Per decoded token (last repeat): dispatches, barriers, dependent stages, submits, and host
-  ms by phase (build, record, submit, transfer; `wait` is blocked on the GPU): the counts of
-  the long run minus those of the one-token run, over tokens - 1.
+  ms by phase (build, record, submit, transfer; `wait` is blocked on the GPU): what the
+  stream counted from the first token to the last, over tokens - 1.
 - GPU time per decoded token, by kernel (timestamp queries around every dispatch, on the
-  device's timestamp clock; each span includes any barrier stall before it): one extra run
-  of each length with timestamps on, outside the timed repeats. Absent where the queue has
-  no timestamps.
+  device's timestamp clock; each span includes any barrier stall before it): one extra
+  generation with timestamps on, outside the timed repeats, the same window. Absent where the
+  queue has no timestamps.
 - Weight bytes on the device (the buffers holding the model's weights) and the process's peak
   RSS (getrusage ru_maxrss).
 Times are wall clock on the host (perf_counter).
@@ -34,7 +33,7 @@ import time
 
 import numpy as np
 
-from vkrt.models.generate import generate
+from vkrt.models.generate import GenerationResult, generate, stream_tokens
 
 PHASES = ("build", "record", "submit", "transfer", "wait")
 PER_TOKEN = ("dispatches", "barriers", "stages", "barriers_raw", "barriers_waw", "barriers_war",
@@ -51,11 +50,6 @@ def bench_prompt(n_vocab: int, n: int) -> list[int]:
 def _stats(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
             "max": round(max(values), 3)}
-
-
-def weight_bytes(lm) -> int:
-    """Bytes of the device buffers holding a model's weights (`lm.w`, name -> Tensor)."""
-    return sum({t.buffer.serial: t.buffer.nbytes for t in lm.w.values()}.values())
 
 
 def peak_rss_bytes() -> int:
@@ -94,26 +88,46 @@ def _use(lm, arm: _Arm) -> None:
     arm.stream.tracker.always = arm.barriers == "always"
 
 
+def _decode_window(lm, prompt: list[int], tokens: int, batch_size: int):
+    """Generate `tokens` tokens; yields once the first token (the prefill) is out, so the caller
+    can snapshot its counters, then returns the GenerationResult when the rest is done. The
+    window from the first token to the last is the tokens - 1 decode steps (with N slots
+    in flight, the steps already submitted at the first token belong to it too)."""
+    result = GenerationResult(len(prompt))
+    it = stream_tokens(lm, prompt, tokens, batch_size=batch_size, result=result)
+    next(it)
+    yield
+    for _ in it:
+        pass
+    lm.stream.synchronize()
+    return result
+
+
 def _repeat(lm, prompt: list[int], tokens: int, batch_size: int) -> dict:
     s = lm.stream
-    s.profiler.phases_ns.clear()
-    before = s.counters.snapshot()
-    first = generate(lm, prompt, 1, batch_size=batch_size)
-    prompt_only, prompt_ns = s.counters.since(before), dict(s.profiler.phases_ns)
-    s.profiler.phases_ns.clear()
+    window = _decode_window(lm, prompt, tokens, batch_size)
+    next(window)
+    before, phases = s.counters.snapshot(), dict(s.profiler.phases_ns)
     s.counters.max_inflight = 0
-    before = s.counters.snapshot()
-    r = generate(lm, prompt, tokens, batch_size=batch_size)
+    r = _finish(window)
     total = s.counters.since(before)
     n = max(len(r.tokens) - 1, 1)
-    host = {k: (s.profiler.phases_ns.get(k, 0) - prompt_ns.get(k, 0)) / n / 1e6 for k in PHASES}
+    host = {k: (s.profiler.phases_ns.get(k, 0) - phases.get(k, 0)) / n / 1e6 for k in PHASES}
     tpot_ms = 1e3 * r.decode_s / n
-    return {"prefill_tok_s": first.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
+    return {"prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
             "tpot_ms": tpot_ms, "tokens": r.tokens, "max_inflight": total["max_inflight"],
-            "per_token": {k: round((total[k] - prompt_only[k]) / n, 2) for k in PER_TOKEN},
+            "per_token": {k: round(total[k] / n, 2) for k in PER_TOKEN},
             "host_ms": {k: round(v, 3) for k, v in host.items()},
             "host_busy_fraction": round(sum(v for k, v in host.items() if k != "wait")
                                         / tpot_ms, 3) if tpot_ms else None}
+
+
+def _finish(window):
+    try:
+        next(window)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("the decode window yields once")
 
 
 def _gpu_per_token(lm, prompt: list[int], tokens: int, batch_size: int) -> dict | None:
@@ -123,20 +137,18 @@ def _gpu_per_token(lm, prompt: list[int], tokens: int, batch_size: int) -> dict 
     if not s.enable_timestamps():
         return None
     try:
-        totals = []
-        for n in (1, tokens):
-            s.profiler.gpu_ns.clear()
-            s.profiler.gpu_count.clear()
-            generate(lm, prompt, n, batch_size=batch_size)
-            s.synchronize()
-            totals.append(dict(s.profiler.gpu_ns))
+        s.profiler.gpu_ns.clear()
+        window = _decode_window(lm, prompt, tokens, batch_size)
+        next(window)
+        before = dict(s.profiler.gpu_ns)  # the prefill's batches, collected at the first token
+        _finish(window)
     finally:
         s.timing = timing
     n = max(tokens - 1, 1)
     by_kernel: dict[str, float] = {}
-    for name, ns in totals[1].items():
+    for name, ns in s.profiler.gpu_ns.items():
         k = _kernel(name)
-        by_kernel[k] = by_kernel.get(k, 0.0) + (ns - totals[0].get(name, 0.0)) / n / 1e3
+        by_kernel[k] = by_kernel.get(k, 0.0) + (ns - before.get(name, 0.0)) / n / 1e3
     total_us = sum(by_kernel.values())
     return {"gpu_ms_per_token": round(total_us / 1e3, 4),
             "gpu_us_per_token_by_kernel": {k: round(v, 2) for k, v in
@@ -176,7 +188,7 @@ def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
             s.close()
     report = {"model": model.path, "family": model.family, "device": device.name,
               "prompt_tokens": prompt_tokens, "tokens": tokens, "repeat": repeat,
-              "batch_size": batch_size, "weight_bytes": weight_bytes(lm),
+              "batch_size": batch_size, "weight_bytes": lm.weight_bytes(),
               "peak_rss_bytes": peak_rss_bytes(), "arms": {}}
     for arm in arms:
         last = arm.runs[-1]

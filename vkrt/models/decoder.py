@@ -25,6 +25,14 @@ class Decoder:
         self.stream.profiler.add("build", t0)
         self.stream.record(step)
 
+    def weight_tensors(self) -> list:
+        """Every tensor holding a weight (`self.w`, name -> Tensor)."""
+        return list(self.w.values())
+
+    def weight_bytes(self) -> int:
+        """Bytes of the device buffers holding the weights."""
+        return sum({t.buffer.serial: t.buffer.nbytes for t in self.weight_tensors()}.values())
+
     def logits(self, token_ids: list[int]) -> np.ndarray:
         """Teacher-forced logits `[len(token_ids), n_vocab]` f32 of one forward from position 0.
         Raises VkrtError for an empty list."""

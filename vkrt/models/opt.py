@@ -403,16 +403,37 @@ class OPT(Decoder):
                                  hp.n_vocab, last_row, name="argmax"))
         return out
 
+    def weight_tensors(self) -> list[Tensor]:
+        """The weights of `w` and every slice of embed_tokens (and of lm_head if untied)."""
+        slices = self.embed + ([] if self.head is self.embed else self.head)
+        return list(self.w.values()) + [t for _, t in slices]
+
     def close(self) -> None:
         """Free every buffer and the stream (pipelines are freed with the device)."""
         if self.acts is not None:
             self.acts.close()
-        for t in self.w.values():
-            t.buffer.close()
-        for _, t in self.embed + ([] if self.head is self.embed else self.head):
+        for t in self.weight_tensors():
             t.buffer.close()
         self._close_caches()
         self.stream.close()
+
+
+def checkpoint_from_folder(path: str, config: dict):
+    """The registry's entry (vkrt.models.registry): an OPT checkpoint folder's
+    hyperparameters, tokenizer and chat template (tokenizer_config.json's `chat_template`,
+    when there is one), checked; `build(device, progress)` reads and uploads the weights."""
+    import os
+
+    from vkrt.models.hf_folder import load_tokenizer, read_json
+    from vkrt.models.registry import Checkpoint
+
+    hp = OPTHParams.from_config(config, os.path.join(path, "config.json"))
+    tokenizer = load_tokenizer(path)
+    tok_config = os.path.join(path, "tokenizer_config.json")
+    template = read_json(tok_config).get("chat_template") if os.path.exists(tok_config) else None
+    return Checkpoint(str(path), "opt", hp, tokenizer, template if isinstance(template, str)
+                      else None, lambda device, progress=False: OPT.from_folder(device, path,
+                                                                                progress))
 
 
 def _check_tensors(folder: HFFolder, hp: OPTHParams) -> dict[str, str]:
