@@ -11,7 +11,8 @@ ratios are side by side):
   token to the last; TPOT = its inverse. Reported as median, min and max over repeats.
 - Per decoded token (last repeat): dispatches, barriers, dependent stages, submits, and host
   ms by phase (build, record, submit, transfer; `wait` is blocked on the GPU): what the
-  stream counted from the first token to the last, over tokens - 1.
+  stream counted from the first token to the last, over the decode steps submitted in that
+  window (tokens - N with N slots in flight: steps 2 .. N went out before the first token).
 - GPU time per decoded token, by kernel (timestamp queries around every dispatch, on the
   device's timestamp clock; each span includes any barrier stall before it): one extra
   generation with timestamps on, outside the timed repeats, the same window. Absent where the
@@ -111,12 +112,16 @@ def _repeat(lm, prompt: list[int], tokens: int, batch_size: int) -> dict:
     s.counters.max_inflight = 0
     r = _finish(window)
     total = s.counters.since(before)
-    n = max(len(r.tokens) - 1, 1)
-    host = {k: (s.profiler.phases_ns.get(k, 0) - phases.get(k, 0)) / n / 1e6 for k in PHASES}
-    tpot_ms = 1e3 * r.decode_s / n
+    # Steps recorded in the window: with N slots, steps 2 .. N were submitted before the first
+    # token was read, so the window holds tokens - N submissions (one per decode step).
+    steps = max(total["submits"], 1)
+    host = {k: (s.profiler.phases_ns.get(k, 0) - phases.get(k, 0)) / steps / 1e6
+            for k in PHASES}
+    tpot_ms = 1e3 * r.decode_s / max(len(r.tokens) - 1, 1)
     return {"prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
             "tpot_ms": tpot_ms, "tokens": r.tokens, "max_inflight": total["max_inflight"],
-            "per_token": {k: round(total[k] / n, 2) for k in PER_TOKEN},
+            "steps": total["submits"],
+            "per_token": {k: round(total[k] / steps, 2) for k in PER_TOKEN},
             "host_ms": {k: round(v, 3) for k, v in host.items()},
             "host_busy_fraction": round(sum(v for k, v in host.items() if k != "wait")
                                         / tpot_ms, 3) if tpot_ms else None}
@@ -140,11 +145,13 @@ def _gpu_per_token(lm, prompt: list[int], tokens: int, batch_size: int) -> dict 
         s.profiler.gpu_ns.clear()
         window = _decode_window(lm, prompt, tokens, batch_size)
         next(window)
-        before = dict(s.profiler.gpu_ns)  # the prefill's batches, collected at the first token
+        before = dict(s.profiler.gpu_ns)  # batches collected by the first token
+        count = s.profiler.gpu_count.get("argmax", 0)
         _finish(window)
     finally:
         s.timing = timing
-    n = max(tokens - 1, 1)
+    # Steps timed in the window: each step has one argmax dispatch.
+    n = max(s.profiler.gpu_count.get("argmax", 0) - count, 1)
     by_kernel: dict[str, float] = {}
     for name, ns in s.profiler.gpu_ns.items():
         k = _kernel(name)
@@ -197,6 +204,7 @@ def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
             "decode_tok_s": _stats([r["decode_tok_s"] for r in arm.runs]),
             "tpot_ms": _stats([r["tpot_ms"] for r in arm.runs]),
             "per_decoded_token": last["per_token"], "max_inflight": last["max_inflight"],
+            "steps_counted": last["steps"],
             "host_ms_per_token": last["host_ms"], "host_busy_fraction": last["host_busy_fraction"],
             "same_tokens_as_first_arm": all(r["tokens"] == arms[0].runs[0]["tokens"]
                                             for r in arm.runs)}

@@ -1,0 +1,89 @@
+"""`vkrt bench`: the report's numbers come from the stream's counters in the decode window and
+agree with what the arms mean (always: a barrier per record; tracked: fewer; N slots: depth
+N). Speeds are reported, never asserted (benchmarks are not timed tests)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import vkrt
+from test_opt import config_json, random_weights, write_checkpoint
+from vkrt import bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def opt_folder(tmp_path_factory) -> str:
+    config = config_json()
+    return write_checkpoint(tmp_path_factory.mktemp("bench") / "opt", config,
+                            random_weights(config, seed=1), tokenizer="json")
+
+
+def test_report_counts_match_the_arms(opt_folder, device):
+    with vkrt.load(opt_folder, device=device) as model:
+        n_layer = model.hparams.n_layer
+        r = bench.run(model, prompt_tokens=6, tokens=4, repeat=2, batch_size=4,
+                      barriers=["tracked", "always"], inflights=[1, 2])
+        weights = model.lm.weight_bytes()
+    assert set(r["arms"]) == {"tracked/inflight1", "always/inflight1", "tracked/inflight2",
+                              "always/inflight2"}
+    step = None
+    for label, arm in r["arms"].items():
+        per = arm["per_decoded_token"]
+        assert arm["same_tokens_as_first_arm"], label
+        assert arm["max_inflight"] == int(label[-1]), label
+        assert arm["steps_counted"] == 4 - int(label[-1]), label   # tokens - inflight
+        assert per["submits"] == 1, label                  # one submission per decode step
+        assert per["dispatches"] > 4 * n_layer
+        step = step or per["dispatches"]
+        assert per["dispatches"] == step                   # the same forward in every arm
+        if label.startswith("always"):
+            assert per["barriers"] >= per["dispatches"] and per["stages"] == per["barriers"]
+        else:
+            assert per["stages"] < r["arms"]["always" + label[7:]]["per_decoded_token"]["stages"]
+        assert all(v >= 0 for v in arm["host_ms_per_token"].values()), label
+        for key in ("prefill_tok_s", "decode_tok_s", "tpot_ms"):
+            s = arm[key]
+            assert 0 < s["min"] <= s["median"] <= s["max"], (label, key)
+    assert r["weight_bytes"] == weights > 0
+    assert r["peak_rss_bytes"] > 0
+    if device.timestamp_valid_bits:
+        g = r["gpu"]
+        assert g["gpu_ms_per_token"] > 0 and g["gpu_us_per_stage"] > 0
+        assert any(k.startswith("self_attn") for k in g["gpu_us_per_token_by_kernel"])
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vkrt", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+
+
+def test_cli_json(opt_folder):
+    p = run_cli("bench", "--model", opt_folder, "--prompt-tokens", "5", "--tokens", "3",
+                "--repeat", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    for key in ("device", "driver", "driver_version", "commit", "vulkan_api", "weight_bytes",
+                "peak_rss_bytes", "arms"):
+        assert key in r, key
+    (arm,) = r["arms"].values()
+    assert arm["per_decoded_token"]["dispatches"] > 0
+
+
+@pytest.mark.parametrize("flags, code, words", [
+    (["--tokens", "1"], 1, "--tokens must be at least 2"),
+    (["--repeat", "0"], 1, "--repeat must be at least 1"),
+    (["--prompt-tokens", "100000"], 1, "exceeds the model's context"),
+    (["--barriers", "sometimes"], 2, "'sometimes' is not one of tracked, always"),
+    (["--inflight", "0"], 2, "expected integers >= 1"),
+])
+def test_cli_refuses_bad_options(opt_folder, flags, code, words):
+    p = run_cli("bench", "--model", opt_folder, *flags)
+    assert p.returncode == code, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], p.stderr
