@@ -222,7 +222,9 @@ def test_opt125m_shape_matches_transformers(tmp_path_factory, device):
                                                                           dtype=torch.float32))
     model = OPT.from_folder(device, path)
     try:
-        assert len(model.embed) == 2      # 154 MB of f32 > lavapipe's 128 MiB binding
+        # 154 MB of f32: two slices where a binding holds less (lavapipe: 128 MiB), else one.
+        table = OPT_125M["vocab_size"] * OPT_125M["hidden_size"] * 4
+        assert len(model.embed) == (2 if table > device.max_storage_buffer_range else 1)
         compare(model, ref, [2, 31414, 232, 6, 38, 1437, 50271], 4, 1e-3, "opt-125m")
     finally:
         model.close()
