@@ -401,9 +401,13 @@ def safe_attention_reference(q, k_cache, v_cache, pos0, scale):
     return out
 
 
-def run_attention(gpu, q, k_cache, v_cache, pos0, scale):
+def run_attention(gpu, q, k_cache, v_cache, pos0, scale, split=False):
     """attention.comp on q [T, H, D], caches [n_ctx, H_kv, D]; returns [T, H, D] and checks
-    the sentinel tail after the output."""
+    the sentinel tail after the output. `split`: each token as a decode step instead, through
+    attention_split.comp + attention_combine.comp (`run_attention_decode`)."""
+    if split:
+        return np.stack([run_attention_decode(gpu, q[t], k_cache, v_cache, pos0 + t, scale)
+                         for t in range(q.shape[0])])
     n_tokens, n_heads, head_dim = q.shape
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     bo = gpu.filled(q.size + 3)
@@ -414,6 +418,53 @@ def run_attention(gpu, q, k_cache, v_cache, pos0, scale):
     return got[:-3].reshape(q.shape)
 
 
+def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale):
+    """One query q [H, D] at position pos0: the split kernel over chunks of
+    `attention_chunk(pos0 + 1)` positions (the model's choice), then the combine; [H, D]."""
+    from vkrt.kernels import attention_chunk
+
+    n_heads, head_dim = q.shape
+    chunk = attention_chunk(pos0 + 1, head_dim)
+    splits = -(-(pos0 + 1) // chunk)
+    bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
+    part, bo = gpu.filled(n_heads * splits * (head_dim + 2) + 3), gpu.filled(q.size + 3)
+    gpu.run("attention_split", {0: head_dim}, (bq, bk, bv, part), (n_heads, splits, 1),
+            push(n_heads, k_cache.shape[1], head_dim, pos0, chunk, float(scale)))
+    gpu.run("attention_combine", {0: head_dim}, (part, bo), (n_heads, 1, 1),
+            push(head_dim, splits))
+    got, partial = gpu.read(bo), gpu.read(part)
+    np.testing.assert_array_equal(got[-3:], SENTINEL)
+    np.testing.assert_array_equal(partial[-3:], SENTINEL)
+    return got[:-3].reshape(q.shape)
+
+
+# Decode attention split over the cache: one query token, splits of whole head_dim blocks
+# (kernels.attention_chunk: at most ATTENTION_SPLITS = 32 splits), merged. Bound as
+# test_attention_gqa_causal (the merge adds one rescaling per split).
+@pytest.mark.parametrize("head_dim,pos0,q_scale,atol", [
+    (16, 0, 1.0, 1e-6),        # one position, one split
+    (16, 37, 1.0, 1e-6),       # 38 positions: splits of 16, the last partial
+    (32, 70, 1.0, 1e-6),       # 71 positions: 3 splits
+    (16, 1500, 1.0, 1e-6),     # 32 splits of 48 positions (3 blocks each), the last short
+    (16, 40, 30.0, 1e-5),      # large scores: each split's own max, then the merge's
+], ids=["one-position", "partial-split", "hd32", "32-splits-of-3-blocks", "large-scores"])
+def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol):
+    from vkrt.kernels import attention_chunk
+
+    r, n_heads, n_kv_heads = rng(23), 6, 2
+    n_ctx = pos0 + 5
+    q = randn(r, 1, n_heads, head_dim) * np.float32(q_scale)
+    k_cache = randn(r, n_ctx, n_kv_heads, head_dim)
+    v_cache = randn(r, n_ctx, n_kv_heads, head_dim)
+    k_cache[pos0 + 1:] = np.nan         # never read past the query's position
+    v_cache[pos0 + 1:] = np.nan
+    scale = float(np.float32(1.0 / np.sqrt(head_dim)))
+    got = run_attention_decode(gpu, q[0], k_cache, v_cache, pos0, scale)
+    want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+    assert -(-(pos0 + 1) // attention_chunk(pos0 + 1, head_dim)) <= 32
+
+
 def test_attention_four_minus_infinity_scores_give_zeros(gpu):
     # The issue's example: one query at position 3, its four scores all -inf. The kernel
     # returned NaN (exp(-inf - -inf) in the first block, then 0 / 0).
@@ -422,8 +473,9 @@ def test_attention_four_minus_infinity_scores_give_zeros(gpu):
     k_cache = np.ones((4, 1, head_dim), np.float32)
     k_cache[:, 0, 0] = -np.inf                   # q . k = -inf + 3
     v_cache = randn(rng(20), 4, 1, head_dim)
-    got = run_attention(gpu, q, k_cache, v_cache, 3, 0.5)
-    np.testing.assert_array_equal(got, np.zeros_like(q))
+    for split in (False, True):
+        got = run_attention(gpu, q, k_cache, v_cache, 3, 0.5, split)
+        np.testing.assert_array_equal(got, np.zeros_like(q))
 
 
 # Masked positions: k[p, kv head 0, 0] = -inf with q[..., 0] = 1 > 0 makes the score of every
@@ -441,8 +493,9 @@ MASKS = {
 }
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-pass", "split"])
 @pytest.mark.parametrize("masked", MASKS.values(), ids=MASKS.keys())
-def test_attention_minus_infinity_scores(gpu, masked):
+def test_attention_minus_infinity_scores(gpu, masked, split):
     r, head_dim, n_heads, n_kv_heads, n_tokens, pos0 = rng(21), 8, 4, 2, 4, 20
     q = randn(r, n_tokens, n_heads, head_dim)
     q[..., 0] = 1.0
@@ -450,7 +503,7 @@ def test_attention_minus_infinity_scores(gpu, masked):
     v_cache = randn(r, pos0 + n_tokens, n_kv_heads, head_dim)
     k_cache[list(masked), 0, 0] = -np.inf
     scale = float(np.float32(1 / np.sqrt(head_dim)))
-    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale)
+    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale, split)
     want = safe_attention_reference(q, k_cache, v_cache, pos0, scale)
     assert not np.isnan(got).any()
     # Unmasked scores behave as in test_attention_gqa_causal (q_scale 1): bound 1e-6.
@@ -471,8 +524,9 @@ OVERFLOW = {
 }
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-pass", "split"])
 @pytest.mark.parametrize("big", OVERFLOW.values(), ids=OVERFLOW.keys())
-def test_attention_scores_past_f32_range(gpu, big):
+def test_attention_scores_past_f32_range(gpu, big, split):
     r, head_dim, n_heads, n_kv_heads, n_tokens, pos0 = rng(22), 8, 2, 1, 2, 22
     q = randn(r, n_tokens, n_heads, head_dim)
     q[..., 0] = 8.0
@@ -481,7 +535,7 @@ def test_attention_scores_past_f32_range(gpu, big):
     for p, value in big.items():
         k_cache[p, 0, 0] = value / 2
     scale = 0.25
-    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale)
+    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale, split)
     want = safe_attention_reference(q, k_cache, v_cache, pos0, scale)
     assert not np.isnan(got).any()
     # Where a score is +inf or ~1e38 every other weight is exactly 0 (exp of < -1e38): the

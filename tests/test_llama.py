@@ -110,13 +110,14 @@ def test_teacher_forced_logits(llama, reference, tok, default_gguf, text, chat):
 
 
 # Per decoded token of a Llama forward (llama.py `step`): dispatches, and the barriers the
-# tracker proves. Per layer 16 dispatches in 11 dependent stages: attn_norm | q, k, v |
-# rope q, rope k into the cache, v into the cache | attention | attn_output | residual add |
+# tracker proves. Per layer 17 dispatches in 12 dependent stages: attn_norm | q, k, v |
+# rope q, rope k into the cache, v into the cache | attention over cache splits | their
+# combine (kernels.attention: two dispatches for one token) | attn_output | residual add |
 # ffn_norm | gate, up | silu*mul | down | residual add. Around the layers: the embedding (its
 # RAW barrier is on the token id that the previous step's argmax wrote, in an earlier
 # submission), then output_norm | output | argmax.
 def per_token(n_layer: int) -> dict:
-    return {"dispatches": 1 + 16 * n_layer + 3, "tracked": 1 + 11 * n_layer + 3}
+    return {"dispatches": 1 + 17 * n_layer + 3, "tracked": 1 + 12 * n_layer + 3}
 
 
 def _decode_step_counters(model, tok, arm="tracked"):
@@ -239,7 +240,8 @@ def test_decode_step_plan_without_recording(llama):
     barrier_at = {n for n, c in zip(names, decisions) if c}
     for i in range(hp.n_layer):
         b = f"blk.{i}."
-        assert {b + "attn_norm", b + "attn_q", b + "rope_q", b + "attn", b + "attn_output",
+        assert {b + "attn_norm", b + "attn_q", b + "rope_q", b + "attn_split", b + "attn",
+                b + "attn_output",
                 b + "attn_residual", b + "ffn_norm", b + "ffn_gate", b + "ffn_silu_mul",
                 b + "ffn_down", b + "ffn_residual"} <= barrier_at
         assert not {b + "attn_k", b + "attn_v", b + "rope_k", b + "v_cache",

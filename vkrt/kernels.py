@@ -19,6 +19,19 @@ ELEMENTWISE_BLOCK = 64   # workgroup size of elementwise kernels
 ARGMAX_BLOCK = 256
 MATMUL_TOKENS = 8        # tokens per matmul workgroup (each W row read once per tile)
 F32, U32 = "float32", "uint32"
+ATTENTION_SPLITS = 32    # most splits of the KV cache per head at decode (attention_split)
+
+
+def attention_chunk(n_positions: int, head_dim: int) -> int:
+    """Cache positions per split at decode: the fewest whole blocks of head_dim positions
+    (attention_split's loop step) that cut n_positions into at most ATTENTION_SPLITS splits."""
+    per_split = -(-n_positions // ATTENTION_SPLITS)
+    return -(-per_split // head_dim) * head_dim
+
+
+def attention_partials(n_heads: int, head_dim: int) -> int:
+    """f32 elements of the decode attention's partial states (`Kernels.attention` part)."""
+    return n_heads * ATTENTION_SPLITS * (head_dim + 2)
 
 
 def _groups(n: int, block: int) -> int:
@@ -51,8 +64,11 @@ class Kernels:
         self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._argmax = Op(p("argmax", {0: ARGMAX_BLOCK}), (F32, U32))
         # attention's workgroup is one head: local_size_x = head_dim.
-        self._attention = (Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
-                           if head_dim else None)
+        self._attention = self._attention_split = self._attention_combine = None
+        if head_dim:
+            self._attention = Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
+            self._attention_split = Op(p("attention_split", {0: head_dim}), (F32, F32, F32, F32))
+            self._attention_combine = Op(p("attention_combine", {0: head_dim}), (F32, F32))
         # OPT (vkrt/models/opt.py): LayerNorm, ReLU, learned positions, sliced embeddings.
         self._layernorm = Op(p("layernorm", {0: sg}), (F32, F32, F32, F32))
         self._relu = Op(p("relu", {0: ELEMENTWISE_BLOCK}), (F32,))
@@ -116,16 +132,34 @@ class Kernels:
 
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor,
                   n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, pos0: int,
-                  scale: float, name: str = "") -> Dispatch:
+                  scale: float, part: Tensor, name: str = "") -> list[Dispatch]:
         """Causal grouped-query attention of n_tokens queries at positions pos0.. over the
-        cache rows 0 .. pos0 + n_tokens - 1; q, out [tokens, n_heads * head_dim]."""
+        cache rows 0 .. pos0 + n_tokens - 1; q, out [tokens, n_heads * head_dim].
+        One token (decode) is split over the cache (`attention_split`: heads x splits of
+        `attention_chunk(pos0 + 1)` positions, partial states in `part`, f32
+        [n_heads * ATTENTION_SPLITS * (head_dim + 2)] at least) and merged
+        (`attention_combine`): two dispatches. More tokens (prefill) run one workgroup per
+        (head, token) (`attention`): one dispatch."""
+        kvn = (pos0 + n_tokens) * n_kv_heads * head_dim
+        if n_tokens == 1:
+            assert self._attention_split.pipeline.local_size[0] == head_dim, "built for head_dim"
+            chunk = attention_chunk(pos0 + 1, head_dim)
+            splits = _groups(pos0 + 1, chunk)
+            pn, qn = n_heads * splits * (head_dim + 2), n_heads * head_dim
+            return [self._attention_split(q, k_cache, v_cache, part, grid=(n_heads, splits, 1),
+                                          name=name + "_split", need=(qn, kvn, kvn, pn),
+                                          n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                          head_dim=head_dim, pos0=pos0, chunk=chunk,
+                                          scale=scale),
+                    self._attention_combine(part, out, grid=(n_heads, 1, 1), name=name,
+                                            need=(pn, qn), head_dim=head_dim, n_splits=splits)]
         op = self._attention
         assert op is not None and op.pipeline.local_size[0] == head_dim, "built for head_dim"
-        qn, kvn = n_tokens * n_heads * head_dim, (pos0 + n_tokens) * n_kv_heads * head_dim
-        return op(q, k_cache, v_cache, out, grid=(n_heads, *spread(n_tokens, self.limit[1:])),
-                  name=name,
-                  need=(qn, kvn, kvn, qn), n_heads=n_heads, n_kv_heads=n_kv_heads,
-                  head_dim=head_dim, pos0=pos0, scale=scale)
+        qn = n_tokens * n_heads * head_dim
+        return [op(q, k_cache, v_cache, out, grid=(n_heads, *spread(n_tokens, self.limit[1:])),
+                   name=name,
+                   need=(qn, kvn, kvn, qn), n_heads=n_heads, n_kv_heads=n_kv_heads,
+                   head_dim=head_dim, pos0=pos0, scale=scale)]
 
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor, n: int,
                  name: str = "") -> Dispatch:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkrt.errors import ModelFormatError
-from vkrt.kernels import Kernels
+from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
 from vkrt.models.gguf import GGUFFile, LlamaHParams
 from vkrt.models.scratch import arena, grow, kv_cache
@@ -77,6 +77,7 @@ class Activations:
     v: Tensor        # [tokens, n_head_kv * head_dim]
     q_rope: Tensor   # [tokens, n_head * head_dim]
     attn: Tensor     # [tokens, n_head * head_dim]
+    attn_part: Tensor  # decode attention's partial states (kernels.attention_partials)
     proj: Tensor     # [tokens, n_embd] attention or MLP output before the residual add
     gate: Tensor     # [tokens, n_ff]
     up: Tensor       # [tokens, n_ff]
@@ -95,6 +96,7 @@ class Activations:
                   "xn": ("float32", (T, hp.n_embd)), "q": ("float32", (T, qw)),
                   "k": ("float32", (T, kvw)), "v": ("float32", (T, kvw)),
                   "q_rope": ("float32", (T, qw)), "attn": ("float32", (T, qw)),
+                  "attn_part": ("float32", (attention_partials(hp.n_head, hp.head_dim),)),
                   "proj": ("float32", (T, hp.n_embd)), "gate": ("float32", (T, hp.n_ff)),
                   "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
                   "logits": ("float32", (logit_rows, hp.n_vocab))}
@@ -224,8 +226,8 @@ class Llama(Decoder):
             k.rope(a.k, self.rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
                    name=blk + "rope_k"),  # K goes straight into the cache
             k.copy_rows(a.v, v_cache, T, pos0, name=blk + "v_cache"),
-            k.attention(a.q_rope, k_cache, v_cache, a.attn, T, hp.n_head, hp.n_head_kv,
-                        hp.head_dim, pos0, self.attn_scale, name=blk + "attn"),
+            *k.attention(a.q_rope, k_cache, v_cache, a.attn, T, hp.n_head, hp.n_head_kv,
+                         hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn"),
             *self._linear(a.attn, blk + "attn_output", a.proj, T),
             k.add(a.x, a.proj, T * hp.n_embd, name=blk + "attn_residual"),
         ]

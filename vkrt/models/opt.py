@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkrt.errors import ModelFormatError
-from vkrt.kernels import Kernels
+from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
 from vkrt.models.hf_folder import DTYPES, HFFolder
 from vkrt.models.scratch import arena, grow, kv_cache
@@ -166,6 +166,7 @@ class Activations:
     k: Tensor
     v: Tensor
     attn: Tensor
+    attn_part: Tensor  # decode attention's partial states (kernels.attention_partials)
     proj: Tensor     # [tokens, n_embd] attention or MLP output before the residual add
     ff: Tensor       # [tokens, n_ff]
     emb: Tensor      # [tokens, n_proj] token embeddings before project_in / after project_out
@@ -181,7 +182,8 @@ class Activations:
         layout = {"ids": ("uint32", (T,)), **{n: ("float32", (T, H)) for n in (
             "x", "xn", "q", "k", "v", "attn", "proj")},
             "ff": ("float32", (T, hp.n_ff)), "emb": ("float32", (T, hp.n_proj)),
-            "logits": ("float32", (logit_rows, hp.n_vocab))}
+            "logits": ("float32", (logit_rows, hp.n_vocab)),
+            "attn_part": ("float32", (attention_partials(hp.n_head, hp.head_dim),))}
         if slice_rows < hp.n_vocab and logit_rows > 1:
             layout["head"] = ("float32", (logit_rows, slice_rows))
         layout.update({f"token{j}": ("uint32", (1,)) for j in range(max(1, ring))})
@@ -314,8 +316,9 @@ class OPT(Decoder):
                 *self._linear(h, att + "v_proj", a.v, T),
                 k.copy_rows(a.k, self.k_cache[i], T, pos0, name=att + "k_cache"),
                 k.copy_rows(a.v, self.v_cache[i], T, pos0, name=att + "v_cache"),
-                k.attention(a.q, self.k_cache[i], self.v_cache[i], a.attn, T, hp.n_head,
-                            hp.n_head, hp.head_dim, pos0, self.attn_scale, name=att + "attn"),
+                *k.attention(a.q, self.k_cache[i], self.v_cache[i], a.attn, T, hp.n_head,
+                             hp.n_head, hp.head_dim, pos0, self.attn_scale, a.attn_part,
+                             name=att + "attn"),
                 *self._linear(a.attn, att + "out_proj", a.proj, T),
                 k.add(a.x, a.proj, T * hp.n_embd, name=blk + "attn_residual")]
         if not hp.pre_norm:
