@@ -182,12 +182,18 @@ class Device:
         self.max_compute_work_group_count = tuple(props.limits.maxComputeWorkGroupCount)
         self.max_push_constants_size = props.limits.maxPushConstantsSize
         self.timestamp_period_ns = props.limits.timestampPeriod
+        maintenance3 = new("VkPhysicalDeviceMaintenance3Properties*",
+                           {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES})
         subgroup = new("VkPhysicalDeviceSubgroupProperties*",
-                       {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES})
+                       {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
+                        "pNext": maintenance3})
         props2 = new("VkPhysicalDeviceProperties2*",
                      {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": subgroup})
         lib.vkGetPhysicalDeviceProperties2(self.physical, props2)
         self.subgroup_size = subgroup.subgroupSize  # 8 on lavapipe, 32 on NVIDIA
+        # The largest single VkDeviceMemory (Vulkan 1.1 core; weights are suballocated from
+        # allocations no larger than this).
+        self.max_memory_allocation_size = maintenance3.maxMemoryAllocationSize
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
         self.queue_family = next(i for i, f in enumerate(families)
                                  if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)
