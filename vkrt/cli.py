@@ -118,7 +118,7 @@ def _generate(args) -> int:
     show_bars = args.progress or (sys.stderr is not None and sys.stderr.isatty())
     with Device(args.device) as device:
         model = Llama.from_gguf(device, gguf, progress=show_bars)
-        gguf.close()  # the weights are on the device: release the file's mapping
+        gguf.close()  # the weights are on the device: close the file
         stream = tokenizer.stream(skip_special=True)
         bar = tqdm(total=len(prompt_ids), desc="prefill", unit="tok", leave=False,
                    disable=not show_bars or len(prompt_ids) <= args.batch_size)

@@ -209,8 +209,8 @@ class Llama:
         as f32, all suballocated from a few buffers (`WeightArena`). Bytes are read from the
         file straight into mapped device memory, or through one scratch array of the largest
         tensor's size and the stream's staging when the device memory is not mappable: no
-        second copy of the file in host memory, and the file's mapping is never touched.
-        The file stays open: call `gguf.close()` to release it once no other tensor is needed.
+        second copy of the file in host memory (nothing of it is memory-mapped). The file's
+        descriptor stays open: `gguf.close()` releases it.
 
         Every tensor of the file is read by the forward or the file is refused, and every
         check runs before the first allocation.
