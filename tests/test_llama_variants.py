@@ -374,3 +374,31 @@ def test_weights_are_views_of_one_buffer_as_stored(plain_model, device, tmp_path
     finally:
         model.close()
         g.close()
+
+
+def test_weights_split_over_several_buffers_past_the_chunk(plain_model, device, tmp_path,
+                                                          monkeypatch):
+    """Weights larger than one allocation chunk (min(maxMemoryAllocationSize, 1 GiB); here
+    lowered to 16 KiB) are spread over several buffers, each tensor whole inside one, and the
+    model computes the same logits as from one buffer."""
+    import vkrt.models.llama as llama_module
+
+    g = load_gguf(write_gguf(tmp_path / "q8_0.gguf", plain_model, qtype="Q8_0"))
+    ids = [3, 141, 59, 26, 5]
+    one = Llama.from_gguf(device, g)
+    try:
+        want = one.logits(ids)
+    finally:
+        one.close()
+    monkeypatch.setattr(llama_module, "CHUNK_LIMIT", 16384)
+    model = Llama.from_gguf(device, g)
+    try:
+        assert len(model.arena.buffers) > 2
+        for t in model.w.values():
+            assert t.offset + t.nbytes <= t.buffer.nbytes
+        # token_embd (300 x 64 Q8_0: 20,400 bytes) is larger than a chunk: a buffer of its own.
+        assert model.w["token_embd.weight"].buffer.nbytes == 20400
+        np.testing.assert_array_equal(model.logits(ids), want)
+    finally:
+        model.close()
+        g.close()

@@ -71,7 +71,7 @@ CHUNK_LIMIT = 1 << 30  # largest weight allocation: min(this, maxMemoryAllocatio
 class WeightArena:
     """Every weight of a model as views of a few device-local buffers.
 
-    `layout(device, sizes)` places tensors (name -> bytes) in file order, each at an offset
+    `WeightArena(device, sizes)` places tensors (name -> bytes) in order, each at an offset
     aligned to minStorageBufferOffsetAlignment, in buffers of at most
     min(maxMemoryAllocationSize, 1 GiB) bytes (a tensor larger than that gets a buffer of its
     own); nothing is allocated until `allocate()`. Attributes: `buffers` (after `allocate`),
