@@ -424,10 +424,8 @@ class Llama:
         """Free every buffer and the stream (pipelines are freed with the device)."""
         if self.acts is not None:
             self.acts.close()
-        if self.arena is not None:
-            self.arena.close()
-        for t in self.w.values():
-            t.buffer.close()
+        for b in {id(t.buffer): t.buffer for t in self.w.values()}.values():
+            b.close()  # each weight buffer once (the arena's hold many views)
         self._close_caches()
         self.stream.close()
 
