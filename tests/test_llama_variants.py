@@ -402,3 +402,24 @@ def test_weights_split_over_several_buffers_past_the_chunk(plain_model, device, 
     finally:
         model.close()
         g.close()
+
+
+def test_load_on_both_memory_paths(plain_model, device, checked_device, tmp_path):
+    """Weights read straight into mapped device memory and through the scratch array and
+    staging (device memory the host cannot map: a discrete GPU's path) give the same logits,
+    with the validation layer silent where installed."""
+    g = load_gguf(write_gguf(tmp_path / "q4_1.gguf", plain_model, qtype="Q4_1"))
+    ids = [7, 0, 299, 42]
+    ref = Llama.from_gguf(device, g)
+    try:
+        want = ref.logits(ids)
+    finally:
+        ref.close()
+    model = Llama.from_gguf(checked_device, g)
+    try:
+        if not checked_device.direct_host_access:
+            assert model.arena.buffers[0].mapped is None
+        np.testing.assert_array_equal(model.logits(ids), want)
+    finally:
+        model.close()
+        g.close()
