@@ -83,9 +83,10 @@ class Kernels:
         """out[t] = table[ids[t]] dequantized to f32 for t < n_tokens; table [n_vocab, n_embd]
         of any `WEIGHTS` dtype, out f32."""
         n_embd = table.shape[1]
-        return self.weight_op("embed", table)(table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK),
-                                                  *spread(n_tokens, self.limit[1:])),
-                           name=name, need=(None, n_tokens, n_tokens * n_embd), n_embd=n_embd)
+        grid = (_groups(n_embd, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
+        return self.weight_op("embed", table)(table, ids, out, grid=grid, name=name,
+                                              need=(None, n_tokens, n_tokens * n_embd),
+                                              n_embd=n_embd)
 
     def rmsnorm(self, x: Tensor, weight: Tensor, out: Tensor, n_tokens: int, eps: float,
                 name: str = "") -> Dispatch:
@@ -103,15 +104,17 @@ class Kernels:
         product (prefill; x_row must be 0)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
-            return self.weight_op("matvec", weight)(weight, x, y, grid=(*spread(n_out, self.limit), 1), name=name,
-                                need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in,
-                                x_offset=x_row * n_in, n_rows=n_out)
+            return self.weight_op("matvec", weight)(
+                weight, x, y, grid=(*spread(n_out, self.limit), 1), name=name,
+                need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in, x_offset=x_row * n_in,
+                n_rows=n_out)
         assert x_row == 0, "matmul reads x from row 0"
         x_groups, z_groups = spread(n_out, self.limit)
         grid = (x_groups, _groups(n_tokens, MATMUL_TOKENS), z_groups)
-        return self.weight_op("matmul", weight)(weight, x, y, grid=grid,
-                            name=name, need=(None, n_tokens * n_in, n_tokens * n_out),
-                            n_cols=n_in, n_rows=n_out, n_tokens=n_tokens)
+        return self.weight_op("matmul", weight)(
+            weight, x, y, grid=grid, name=name,
+            need=(None, n_tokens * n_in, n_tokens * n_out), n_cols=n_in, n_rows=n_out,
+            n_tokens=n_tokens)
 
     def rope(self, src: Tensor, cos_sin: Tensor, dst: Tensor, n_tokens: int, n_heads: int,
              head_dim: int, pos0: int, dst_row: int = 0, name: str = "") -> Dispatch:
