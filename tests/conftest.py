@@ -57,7 +57,7 @@ def device():
 
 @pytest.fixture(scope="session")
 def llama(device, default_gguf):
-    """The default model resident on `device` (f32 weights, ~0.5 GB)."""
+    """The default model resident on `device` (weights as stored, ~97 MB)."""
     from vkrt.models.llama import Llama
 
     model = Llama.from_gguf(device, default_gguf)

@@ -27,9 +27,13 @@ from test_gen_reflect import differences
 from vkrt.gen import compile as glslang
 from vkrt.gen.build import DEFAULT_GLSL_DIR
 from vkrt.gen.reflect import reflect
+from vkrt.gen.variants import discover
 
 CORPUS = Path(__file__).parent / "gen_corpus"
-SOURCES = sorted(CORPUS.glob("*.comp")) + sorted(DEFAULT_GLSL_DIR.glob("*.comp"))
+# (name, .comp, -D flags): the corpus, then every module vkrt builds (variants.json included).
+SOURCES = ([(p.stem, p, []) for p in sorted(CORPUS.glob("*.comp"))]
+           + [(f"vkrt_{s.module}", s.path, [f"-D{k}={v}" for k, v in s.defines])
+              for s in discover(DEFAULT_GLSL_DIR)])
 TARGETS = ("vulkan1.2", "vulkan1.3")
 
 
@@ -38,13 +42,13 @@ def _compile_all(tmp_path: Path, target: str) -> dict[str, bytes]:
     flags[flags.index("--target-env") + 1] = target
     compiler = glslang.find_compiler()
     out = {}
-    for src in SOURCES:
-        spv = tmp_path / f"{src.stem}.{target}.spv"
+    for name, src, defines in SOURCES:
+        spv = tmp_path / f"{name}.{target}.spv"
         proc = subprocess.run(
-            [compiler.path, *flags, f"-I{src.parent}", "-o", str(spv), str(src)],
+            [compiler.path, *flags, *defines, f"-I{src.parent}", "-o", str(spv), str(src)],
             capture_output=True, text=True, env={**os.environ, **compiler.env})
         assert proc.returncode == 0, proc.stdout
-        out[src.stem if src.parent == CORPUS else f"vkrt_{src.stem}"] = spv.read_bytes()
+        out[name] = spv.read_bytes()
     return out
 
 

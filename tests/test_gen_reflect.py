@@ -36,6 +36,7 @@ from vkrt.gen import compile as glslang
 from vkrt.gen import metadata
 from vkrt.gen.build import DEFAULT_GLSL_DIR
 from vkrt.gen.reflect import reflect
+from vkrt.gen.variants import discover
 
 FIXTURES = Path(__file__).parent / "gen_fixtures"
 SPIRV_CROSS = shutil.which("spirv-cross") or "/usr/bin/spirv-cross"
@@ -73,14 +74,16 @@ def _fixture_flags(src: Path) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def compile_fixture(src: Path, out_dir: Path) -> Path:
-    """Compile (.comp) or assemble (.spvasm) one fixture into out_dir; returns the .spv."""
+def compile_fixture(src: Path, out_dir: Path, defines: tuple = ()) -> Path:
+    """Compile (.comp, with `defines` as (name, value) pairs) or assemble (.spvasm) one
+    fixture into out_dir; returns the .spv."""
     out = out_dir / f"{src.stem}.spv"
     if src.suffix == ".spvasm":
         _assemble(src, out)
         return out
     compiler = glslang.find_compiler()
-    argv = [compiler.path, *_fixture_flags(src), f"-I{src.parent}", "-o", str(out), str(src)]
+    argv = [compiler.path, *_fixture_flags(src), *[f"-D{k}={v}" for k, v in defines],
+            f"-I{src.parent}", "-o", str(out), str(src)]
     proc = subprocess.run(argv, capture_output=True, text=True,
                           env={**os.environ, **compiler.env})
     assert proc.returncode == 0, proc.stdout
@@ -285,10 +288,10 @@ def test_fixture_matches_spirv_cross(src: Path, tmp_path: Path):
     assert differences(spv, reflect(spv.read_bytes(), src.stem)) == []
 
 
-@pytest.mark.parametrize("src", sorted(DEFAULT_GLSL_DIR.glob("*.comp")), ids=lambda p: p.name)
-def test_package_shader_matches_spirv_cross(src: Path, tmp_path: Path):
-    spv = compile_fixture(src, tmp_path)
-    assert differences(spv, reflect(spv.read_bytes(), src.stem)) == []
+@pytest.mark.parametrize("src", discover(DEFAULT_GLSL_DIR), ids=lambda s: s.module)
+def test_package_shader_matches_spirv_cross(src, tmp_path: Path):
+    spv = compile_fixture(src.path, tmp_path, src.defines)
+    assert differences(spv, reflect(spv.read_bytes(), src.module)) == []
 
 
 def test_committed_modules_match_spirv_cross():

@@ -20,13 +20,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vkrt.errors import ShaderInterfaceError, VkrtError
+from vkrt.kernels import Kernels
 from vkrt.models.llama import rope_table
 from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.stream import Stream
-from vkrt.runtime.tensor import Tensor
+from vkrt.runtime.tensor import Tensor, nbytes_of
 
 ELEMENTWISE = 64   # elementwise kernels' workgroup size, as in llama.py
 F32 = 4
@@ -158,7 +160,7 @@ def test_embed_gathers_rows(gpu):
     table = randn(r, n_vocab, n_embd)
     ids = np.array([5, 0, 36, 5, 17], np.uint32)  # a repeat, the first and the last row
     bt, bi, bo = gpu.upload(table), gpu.upload(ids), gpu.filled(len(ids) * n_embd + 3)
-    gpu.run("embed", {0: ELEMENTWISE}, (bt, bi, bo), (groups(n_embd, ELEMENTWISE), len(ids), 1),
+    gpu.run("embed_f32", {0: ELEMENTWISE}, (bt, bi, bo), (groups(n_embd, ELEMENTWISE), len(ids), 1),
             push(n_embd))
     got = gpu.read(bo)
     np.testing.assert_array_equal(got[:-3].reshape(len(ids), n_embd), table[ids])
@@ -232,7 +234,7 @@ def test_matvec_with_x_offset(gpu, subgroups):
     r, n_rows, n_cols, x_row = rng(7), 37, 260, 2
     w, x = randn(r, n_rows, n_cols), randn(r, 3, n_cols)
     bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_rows + 3)
-    gpu.run("matvec", {0: gpu.sg * subgroups}, (bw, bx, by), (n_rows, 1, 1),
+    gpu.run("matvec_f32", {0: gpu.sg * subgroups}, (bw, bx, by), (n_rows, 1, 1),
             push(n_cols, x_row * n_cols, n_rows))
     got = gpu.read(by)
     terms = w.astype(np.float64) * x[x_row].astype(np.float64)
@@ -254,7 +256,7 @@ def test_matmul_partial_token_tile(gpu, subgroups, tokens, tokens_key):
     r, n_tokens, n_rows, n_cols = rng(8), 11, 37, 260
     w, x = randn(r, n_rows, n_cols), randn(r, n_tokens, n_cols)
     bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_tokens * n_rows + 5)
-    gpu.run("matmul", spec, (bw, bx, by), (n_rows, groups(n_tokens, tokens), 1),
+    gpu.run("matmul_f32", spec, (bw, bx, by), (n_rows, groups(n_tokens, tokens), 1),
             push(n_cols, n_rows, n_tokens))
     got = gpu.read(by)
     terms = x.astype(np.float64)[:, None, :] * w.astype(np.float64)[None, :, :]  # [T, N, K]
@@ -300,7 +302,7 @@ def test_matvec_any_workgroup(gpu, subgroups, n_cols):
     r, n_rows = rng(31), 5
     w, x = randn(r, n_rows, n_cols), randn(r, n_cols)
     bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_rows + 3)
-    gpu.run("matvec", {0: workgroup(gpu, subgroups)}, (bw, bx, by), (n_rows, 1, 1),
+    gpu.run("matvec_f32", {0: workgroup(gpu, subgroups)}, (bw, bx, by), (n_rows, 1, 1),
             push(n_cols, 0, n_rows))
     got = gpu.read(by)
     terms = w.astype(np.float64) * x.astype(np.float64)
@@ -315,7 +317,7 @@ def test_matmul_any_workgroup(gpu, subgroups, n_cols):
     r, n_tokens, n_rows, tokens = rng(32), 5, 3, 4
     w, x = randn(r, n_rows, n_cols), randn(r, n_tokens, n_cols)
     bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_tokens * n_rows + 5)
-    gpu.run("matmul", {0: workgroup(gpu, subgroups), 1: tokens}, (bw, bx, by),
+    gpu.run("matmul_f32", {0: workgroup(gpu, subgroups), 1: tokens}, (bw, bx, by),
             (n_rows, groups(n_tokens, tokens), 1), push(n_cols, n_rows, n_tokens))
     got = gpu.read(by)
     terms = x.astype(np.float64)[:, None, :] * w.astype(np.float64)[None, :, :]
@@ -691,3 +693,97 @@ def test_copy_block_into_wider_rows(gpu):
     want[:, col0:col0 + width] = src
     np.testing.assert_array_equal(got[:-5].reshape(n_tokens, dst_width), want)
     np.testing.assert_array_equal(got[-5:], SENTINEL)
+
+
+# -- weights as the GGUF stores them (embed_*, matvec_*, matmul_* variants) ------------------
+# Each weight type is quantized by gguf-py (`gguf.quants.quantize`: ggml's reference
+# quantizers for Q8_0 and Q4_1, rounding casts for F16 and BF16) and the kernels are compared
+# with `gguf.quants.dequantize` of the same bytes, so the layout the shaders read is the one
+# gguf-py and ggml define. The ops come from `Kernels`, which picks the variant from the
+# weight tensor's dtype.
+WEIGHT_TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "q8_0": "Q8_0",
+                "q4_1": "Q4_1"}
+
+
+def stored_weight(gpu, dtype: str, w: np.ndarray) -> tuple[Tensor, np.ndarray]:
+    """`w` [rows, cols] f32 stored as `dtype` on the device (a view of exactly
+    `nbytes_of(dtype, shape)` bytes: block types padded to whole words) and its values as
+    gguf-py dequantizes those bytes, float64."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[WEIGHT_TYPES[dtype]]
+    raw = np.ascontiguousarray(gguf.quants.quantize(w, qtype))
+    values = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(w.shape)
+    nbytes = nbytes_of(dtype, w.shape)
+    buf = Buffer(gpu.device, nbytes, name=dtype)
+    gpu.buffers.append(buf)
+    gpu.stream.write(Tensor(buf, 0, nbytes, "uint8", (nbytes,)), raw.view(np.uint8))
+    return Tensor(buf, 0, nbytes, dtype, w.shape, name=dtype), values
+
+
+@pytest.fixture
+def kernels(gpu):
+    return Kernels(gpu.cache)
+
+
+@pytest.mark.parametrize("n_tokens", [1, 7, 9])
+@pytest.mark.parametrize("dtype", WEIGHT_TYPES)
+def test_linear_weights_as_stored(gpu, kernels, dtype, n_tokens):
+    # n_rows = 37: not a multiple of any workgroup; n_cols = 96 = 32 * 3, an odd number of
+    # blocks per row, so Q8_0 rows (102 bytes) start at every byte offset mod 4 the 2-byte
+    # alignment allows and the tensor ends inside a word (111 blocks). Decode (1 token) reads
+    # x at row 2 of 3; prefill tiles 7 and 9 tokens by 8 (one partial tile, then two).
+    r, n_rows, n_cols = rng(40), 37, 96
+    w = randn(r, n_rows, n_cols)
+    tw, values = stored_weight(gpu, dtype, w)
+    x_row = 2 if n_tokens == 1 else 0
+    x = randn(r, x_row + n_tokens, n_cols)
+    tx, ty = gpu.upload(x), gpu.filled(n_tokens * n_rows + 5)
+    gpu.stream.record([kernels.linear(tx, tw, ty, n_tokens, x_row=x_row)])
+    got = gpu.read(ty)
+    terms = x[x_row:].astype(np.float64)[:, None, :] * values[None, :, :]   # [T, N, K]
+    # The shader dequantizes each weight exactly as gguf-py does in f32 (d * q is exact: an
+    # 11-bit f16 scale times an integer of at most 8 bits; Q4_1's "+ m" is one f32 rounding,
+    # one more if the compiler fuses it into an fma, 2^-24 |w| at most) and sums in f32, so
+    # the bound of test_matvec_with_x_offset holds: 2e-7 relative to sum|w*x| (about sqrt(96)
+    # * 2^-24 = 6e-7 in the worst random case, 2^-24 typical; measured below 1e-7 for every
+    # type, at most 5.2e-8). A wrong block, scale, nibble or min is off by ~1 in these units.
+    err = rel_err(got[:-5].reshape(n_tokens, n_rows), terms.sum(2), np.abs(terms).sum(2))
+    assert err < 2e-7, err
+    np.testing.assert_array_equal(got[-5:], SENTINEL)
+
+
+@pytest.mark.parametrize("dtype", WEIGHT_TYPES)
+def test_embed_weights_as_stored(gpu, kernels, dtype):
+    # n_embd = 160 = 32 * 5: three workgroups of 64 per token, the last one partial; 37 rows
+    # of Q8_0 end inside a word.
+    r, n_vocab, n_embd = rng(41), 37, 160
+    table, values = stored_weight(gpu, dtype, randn(r, n_vocab, n_embd))
+    ids = np.array([5, 0, 36, 5, 17], np.uint32)  # a repeat, the first and the last row
+    bi, bo = gpu.upload(ids), gpu.filled(len(ids) * n_embd + 3)
+    gpu.stream.record([kernels.embed(table, bi, bo, len(ids))])
+    got = gpu.read(bo)
+    # A copy of each dequantized value: exact, except that Q4_1's d * q + m may be fused into
+    # one fma (one rounding instead of gguf-py's two): within one f32 ulp of the value.
+    want = values[ids]
+    np.testing.assert_allclose(got[:-3].reshape(len(ids), n_embd), want, rtol=0,
+                               atol=float(np.spacing(np.float32(np.abs(want).max()))))
+    if dtype != "q4_1":
+        np.testing.assert_array_equal(got[:-3].reshape(len(ids), n_embd), want)
+    np.testing.assert_array_equal(got[-3:], SENTINEL)
+
+
+def test_weight_types_the_kernels_do_not_read_are_refused(gpu, kernels):
+    # A view of a dtype with no variant (Q4_K) is refused naming the tensor; rows of a block
+    # type must be whole blocks.
+    buf = gpu.filled(64).buffer
+    x, y = gpu.filled(32), gpu.filled(4)
+    with pytest.raises(ShaderInterfaceError, match=r"matvec: no variant reads weights of q4_k "
+                                                   r"\(tensor 'w'\)"):
+        kernels.linear(x, Tensor(buf, 0, 144, "q4_k", (1, 256), name="w"), y, 1)
+    with pytest.raises(VkrtError, match=r"q8_0 rows of 48 elements are not whole blocks of 32"):
+        Tensor.of(buf, "q8_0", (1, 48))
+    with pytest.raises(ShaderInterfaceError, match=r"binding 0 \(Wt\) takes q8_0, got q4_1"):
+        kernels.weight_op("matvec", Tensor.of(buf, "q8_0", (2, 32)))(
+            Tensor.of(buf, "q4_1", (2, 32)), x, y, grid=(2, 1, 1), n_cols=32, x_offset=0,
+            n_rows=2)

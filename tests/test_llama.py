@@ -102,6 +102,7 @@ def test_teacher_forced_logits(llama, reference, tok, default_gguf, text, chat):
     ours = llama.logits(ids)
     assert ours.shape == ref.shape
     err = np.abs(ours - ref).max()
+    print(f"{text!r}: max |dlogit| {err:.2e} over {len(ids)} positions")
     assert err < LOGIT_ATOL, f"max |logit diff| {err:.2e}"
     top2 = np.sort(ref, axis=1)[:, -2:]
     decided = (top2[:, 1] - top2[:, 0]) > TIE_GAP

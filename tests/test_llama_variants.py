@@ -46,6 +46,9 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 CASES = {
     "attention_bias": ({"attention_bias": True}, "F32"),
     "attention_bias_q8_0": ({"attention_bias": True}, "Q8_0"),
+    "attention_bias_q4_1": ({"attention_bias": True}, "Q4_1"),   # matrices kept as stored:
+    "attention_bias_f16": ({"attention_bias": True}, "F16"),     # each type's kernels run
+    "attention_bias_bf16": ({"attention_bias": True}, "BF16"),   # the whole forward
     "mlp_bias": ({"mlp_bias": True}, "F32"),
     "rope_linear": ({"rope_parameters": {"rope_type": "linear", "factor": 4.0,
                                          "rope_theta": 10000.0}}, "F32"),
@@ -145,8 +148,12 @@ def write_gguf(path, model, qtype: str = "F32", keys: dict | None = None,
     # config.json carries head_dim (LlamaConfig always sets it): the converter writes both.
     meta["llama.attention.key_length"] = c.head_dim
     meta["llama.attention.value_length"] = c.head_dim
-    meta["general.file_type"] = int(gguf.LlamaFileType.ALL_F32 if qtype == "F32"
-                                    else gguf.LlamaFileType.MOSTLY_Q8_0)
+    meta["general.file_type"] = int({"F32": gguf.LlamaFileType.ALL_F32,
+                                     "F16": gguf.LlamaFileType.MOSTLY_F16,
+                                     "BF16": gguf.LlamaFileType.MOSTLY_BF16,
+                                     "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+                                     "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0}.get(
+                                         qtype, gguf.LlamaFileType.MOSTLY_Q8_0))
     meta["llama.vocab_size"] = c.vocab_size
     meta["llama.rope.dimension_count"] = c.head_dim
     for k, v in (keys or {}).items():
@@ -311,17 +318,108 @@ def test_plain_file_loads(plain_model, device, tmp_path):
 
 def test_weight_past_the_storage_range_refused_before_upload(plain_model, device, tmp_path,
                                                              monkeypatch):
-    """A weight bigger as f32 than maxStorageBufferRange (lavapipe: 128 MiB; a 128k-token
-    vocabulary at hidden 2048 passes it even when stored Q8_0) is refused with the numbers
-    before any upload. The limit is lowered to one byte under token_embd's f32 size."""
+    """A weight bigger as stored than maxStorageBufferRange (lavapipe: 128 MiB; a 128k-token
+    vocabulary at hidden 2048 as Q8_0 is 278 MB) is refused with the numbers before any
+    upload. The limit is lowered to one byte under token_embd's Q8_0 size (300 rows of 2
+    blocks of 34 bytes)."""
     path = write_gguf(tmp_path / "big.gguf", plain_model, qtype="Q8_0")
-    nbytes = N_VOCAB * HIDDEN * 4
+    nbytes = N_VOCAB * HIDDEN // 32 * 34
     monkeypatch.setattr(device, "max_storage_buffer_range", nbytes - 1)
     before = device.bytes_in_use
     with pytest.raises(ModelFormatError) as info:
         Llama.from_gguf(device, load_gguf(path))
-    assert (f"tensor 'token_embd.weight' [{N_VOCAB}, {HIDDEN}] is {nbytes} bytes as f32, more "
+    assert (f"tensor 'token_embd.weight' [{N_VOCAB}, {HIDDEN}] Q8_0 is {nbytes} bytes, more "
             f"than the device's maxStorageBufferRange of {nbytes - 1} bytes") in str(info.value)
     assert device.bytes_in_use == before
     monkeypatch.setattr(device, "max_storage_buffer_range", nbytes)   # exactly fits: loads
     Llama.from_gguf(device, load_gguf(path)).close()
+
+
+def test_weight_type_the_kernels_do_not_read_refused_before_upload(plain_model, device,
+                                                                  tmp_path):
+    """A matrix stored in a type no kernel reads (Q5_0 here; Q4_K alike) is refused in one
+    line naming the tensor and its type, before anything is allocated."""
+    path = write_gguf(tmp_path / "q5_0.gguf", plain_model, qtype="Q5_0")
+    before = device.bytes_in_use
+    with pytest.raises(ModelFormatError) as info:
+        Llama.from_gguf(device, load_gguf(path))
+    text = str(info.value)
+    assert text.startswith(str(path)) and "\n" not in text, text
+    assert (f"tensor 'token_embd.weight' [{N_VOCAB}, {HIDDEN}] has type Q5_0, which vkrt's "
+            "kernels do not read (supported: F32, F16, BF16, Q8_0, Q4_1)") in text
+    assert device.bytes_in_use == before
+
+
+def test_weights_are_views_of_one_buffer_as_stored(plain_model, device, tmp_path,
+                                                    monkeypatch):
+    """Every weight is a view of one device buffer at an aligned offset, matrices in their
+    stored type and size (Q4_1: 20 bytes per 32 weights), 1-D tensors f32; the file's tensor
+    bytes and the device's weight bytes differ only by alignment padding. The alignment is
+    raised to 256 (lavapipe's 16 divides every tensor size here; 256 divides none of the
+    300-row ones: 300 * 40 bytes)."""
+    path = write_gguf(tmp_path / "q4_1.gguf", plain_model, qtype="Q4_1")
+    g = load_gguf(path)
+    monkeypatch.setattr(device, "min_storage_buffer_offset_alignment", 256)
+    model = Llama.from_gguf(device, g)
+    try:
+        align = device.min_storage_buffer_offset_alignment
+        assert len(model.arena.buffers) == 1
+        for name, t in model.w.items():
+            info = g.tensor_info(name)
+            assert t.buffer is model.arena.buffers[0] and t.offset % align == 0, name
+            assert t.dtype == ("q4_1" if len(info.shape) == 2 else "float32"), name
+            assert t.nbytes == info.nbytes, name
+        file_bytes = sum(g.tensor_info(n).nbytes for n in g.tensor_names)
+        assert file_bytes <= model.arena.sizes[0] <= file_bytes + len(model.w) * align
+    finally:
+        model.close()
+        g.close()
+
+
+def test_weights_split_over_several_buffers_past_the_chunk(plain_model, device, tmp_path,
+                                                          monkeypatch):
+    """Weights larger than one allocation chunk (min(maxMemoryAllocationSize, 1 GiB); here
+    lowered to 16 KiB) are spread over several buffers, each tensor whole inside one, and the
+    model computes the same logits as from one buffer."""
+    import vkrt.models.llama as llama_module
+
+    g = load_gguf(write_gguf(tmp_path / "q8_0.gguf", plain_model, qtype="Q8_0"))
+    ids = [3, 141, 59, 26, 5]
+    one = Llama.from_gguf(device, g)
+    try:
+        want = one.logits(ids)
+    finally:
+        one.close()
+    monkeypatch.setattr(llama_module, "CHUNK_LIMIT", 16384)
+    model = Llama.from_gguf(device, g)
+    try:
+        assert len(model.arena.buffers) > 2
+        for t in model.w.values():
+            assert t.offset + t.nbytes <= t.buffer.nbytes
+        # token_embd (300 x 64 Q8_0: 20,400 bytes) is larger than a chunk: a buffer of its own.
+        assert model.w["token_embd.weight"].buffer.nbytes == 20400
+        np.testing.assert_array_equal(model.logits(ids), want)
+    finally:
+        model.close()
+        g.close()
+
+
+def test_load_on_both_memory_paths(plain_model, device, checked_device, tmp_path):
+    """Weights read straight into mapped device memory and through the scratch array and
+    staging (device memory the host cannot map: a discrete GPU's path) give the same logits,
+    with the validation layer silent where installed."""
+    g = load_gguf(write_gguf(tmp_path / "q4_1.gguf", plain_model, qtype="Q4_1"))
+    ids = [7, 0, 299, 42]
+    ref = Llama.from_gguf(device, g)
+    try:
+        want = ref.logits(ids)
+    finally:
+        ref.close()
+    model = Llama.from_gguf(checked_device, g)
+    try:
+        if not checked_device.direct_host_access:
+            assert model.arena.buffers[0].mapped is None
+        np.testing.assert_array_equal(model.logits(ids), want)
+    finally:
+        model.close()
+        g.close()

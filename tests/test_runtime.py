@@ -59,7 +59,7 @@ def add_n(stream: Stream, cache: PipelineCache, x: Tensor, y: Tensor, n: int) ->
 
 
 def matvec_op(device: Device, cache: PipelineCache) -> Op:
-    return Op(cache.get_pipeline("matvec", {0: device.subgroup_size}))
+    return Op(cache.get_pipeline("matvec_f32", {0: device.subgroup_size}))
 
 
 def argmax_op(cache: PipelineCache) -> Op:
@@ -187,9 +187,9 @@ def test_grid_past_max_work_group_count_is_refused(rt):
 
 def test_unknown_spec_constant(rt):
     _, _, cache = rt
-    with pytest.raises(ShaderInterfaceError, match=r"^matmul: no specialization constant 'TILE'; "
+    with pytest.raises(ShaderInterfaceError, match=r"^matmul_f32: no specialization constant 'TILE'; "
                                                    r"declared: .*TOKENS=1"):
-        cache.get_pipeline("matmul", {0: 8, "TILE": 4})
+        cache.get_pipeline("matmul_f32", {0: 8, "TILE": 4})
     with pytest.raises(ShaderInterfaceError, match=r"^add: no specialization constant 7"):
         cache.get_pipeline("add", {7: 1})
 

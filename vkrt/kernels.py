@@ -3,13 +3,16 @@ tensors and sizes into a `Dispatch` (its grid, its push constants by name, the s
 that keep the shader inside its views). Models call these and never count workgroups or pack
 bytes; the shader's header comment is the contract each method follows.
 
-All tensors are float32 except token ids (uint32). Shapes are `[tokens, width]` row-major;
+All tensors are float32 except token ids (uint32) and the weights of `linear` and `embed`,
+which are read as the GGUF stores them: float32, float16, bfloat16, q8_0 or q4_1 (`WEIGHTS`:
+the shader variant of each, vkrt/glsl/variants.json). Shapes are `[tokens, width]` row-major;
 a tensor may hold more rows than a call uses (activations are sized for the longest forward).
 Every method raises `ShaderInterfaceError` (module, binding, numbers) when a tensor has the
 wrong dtype or is too small for the call.
 """
 from __future__ import annotations
 
+from vkrt.errors import ShaderInterfaceError
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.op import Op
 from vkrt.runtime.pipeline import PipelineCache
@@ -33,6 +36,11 @@ def attention_partials(n_heads: int, head_dim: int) -> int:
     """f32 elements of the decode attention's partial states (`Kernels.attention` part)."""
     return n_heads * ATTENTION_SPLITS * (head_dim + 2)
 
+# Weight dtype (vkrt.runtime.tensor) -> the suffix of its shader variants (embed_*, matvec_*,
+# matmul_*); block types need rows of whole 32-element blocks.
+WEIGHTS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0",
+           "q4_1": "q4_1"}
+
 
 def _groups(n: int, block: int) -> int:
     return (n + block - 1) // block
@@ -53,10 +61,10 @@ class Kernels:
     def __init__(self, pipelines: PipelineCache, head_dim: int | None = None):
         p, sg = pipelines.get_pipeline, pipelines.device.subgroup_size
         self.limit = pipelines.device.max_compute_work_group_count
-        self._embed = Op(p("embed", {0: ELEMENTWISE_BLOCK}), (F32, U32, F32))
+        self._pipelines, self._weight_ops = pipelines, {}
+        self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
+                             "matmul": {0: sg, 1: MATMUL_TOKENS}}
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
-        self._matvec = Op(p("matvec", {0: sg}), (F32, F32, F32))
-        self._matmul = Op(p("matmul", {0: sg, 1: MATMUL_TOKENS}), (F32, F32, F32))
         self._rope = Op(p("rope", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
         self._copy_rows = Op(p("copy_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._silu_mul = Op(p("silu_mul", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
@@ -76,13 +84,32 @@ class Kernels:
         self._embed_range = Op(p("embed_range", {0: ELEMENTWISE_BLOCK}), (F32, U32, F32))
         self._copy_block = Op(p("copy_block", {0: ELEMENTWISE_BLOCK}), (F32, F32))
 
+    def weight_op(self, kernel: str, weight: Tensor) -> Op:
+        """The op of `kernel` ("embed", "matvec", "matmul") for weights of `weight.dtype`: its
+        variant `<kernel>_<WEIGHTS[dtype]>`, built on first use. Raises ShaderInterfaceError
+        for a dtype no variant reads, naming the tensor."""
+        key = (kernel, weight.dtype)
+        op = self._weight_ops.get(key)
+        if op is None:
+            if weight.dtype not in WEIGHTS:
+                raise ShaderInterfaceError(
+                    f"{kernel}: no variant reads weights of {weight.dtype} (tensor "
+                    f"{weight.name!r}); kernels read {', '.join(WEIGHTS)}")
+            pipeline = self._pipelines.get_pipeline(f"{kernel}_{WEIGHTS[weight.dtype]}",
+                                                    self._weight_spec[kernel])
+            ids_or_x = U32 if kernel == "embed" else F32
+            op = self._weight_ops[key] = Op(pipeline, (weight.dtype, ids_or_x, F32))
+        return op
+
     def embed(self, table: Tensor, ids: Tensor, out: Tensor, n_tokens: int,
               name: str = "") -> Dispatch:
-        """out[t] = table[ids[t]] for t < n_tokens; table [n_vocab, n_embd]."""
+        """out[t] = table[ids[t]] dequantized to f32 for t < n_tokens; table [n_vocab, n_embd]
+        of any `WEIGHTS` dtype, out f32."""
         n_embd = table.shape[1]
-        return self._embed(table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK),
-                                                  *spread(n_tokens, self.limit[1:])),
-                           name=name, need=(None, n_tokens, n_tokens * n_embd), n_embd=n_embd)
+        grid = (_groups(n_embd, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
+        return self.weight_op("embed", table)(table, ids, out, grid=grid, name=name,
+                                              need=(None, n_tokens, n_tokens * n_embd),
+                                              n_embd=n_embd)
 
     def rmsnorm(self, x: Tensor, weight: Tensor, out: Tensor, n_tokens: int, eps: float,
                 name: str = "") -> Dispatch:
@@ -94,20 +121,23 @@ class Kernels:
 
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
                name: str = "") -> Dispatch:
-        """y[t] = weight @ x[x_row + t] for t < n_tokens; weight [n_out, n_in], n_in % 4 == 0.
-        One token is a matrix-vector product (decode), more a tiled matrix product (prefill;
-        x_row must be 0)."""
+        """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
+        of any `WEIGHTS` dtype (n_in % 4 == 0; % 32 for block types, which `Tensor` enforces),
+        x and y f32. One token is a matrix-vector product (decode), more a tiled matrix
+        product (prefill; x_row must be 0)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
-            return self._matvec(weight, x, y, grid=(*spread(n_out, self.limit), 1), name=name,
-                                need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in,
-                                x_offset=x_row * n_in, n_rows=n_out)
+            return self.weight_op("matvec", weight)(
+                weight, x, y, grid=(*spread(n_out, self.limit), 1), name=name,
+                need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in, x_offset=x_row * n_in,
+                n_rows=n_out)
         assert x_row == 0, "matmul reads x from row 0"
         x_groups, z_groups = spread(n_out, self.limit)
         grid = (x_groups, _groups(n_tokens, MATMUL_TOKENS), z_groups)
-        return self._matmul(weight, x, y, grid=grid,
-                            name=name, need=(None, n_tokens * n_in, n_tokens * n_out),
-                            n_cols=n_in, n_rows=n_out, n_tokens=n_tokens)
+        return self.weight_op("matmul", weight)(
+            weight, x, y, grid=grid, name=name,
+            need=(None, n_tokens * n_in, n_tokens * n_out), n_cols=n_in, n_rows=n_out,
+            n_tokens=n_tokens)
 
     def rope(self, src: Tensor, cos_sin: Tensor, dst: Tensor, n_tokens: int, n_heads: int,
              head_dim: int, pos0: int, dst_row: int = 0, name: str = "") -> Dispatch:

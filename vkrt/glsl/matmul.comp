@@ -1,15 +1,16 @@
 #version 450
-// Matrix-matrix product for prefill: y[t, n] = sum_k x[t, k] * W[n, k].
-// x: [n_tokens, n_cols] f32; W: [n_rows, n_cols] f32 (PyTorch Linear layout [out, in]);
-// y: [n_tokens, n_rows] f32; n_cols % 4 == 0.
-// One workgroup per (output row, tile of TOKENS tokens): each W row is read once per tile; the
-// invocations split k and reduce with subgroupAdd (no barrier when the workgroup size is the
-// subgroup size). Dispatch: (min(n_rows, limit_x), ceil(n_tokens / TOKENS),
-// ceil(n_rows / limit_x)): rows past maxComputeWorkGroupCount.x spill into z.
+// Matrix-matrix product for prefill: y[t, n] = sum_k x[t, k] * W[n, k], f32 accumulation.
+// x: [n_tokens, n_cols] f32; W: [n_rows, n_cols] as the GGUF stores it (weights.glsl: f32,
+// f16, bf16, Q8_0 or Q4_1, one variant each, vkrt/glsl/variants.json; PyTorch Linear layout
+// [out, in]); y: [n_tokens, n_rows] f32; n_cols % 4 == 0 (% 32 for block types).
+// One workgroup per (output row, tile of TOKENS tokens): each W row is read (and decoded)
+// once per tile; the invocations split k and reduce with subgroupAdd (no barrier when the
+// workgroup size is the subgroup size). Dispatch: (min(n_rows, limit_x), ceil(n_tokens /
+// TOKENS), ceil(n_rows / limit_x)): rows past maxComputeWorkGroupCount.x spill into z.
 #extension GL_GOOGLE_include_directive : require
 #include "reduce.glsl"
+#include "weights.glsl"
 layout(constant_id = 1) const uint TOKENS = 8;
-layout(set = 0, binding = 0) readonly buffer Wt { vec4 w[]; };
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; } pc;
@@ -27,7 +28,7 @@ void main() {
         row[j] = min(t0 + j, pc.n_tokens - 1) * cols4;
     }
     for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x) {
-        vec4 wv = w[n * cols4 + k];
+        vec4 wv = weight4(n, k, pc.n_cols);
         for (uint j = 0; j < TOKENS; ++j) acc[j] += dot(wv, x[row[j] + k]);
     }
     for (uint j = 0; j < TOKENS; ++j) {

@@ -1,9 +1,12 @@
-"""Reading a GGUF model file: metadata, tensor layout, weights dequantized to float32.
+"""Reading a GGUF model file: metadata, tensor layout, weights as stored or as float32.
 
-A model file is untrusted input. `load_gguf` first walks the whole header itself with `struct`,
-checking every count, length, shape, type and offset against the file's size, and only then lets
-`gguf.GGUFReader` (which trusts the file: a corrupt count makes it loop or allocate for a very
-long time) parse it. Whatever goes wrong becomes a one-line `ModelFormatError` naming the file.
+A model file is untrusted input. `load_gguf` walks the whole header itself with `struct`,
+checking every count, length, shape, type and offset against the file's size while it decodes
+the metadata (gguf-py's `GGUFReader` trusts the file: a corrupt count makes it loop or
+allocate for a very long time; it also holds several numpy objects per vocabulary item,
+~170 MB of host memory for SmolLM2's 49,152 tokens, and is not used). Whatever goes wrong
+becomes a one-line `ModelFormatError` naming the file. Tensor data is read on demand with
+file reads; block types are dequantized by gguf-py's `gguf.quants`.
 
 Layout (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md): a 24-byte header (magic
 "GGUF", u32 version, u64 tensor count, u64 KV count), the KV pairs, the tensor infos (name,
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
 from gguf.quants import dequantize
 
 from vkrt.errors import ModelFormatError
@@ -108,11 +111,11 @@ _SCALAR_FMT = {
 }
 
 
-def _array(cur: _Cursor, key: str, depth: int, decode: bool) -> list | None:
-    """Walk one array value (its u32 item type, u64 count, items). Items may themselves be
-    arrays (the GGUF spec allows it; gguf-py's reader parses them): those are decoded into
-    nested lists when `decode`, which `_scan` asks for because GGUFReader's `contents()`
-    flattens them."""
+def _array(cur: _Cursor, key: str, depth: int) -> list | np.ndarray:
+    """Read one array value (its u32 item type, u64 count, items): a list of str for strings,
+    nested lists for arrays of arrays (the GGUF spec allows them), else a list of numbers, or
+    a numpy array (little-endian items copied) when the array is not nested and longer than
+    `_LIST_MAX` items."""
     (raw_itype, count) = cur.unpack("IQ", f"array header of {key!r}")
     itype = _value_type(cur, raw_itype, f"array {key!r}")
     min_item = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}.get(itype) \
@@ -123,47 +126,37 @@ def _array(cur: _Cursor, key: str, depth: int, decode: bool) -> list | None:
     if itype == GGUFValueType.ARRAY:
         if depth >= _MAX_NESTING:
             raise cur.fail(f"array {key!r} nests arrays more than {_MAX_NESTING} deep")
-        return [_array(cur, key, depth + 1, True) for _ in range(count)]
+        return [_array(cur, key, depth + 1) for _ in range(count)]
     if itype == GGUFValueType.STRING:
-        items = [cur.string(f"item of {key!r}") for _ in range(count)]
-        if not decode:
-            return None
-        try:
-            return [item.decode("utf-8") for item in items]
-        except UnicodeDecodeError:
-            raise cur.fail(f"a string in array {key!r} is not UTF-8") from None
+        return [_utf8(cur, cur.string(f"item of {key!r}"), f"a string in array {key!r}")
+                for _ in range(count)]
     pos = cur.take(count * min_item, f"array {key!r}")
-    if not decode:
-        return None
-    return list(struct.unpack_from(f"<{count}{_SCALAR_FMT[itype]}", cur.buf, pos))
+    fmt = _SCALAR_FMT[itype]
+    if depth == 0 and count > _LIST_MAX:
+        return np.frombuffer(cur.buf, np.dtype("<" + fmt), count, pos).copy()
+    return list(struct.unpack_from(f"<{count}{fmt}", cur.buf, pos))
 
 
-def _skip_value(cur: _Cursor, vtype: GGUFValueType, key: str,
-                nested: dict[str, list]) -> int | None:
-    """Skip one KV value; returns its u32 value when it is `general.alignment`. An array of
-    arrays is decoded into `nested[key]`."""
+def _utf8(cur: _Cursor, raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise cur.fail(f"{what} is not UTF-8") from None
+
+
+def _value(cur: _Cursor, vtype: GGUFValueType, key: str) -> Any:
+    """Read one KV value: str, int, float, bool, or an array (`_array`)."""
     if vtype == GGUFValueType.STRING:
-        cur.string(f"value of {key!r}")
-    elif vtype == GGUFValueType.ARRAY:
-        start = cur.pos
-        (raw_itype,) = cur.unpack("I", f"array header of {key!r}")
-        cur.pos = start
-        is_nested = raw_itype == GGUFValueType.ARRAY
-        value = _array(cur, key, 0, decode=is_nested)
-        if is_nested:
-            nested[key] = value
-    else:
-        pos = cur.take(_SCALAR_SIZE[vtype], f"value of {key!r}")
-        if key == "general.alignment":
-            if vtype != GGUFValueType.UINT32:
-                raise cur.fail(f"general.alignment has type {vtype.name}, expected UINT32")
-            return struct.unpack_from("<I", cur.buf, pos)[0]
-    return None
+        return _utf8(cur, cur.string(f"value of {key!r}"), f"value of {key!r}")
+    if vtype == GGUFValueType.ARRAY:
+        return _array(cur, key, 0)
+    pos = cur.take(_SCALAR_SIZE[vtype], f"value of {key!r}")
+    return struct.unpack_from("<" + _SCALAR_FMT[vtype], cur.buf, pos)[0]
 
 
-def _scan(buf, size: int, path: str) -> tuple[list[TensorInfo], dict[str, list]]:
-    """Validate the header, KVs and tensor infos of a mapped GGUF; returns the tensor layout
-    and the decoded values of the arrays of arrays."""
+def _scan(buf, size: int, path: str) -> tuple[list[TensorInfo], dict[str, Any]]:
+    """Validate and decode the header, KVs and tensor infos of a mapped GGUF; returns the
+    tensor layout and the metadata (key -> value, see `GGUFFile.metadata`)."""
     cur = _Cursor(buf, size, path)
     magic, version, n_tensors, n_kv = cur.unpack("4sIQQ", "the 24-byte header")
     if magic != b"GGUF":
@@ -179,19 +172,21 @@ def _scan(buf, size: int, path: str) -> tuple[list[TensorInfo], dict[str, list]]
                        f"impossible in a {size}-byte file")
 
     alignment = _DEFAULT_ALIGNMENT
-    nested: dict[str, list] = {}
+    metadata: dict[str, Any] = {}
     for i in range(n_kv):
-        key_bytes = cur.string(f"key of metadata entry {i}", _MAX_NAME_BYTES)
-        try:
-            key = key_bytes.decode("utf-8")
-        except UnicodeDecodeError:
-            raise cur.fail(f"key of metadata entry {i} is not UTF-8") from None
+        key = _utf8(cur, cur.string(f"key of metadata entry {i}", _MAX_NAME_BYTES),
+                    f"key of metadata entry {i}")
         (raw,) = cur.unpack("I", f"type of {key!r}")
-        align = _skip_value(cur, _value_type(cur, raw, repr(key)), key, nested)
-        if align is not None:
-            if align == 0 or align & (align - 1):
-                raise cur.fail(f"general.alignment is {align}, not a power of two")
-            alignment = align
+        vtype = _value_type(cur, raw, repr(key))
+        if key in metadata:
+            raise cur.fail(f"metadata key {key!r} appears twice")
+        metadata[key] = _value(cur, vtype, key)
+        if key == "general.alignment":
+            if vtype != GGUFValueType.UINT32:
+                raise cur.fail(f"general.alignment has type {vtype.name}, expected UINT32")
+            alignment = metadata[key]
+            if alignment == 0 or alignment & (alignment - 1):
+                raise cur.fail(f"general.alignment is {alignment}, not a power of two")
 
     raw_infos = []
     for i in range(n_tensors):
@@ -233,20 +228,7 @@ def _scan(buf, size: int, path: str) -> tuple[list[TensorInfo], dict[str, list]]
                            f"{size}-byte file (truncated or corrupt offset)")
         infos.append(TensorInfo(name, tuple(reversed(dims)), gtype.name,
                                 data_start + offset, nbytes))
-    return infos, nested
-
-
-def _field_value(field) -> Any:
-    """A metadata value: str, int, float, bool, list, or a numpy array for long numeric arrays."""
-    main = field.types[0]
-    if main == GGUFValueType.ARRAY and field.types[-1] != GGUFValueType.STRING:
-        if len(field.data) > _LIST_MAX:
-            return np.array([field.parts[i][0] for i in field.data])
-        return field.contents()
-    value = field.contents()
-    if main == GGUFValueType.BOOL:
-        return bool(value)
-    return value
+    return infos, metadata
 
 
 class GGUFFile:
@@ -254,22 +236,18 @@ class GGUFFile:
 
     metadata: every KV pair, decoded: str, int, float, bool; arrays of strings as lists of str;
     numeric arrays as lists, or numpy arrays when longer than 1024 items; arrays of arrays
-    as nested lists. The reader's own
-    `GGUF.*` pseudo-keys are left out.
-    The weights stay memory-mapped; `tensor_f32` dequantizes one tensor per call.
+    as nested lists.
+    Tensor data is read on demand with positioned file reads (nothing is memory-mapped):
+    `tensor_f32` dequantizes one tensor per call, `tensor_raw` returns its stored bytes,
+    `read_into` copies them into a buffer of the caller's (a mapped device buffer). `close()`
+    releases the file descriptor those reads use.
     """
 
-    def __init__(self, path: str, reader: GGUFReader, infos: list[TensorInfo],
-                 nested: dict[str, list] | None = None):
+    def __init__(self, path: str, infos: list[TensorInfo], metadata: dict[str, Any]):
         self.path = path
-        self._reader = reader
+        self._fd: int | None = None
         self._infos = {info.name: info for info in infos}
-        self._tensors = {t.name: t for t in reader.tensors}
-        self.metadata: dict[str, Any] = {
-            key: _field_value(field) for key, field in reader.fields.items()
-            if not key.startswith("GGUF.")
-        }
-        self.metadata.update(nested or {})
+        self.metadata: dict[str, Any] = metadata
 
     @property
     def architecture(self) -> str:
@@ -289,7 +267,8 @@ class GGUFFile:
         return self._infos[name]
 
     def tensor_f32(self, name: str) -> np.ndarray:
-        """The tensor dequantized to a new float32 array in numpy row-major order.
+        """The tensor dequantized to a new float32 array in numpy row-major order (gguf-py's
+        `gguf.quants.dequantize`).
 
         Shape is `tensor_info(name).shape`: a matrix is [rows, cols] as llama.cpp means it,
         `blk.0.attn_q.weight` [n_out=576, n_in=576], `token_embd.weight` [n_vocab, n_embd].
@@ -297,26 +276,62 @@ class GGUFFile:
         RoPE rotates adjacent pairs).
         Raises KeyError for an unknown name, ModelFormatError for a type gguf cannot dequantize.
         """
-        info, t = self._infos[name], self._tensors[name]
+        info = self._infos[name]
+        rows = int(np.prod(info.shape[:-1]))
+        raw = self.tensor_raw(name).reshape(rows, -1)  # whole rows of blocks (checked at load)
         try:
-            out = dequantize(t.data, t.tensor_type)
+            out = dequantize(raw, GGMLQuantizationType[info.ggml_type])
         except NotImplementedError:
             raise ModelFormatError(f"{self.path}: tensor {name!r} has type {info.ggml_type}, "
                                    "which cannot be dequantized") from None
         return np.ascontiguousarray(out, dtype=np.float32).reshape(info.shape)
 
     def tensor_raw(self, name: str) -> np.ndarray:
-        """The tensor's bytes as stored, a read-only uint8 view of length `nbytes` (no copy)."""
+        """The tensor's bytes as stored: a new read-only uint8 array of length `nbytes`."""
+        out = np.empty(self._infos[name].nbytes, np.uint8)
+        self.read_into(name, out)
+        out.flags.writeable = False
+        return out
+
+    def read_into(self, name: str, out) -> None:
+        """Copy the tensor's `nbytes` stored bytes into the start of `out` (any writable
+        buffer: a numpy array, a mapped device buffer) with positioned file reads.
+        Raises KeyError for an unknown name, ValueError when `out` is too small,
+        ModelFormatError when the file is shorter than its header said (changed since it
+        was opened)."""
         info = self._infos[name]
-        return self._reader.data[info.offset:info.offset + info.nbytes]
+        view = memoryview(out).cast("B")[:info.nbytes]
+        if len(view) < info.nbytes:
+            raise ValueError(f"tensor {name!r}: {info.nbytes} bytes do not fit in {len(view)}")
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except OSError as e:
+                raise ModelFormatError(f"{self.path}: cannot open: {e.strerror or e}") from None
+        done = 0
+        while done < info.nbytes:
+            n = os.preadv(self._fd, [view[done:]], info.offset + done)
+            if n <= 0:
+                raise ModelFormatError(f"{self.path}: tensor {name!r} ends past the end of the "
+                                       "file (changed since it was opened?)")
+            done += n
+
+    def close(self) -> None:
+        """Close the file descriptor tensor reads use (a later read reopens it). Safe to call
+        twice."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def load_gguf(path: str | os.PathLike) -> GGUFFile:
     """Open and validate a GGUF file.
 
     Raises ModelFormatError (one line, naming the file) when the file is missing, truncated,
-    corrupt, or uses a feature the reader cannot handle. Costs about 2 s for the default model
-    (GGUFReader walks the 49,152-token vocabulary item by item); weights are not read.
+    corrupt, or uses a feature the reader cannot handle. Weights are not read.
     """
     path = os.fspath(path)
     try:
@@ -331,14 +346,8 @@ def load_gguf(path: str | os.PathLike) -> GGUFFile:
             raise ModelFormatError(f"{path}: truncated: {size} bytes, shorter than the "
                                    f"{_HEADER.size}-byte GGUF header")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            infos, nested = _scan(buf, size, path)
-    try:
-        reader = GGUFReader(path)
-        return GGUFFile(path, reader, infos, nested)
-    except ModelFormatError:
-        raise
-    except Exception as e:  # the file passed our checks; anything else the reader trips on
-        raise ModelFormatError(f"{path}: GGUFReader failed: {type(e).__name__}: {e}") from None
+            infos, metadata = _scan(buf, size, path)
+    return GGUFFile(path, infos, metadata)
 
 
 # Every `llama.*` metadata key vkrt reads (LlamaHParams.from_gguf implements each) or knows

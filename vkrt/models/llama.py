@@ -5,8 +5,11 @@ order of transformers' modeling_llama.py), emitted as data (a list of `Dispatch`
 after the GGUF tensors: `token_embd`, `blk.N.attn_q`, ...) that the stream records. Tensor
 names are the GGUF's, so the loader needs no rename table. Shapes: `[tokens, hidden]`.
 
-Weights are dequantized to f32 on the host at load (gguf's numpy dequantizer) and uploaded
-once; activations (views of one buffer) and the KV cache (views of another) are f32.
+Weights stay as the GGUF stores them: matrices (and the embedding table) are uploaded as
+their raw bytes, F32, F16, BF16, Q8_0 or Q4_1, and the kernels read those types (see
+vkrt/kernels.py `WEIGHTS`); 1-D tensors (norms, biases) become f32. All weights are views
+of a few large device-local buffers (`WeightArena`). Activations (views of one buffer) and
+the KV cache (views of another) are f32.
 """
 from __future__ import annotations
 
@@ -18,13 +21,13 @@ from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
 from vkrt.models.gguf import GGUFFile, LlamaHParams
-from vkrt.models.scratch import arena, grow, kv_cache
+from vkrt.models.scratch import aligned, arena, grow, kv_cache
 from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.stream import Stream
-from vkrt.runtime.tensor import Tensor
+from vkrt.runtime.tensor import BLOCKS, Tensor, nbytes_of
 
 
 def rope_table(head_dim: int, theta: float, n_positions: int, scale: float = 1.0,
@@ -52,6 +55,64 @@ def rope_table(head_dim: int, theta: float, n_positions: int, scale: float = 1.0
         inv_freq = (inv_freq / np.asarray(freq_factors, np.float32)).astype(np.float32)
     angle = (np.arange(n_positions, dtype=np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)
     return np.stack([np.cos(angle), np.sin(angle)], axis=-1).astype(np.float32)
+
+
+# GGUF tensor type -> the dtype the kernels read it as (matrices are kept as stored).
+WEIGHT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "Q8_0": "q8_0",
+                 "Q4_1": "q4_1"}
+# 1-D tensors (norms, biases) of these types are converted to f32 on the host (they are small).
+VECTOR_TYPES = ("F32", "F16", "BF16")
+CHUNK_LIMIT = 1 << 30  # largest weight allocation: min(this, maxMemoryAllocationSize)
+
+
+class WeightArena:
+    """Every weight of a model as views of a few device-local buffers.
+
+    `WeightArena(device, sizes)` places tensors (name -> bytes) in order, each at an offset
+    aligned to minStorageBufferOffsetAlignment, in buffers of at most
+    min(maxMemoryAllocationSize, 1 GiB) bytes (a tensor larger than that gets a buffer of its
+    own); nothing is allocated until `allocate()`. Attributes: `buffers` (after `allocate`),
+    `place` (name -> (buffer index, offset)), `sizes` (bytes per buffer)."""
+
+    def __init__(self, device: Device, sizes: dict[str, int]):
+        self.device = device
+        align = device.min_storage_buffer_offset_alignment
+        chunk = min(device.max_memory_allocation_size, CHUNK_LIMIT)
+        self.place: dict[str, tuple[int, int]] = {}
+        self.sizes: list[int] = []
+        end = 0
+        for name, nbytes in sizes.items():
+            start = aligned(end, align)
+            if not self.sizes or (start + nbytes > chunk and end > 0):
+                self.sizes.append(0)
+                start = 0
+            self.place[name] = (len(self.sizes) - 1, start)
+            end = start + nbytes
+            self.sizes[-1] = end
+        self.buffers: list[Buffer] = []
+
+    def allocate(self) -> None:
+        """Allocate the buffers (DeviceMemoryError when they do not fit; none is kept)."""
+        try:
+            for i, nbytes in enumerate(self.sizes):
+                self.buffers.append(Buffer(self.device, max(nbytes, 4), name=f"weights{i}"))
+        except BaseException:
+            self.close()
+            raise
+
+    def view(self, name: str, dtype: str, shape: tuple[int, ...]) -> Tensor:
+        i, offset = self.place[name]
+        return Tensor(self.buffers[i], offset, nbytes_of(dtype, shape, name), dtype, shape, name)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of device memory the weights take (allocation sizes)."""
+        return sum(b.allocation_bytes for b in self.buffers if b.memory is not None)
+
+    def close(self) -> None:
+        for b in self.buffers:
+            b.close()
+        self.buffers = []
 
 
 @dataclass
@@ -119,8 +180,9 @@ class Llama(Decoder):
 
     def __init__(self, device: Device, hp: LlamaHParams, weights: dict[str, Tensor],
                  stream: Stream, pipelines: PipelineCache,
-                 rope_freqs: np.ndarray | None = None):
+                 rope_freqs: np.ndarray | None = None, arena: WeightArena | None = None):
         self.device, self.hp, self.w = device, hp, weights
+        self.arena = arena  # the buffers under `weights`
         self.rope_freqs = rope_freqs  # rope_freqs.weight, f32 [head_dim / 2], or None
         self.stream, self.pipelines = stream, pipelines
         self.acts: Activations | None = None
@@ -134,12 +196,19 @@ class Llama(Decoder):
 
     @classmethod
     def from_gguf(cls, device: Device, gguf: GGUFFile, progress: bool = False) -> "Llama":
-        """Dequantize every tensor of `gguf` to f32 and upload it to `device`.
+        """Upload every tensor of `gguf` to `device` as the kernels read it: matrices as their
+        stored bytes (F32, F16, BF16, Q8_0, Q4_1; no f32 copy), 1-D tensors (norms, biases)
+        as f32, all suballocated from a few buffers (`WeightArena`). Bytes are read from the
+        file straight into mapped device memory, or through one scratch array of the largest
+        tensor's size and the stream's staging when the device memory is not mappable: no
+        second copy of the file in host memory (nothing of it is memory-mapped). The file's
+        descriptor stays open: `gguf.close()` releases it.
 
         Every tensor of the file is read by the forward or the file is refused, and every
-        check runs before the first upload.
-        Raises: ModelFormatError (unsupported architecture or metadata key, missing, misshapen
-        or unknown tensor, a weight larger than the device's maxStorageBufferRange as f32),
+        check runs before the first allocation.
+        Raises: ModelFormatError (one line naming the file: unsupported architecture or
+        metadata key; a missing, misshapen or unknown tensor; a tensor type the kernels do not
+        read, e.g. Q4_K; a tensor larger than the device's maxStorageBufferRange as stored),
         DeviceMemoryError when the weights do not fit.
         """
         from tqdm import tqdm
@@ -151,15 +220,6 @@ class Llama(Decoder):
                                    f"n_head * head_dim {qw} must be multiples of 4 and "
                                    f"head_dim {hp.head_dim} even")
         names = _expected_tensors(hp, gguf)
-        limit = device.max_storage_buffer_range
-        for name in names:
-            shape = gguf.tensor_info(name).shape
-            nbytes = int(np.prod(shape)) * 4
-            if nbytes > limit:
-                raise ModelFormatError(
-                    f"{gguf.path}: tensor {name!r} {list(shape)} is {nbytes} bytes as f32, more "
-                    f"than the device's maxStorageBufferRange of {limit} bytes (each weight is "
-                    "bound whole)")
         rope_freqs = None
         if ROPE_FREQS in names:
             names.remove(ROPE_FREQS)
@@ -169,12 +229,57 @@ class Llama(Decoder):
                 i = int(np.argmax(bad))
                 raise ModelFormatError(f"{gguf.path}: tensor {ROPE_FREQS!r}[{i}] is "
                                        f"{rope_freqs[i]}, expected a positive finite factor")
+        limit = device.max_storage_buffer_range
+        dtypes: dict[str, str] = {}
+        for name in names:
+            info = gguf.tensor_info(name)
+            shape, gtype = info.shape, info.ggml_type
+            if len(shape) == 1 and gtype in VECTOR_TYPES:
+                dtype = "float32"
+            elif len(shape) == 2 and gtype in WEIGHT_DTYPES:
+                dtype = WEIGHT_DTYPES[gtype]
+            else:
+                supported = VECTOR_TYPES if len(shape) == 1 else tuple(WEIGHT_DTYPES)
+                raise ModelFormatError(
+                    f"{gguf.path}: tensor {name!r} {list(shape)} has type {gtype}, which vkrt's "
+                    f"kernels do not read (supported: {', '.join(supported)})")
+            if dtype in BLOCKS and shape[-1] % BLOCKS[dtype][0]:
+                raise ModelFormatError(f"{gguf.path}: tensor {name!r} {list(shape)} {gtype}: "
+                                       f"rows of {shape[-1]} are not whole blocks of 32")
+            nbytes = nbytes_of(dtype, shape, name)
+            if nbytes > limit:
+                raise ModelFormatError(
+                    f"{gguf.path}: tensor {name!r} {list(shape)} {gtype} is {nbytes} bytes, more "
+                    f"than the device's maxStorageBufferRange of {limit} bytes (each weight is "
+                    "bound whole)")
+            dtypes[name] = dtype
+        arena = WeightArena(device, {n: nbytes_of(d, gguf.tensor_info(n).shape)
+                                     for n, d in dtypes.items()})
+        arena.allocate()
         stream = Stream(device)
         weights: dict[str, Tensor] = {}
-        for name in tqdm(names, desc="loading weights", unit="tensor", disable=not progress,
-                         leave=False):
-            weights[name] = stream.upload(gguf.tensor_f32(name), name=name)
-        return cls(device, hp, weights, stream, PipelineCache(device), rope_freqs)
+        try:
+            raw = [n for n in dtypes if len(gguf.tensor_info(n).shape) == 2]  # as stored
+            scratch = None
+            for name in tqdm(dtypes, desc="loading weights", unit="tensor",
+                             disable=not progress, leave=False):
+                info = gguf.tensor_info(name)
+                t = weights[name] = arena.view(name, dtypes[name], info.shape)
+                if name not in raw:
+                    stream.write(t, gguf.tensor_f32(name))
+                elif t.buffer.mapped is not None:
+                    # A new buffer no command names yet: the host writes it directly.
+                    gguf.read_into(name, t.buffer.host_view()[t.offset:t.offset + info.nbytes])
+                else:
+                    if scratch is None:
+                        scratch = np.empty(max(gguf.tensor_info(n).nbytes for n in raw), np.uint8)
+                    gguf.read_into(name, scratch)
+                    stream.write(t, scratch[:info.nbytes])
+        except BaseException:
+            stream.close()
+            arena.close()
+            raise
+        return cls(device, hp, weights, stream, PipelineCache(device), rope_freqs, arena)
 
     # -- buffers ---------------------------------------------------------------------------
     def setup_caches(self, max_seq: int) -> None:
@@ -277,8 +382,8 @@ class Llama(Decoder):
         """Free every buffer and the stream (pipelines are freed with the device)."""
         if self.acts is not None:
             self.acts.close()
-        for t in self.w.values():
-            t.buffer.close()
+        for b in {id(t.buffer): t.buffer for t in self.w.values()}.values():
+            b.close()  # each weight buffer once (the arena's hold many views)
         self._close_caches()
         self.stream.close()
 
@@ -344,5 +449,12 @@ def checkpoint_from_gguf(g: GGUFFile):
 
     hp = LlamaHParams.from_gguf(g)
     tokenizer = Tokenizer.from_metadata(g.metadata, g.path)
+
+    def build(device: Device, progress: bool = False) -> Llama:
+        try:
+            return Llama.from_gguf(device, g, progress)
+        finally:
+            g.close()   # the weights are on the device (a later read reopens the file)
+
     return Checkpoint(g.path, "llama", hp, tokenizer, g.metadata.get("tokenizer.chat_template"),
-                      lambda device, progress=False: Llama.from_gguf(device, g, progress))
+                      build)

@@ -182,8 +182,11 @@ class Device:
         self.max_compute_work_group_count = tuple(props.limits.maxComputeWorkGroupCount)
         self.max_push_constants_size = props.limits.maxPushConstantsSize
         self.timestamp_period_ns = props.limits.timestampPeriod
+        maintenance3 = new("VkPhysicalDeviceMaintenance3Properties*",
+                           {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES})
         subgroup = new("VkPhysicalDeviceSubgroupProperties*",
-                       {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES})
+                       {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
+                        "pNext": maintenance3})
         driver = new("VkPhysicalDeviceDriverProperties*",
                      {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES,
                       "pNext": subgroup})
@@ -195,6 +198,9 @@ class Device:
         # "llvmpipe" / "Mesa 22.3.6 (LLVM 15.0.6)".
         self.driver_name = ffi.string(driver.driverName).decode("utf-8", "replace")
         self.driver_info = ffi.string(driver.driverInfo).decode("utf-8", "replace")
+        # The largest single VkDeviceMemory (Vulkan 1.1 core; weights are suballocated from
+        # allocations no larger than this).
+        self.max_memory_allocation_size = maintenance3.maxMemoryAllocationSize
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
         self.queue_family = next(i for i, f in enumerate(families)
                                  if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)

@@ -94,7 +94,8 @@ class Op:
 
         Args:
             need: per binding, the elements the shader will touch (None: no check): the
-                view must hold at least that many.
+                view must hold at least that many (`Tensor.size`: elements for every known
+                dtype, GGUF block types included, so a q4_1 weight [n, k] holds n * k).
         Raises: ShaderInterfaceError (wrong tensor count or dtype, a view too small for
         `need`, push constants, a grid outside 1..maxComputeWorkGroupCount per dimension)."""
         # Tensors hash by identity (a view is immutable): a retyped or resized view of the

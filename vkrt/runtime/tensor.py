@@ -26,13 +26,15 @@ class Tensor:
     Args:
         buffer: a `vkrt.runtime.memory.Buffer` (anything with `serial`, `nbytes`, `name`).
         offset, nbytes: the byte range, inside the buffer.
-        dtype: a numpy dtype name (`"float32"`, `"uint32"`, ...); a GGUF block type later.
-        shape: element shape, C order; for a numpy dtype, prod(shape) * itemsize == nbytes.
+        dtype: a numpy dtype name (`"float32"`, `"uint32"`, `"float16"`, ...), `"bfloat16"`,
+            or a GGUF block type the kernels read (`"q8_0"`, `"q4_1"`, see `BLOCKS`).
+        shape: element shape, C order; for a known dtype nbytes == nbytes_of(dtype, shape).
         name: shown in errors and dispatch names (default: the buffer's name).
     Attributes: `key` (serial, offset, nbytes, dtype): identity of the view for descriptor
         and dispatch caching;
         `range` (serial, start, end): the bytes the tracker records; `itemsize` (bytes per
-        element, 0 for a dtype numpy does not know, e.g. a GGUF block type); `size` (elements).
+        element, 0 for a block type or a dtype not known here); `size` (elements for every
+        known dtype, block types included: what `Op`'s `need=` counts; bytes otherwise).
     Raises: VkrtError when the range is empty, negative or past the buffer's end, or the
         shape does not match `nbytes`, with the numbers.
     """
@@ -48,11 +50,15 @@ class Tensor:
         if self.offset < 0 or self.nbytes <= 0 or self.offset + self.nbytes > buffer.nbytes:
             raise VkrtError(f"tensor {self.name!r}: bytes {self.offset}..{self.offset + self.nbytes}"
                             f" do not lie inside buffer {buffer.name!r} of {buffer.nbytes} bytes")
-        self.itemsize = itemsize = _itemsize(self.dtype)  # 0 for a non-numpy dtype
-        self.size = self.nbytes // (itemsize or 1)           # elements (bytes if unknown)
-        if itemsize and math.prod(self.shape) * itemsize != self.nbytes:
-            raise VkrtError(f"tensor {self.name!r}: shape {self.shape} of {self.dtype} is "
-                            f"{math.prod(self.shape) * itemsize} bytes, the view has {self.nbytes}")
+        self.itemsize = itemsize = _itemsize(self.dtype)  # 0 for a block or unknown dtype
+        if itemsize or self.dtype in BLOCKS:
+            self.size = math.prod(self.shape)             # elements
+            want = nbytes_of(self.dtype, self.shape, self.name)
+            if want != self.nbytes:
+                raise VkrtError(f"tensor {self.name!r}: shape {self.shape} of {self.dtype} is "
+                                f"{want} bytes, the view has {self.nbytes}")
+        else:
+            self.size = self.nbytes                       # bytes of an unknown dtype
         self.key = (buffer.serial, self.offset, self.nbytes, self.dtype)
         self.range = (buffer.serial, self.offset, self.offset + self.nbytes)
 
@@ -61,16 +67,20 @@ class Tensor:
            offset: int = 0, name: str = "") -> "Tensor":
         """A view from byte `offset` of `buffer`: of `shape` if given, else a 1-D view of
         every whole element up to the buffer's end."""
-        itemsize = _itemsize(dtype) or 1
         if shape is None:
-            shape = ((buffer.nbytes - offset) // itemsize,)
-        return cls(buffer, offset, math.prod(shape) * itemsize, dtype, shape, name)
+            shape = ((buffer.nbytes - offset) // (_itemsize(dtype) or 1),)
+        nbytes = (nbytes_of(dtype, shape, name) if _itemsize(dtype) or dtype in BLOCKS
+                  else math.prod(shape))
+        return cls(buffer, offset, nbytes, dtype, shape, name)
 
     def rows(self, start: int, stop: int, name: str = "") -> "Tensor":
         """Rows `start:stop` of the first dimension, as a view of the same buffer."""
         if not 0 <= start < stop <= self.shape[0]:
             raise VkrtError(f"tensor {self.name!r}: rows {start}:{stop} outside 0:{self.shape[0]}")
         row = self.nbytes // self.shape[0]
+        if self.dtype in BLOCKS and row * self.shape[0] != self.nbytes:
+            raise VkrtError(f"tensor {self.name!r}: rows of {self.dtype} {self.shape} are not "
+                            "whole 32-bit words")
         return Tensor(self.buffer, self.offset + start * row, (stop - start) * row, self.dtype,
                       (stop - start, *self.shape[1:]), name or f"{self.name}[{start}:{stop}]")
 
@@ -79,8 +89,33 @@ class Tensor:
                 f"bytes {self.offset}..{self.offset + self.nbytes} of {self.buffer.name!r})")
 
 
+# GGUF block types the kernels read as stored: dtype -> (elements, bytes) per block. ggml's
+# block_q8_0 (f16 d, 32 int8) and block_q4_1 (f16 d, f16 m, 16 bytes of nibbles), as
+# ggml-common.h declares them and gguf-py's GGML_QUANT_SIZES lists them.
+BLOCKS = {"q8_0": (32, 34), "q4_1": (32, 20)}
+_ITEMSIZE = {"bfloat16": 2}  # numpy has no bfloat16
+
+
+def nbytes_of(dtype: str, shape: tuple[int, ...], name: str = "") -> int:
+    """Bytes of a tensor of `shape` and `dtype`: prod(shape) * itemsize, or for a block type
+    the bytes of its blocks rounded up to a multiple of 4 (the shaders read blocks as 32-bit
+    words, and a Q8_0 block is 34 bytes). Raises VkrtError when the last dimension of a
+    block type is not a multiple of its block's elements."""
+    n = math.prod(shape)
+    if dtype in BLOCKS:
+        k, b = BLOCKS[dtype]
+        if not shape or shape[-1] % k:
+            raise VkrtError(f"tensor {name!r}: {dtype} rows of {shape[-1] if shape else 0} "
+                            f"elements are not whole blocks of {k}")
+        return -(-(n // k * b) // 4) * 4
+    return n * _itemsize(dtype)
+
+
 def _itemsize(dtype: str) -> int:
-    """Bytes per element of a numpy dtype name; 0 for a type numpy does not know."""
+    """Bytes per element of a numpy dtype name or bfloat16; 0 for a block type or a type
+    not known here."""
+    if dtype in _ITEMSIZE:
+        return _ITEMSIZE[dtype]
     try:
         return np.dtype(dtype).itemsize
     except TypeError:
