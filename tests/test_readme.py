@@ -38,7 +38,7 @@ def _commands() -> list[list[str]]:
             line = line.split(" #")[0].strip()
             if line:
                 cmds.append(line)
-    # Commands quoted inline in the text, e.g. `.venv/bin/python bench/decode.py ...`.
+    # Commands quoted inline in the text, e.g. `.venv/bin/python bench/side_by_side.py ...`.
     cmds += re.findall(r"`((?:\.venv/bin/|scripts/)[^`]+)`", README)
     return cmds
 
@@ -57,7 +57,7 @@ def test_command_as_written(line):
             _parser().parse_args(argv[1:])        # SystemExit on an unknown option
         elif argv[0] == ".venv/bin/python":
             assert (ROOT / argv[1]).is_file(), argv[1]
-            if argv[1] == "bench/decode.py":
+            if argv[1].startswith("bench/"):
                 text = (ROOT / argv[1]).read_text()
                 for opt in argv[2:]:
                     assert not opt.startswith("--") or f'"{opt}"' in text, opt
