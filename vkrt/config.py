@@ -126,4 +126,10 @@ TIMESTAMPS: Switch[bool] = Switch(
     "Time every dispatch with timestamp queries (GPU time per dispatch name in the profile), "
     "on devices whose queue supports them.")
 
-ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS, INFLIGHT, TIMESTAMPS)
+REPLAY: Switch[bool] = Switch(
+    "VKRT_REPLAY", _bool, True,
+    "Greedy decode submits a decode step recorded once per token-ring slot instead of "
+    "recording it every token (families that support it: Llama); 0 records every step.")
+
+ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS, INFLIGHT, TIMESTAMPS,
+       REPLAY)

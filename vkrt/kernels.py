@@ -67,6 +67,10 @@ class Kernels:
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
         self._rope = Op(p("rope", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
         self._copy_rows = Op(p("copy_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
+        # Position from a device buffer (replayed decode steps, see `pos=` below).
+        self._rope_pos = Op(p("rope_pos", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32, U32))
+        self._copy_rows_pos = Op(p("copy_rows_pos", {0: ELEMENTWISE_BLOCK}), (F32, F32, U32))
+        self._advance_pos = Op(p("advance_pos", {}), (U32,))
         self._silu_mul = Op(p("silu_mul", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
         self._add = Op(p("add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
@@ -76,6 +80,8 @@ class Kernels:
         if head_dim:
             self._attention = Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
             self._attention_split = Op(p("attention_split", {0: head_dim}), (F32, F32, F32, F32))
+            self._attention_split_pos = Op(p("attention_split_pos", {0: head_dim}),
+                                           (F32, F32, F32, F32, U32))
             self._attention_combine = Op(p("attention_combine", {0: head_dim}), (F32, F32))
         # OPT (vkrt/models/opt.py): LayerNorm, ReLU, learned positions, sliced embeddings.
         self._layernorm = Op(p("layernorm", {0: sg}), (F32, F32, F32, F32))
@@ -140,47 +146,68 @@ class Kernels:
             n_tokens=n_tokens)
 
     def rope(self, src: Tensor, cos_sin: Tensor, dst: Tensor, n_tokens: int, n_heads: int,
-             head_dim: int, pos0: int, dst_row: int = 0, name: str = "") -> Dispatch:
+             head_dim: int, pos0: int, dst_row: int = 0, name: str = "",
+             pos: Tensor | None = None, dst_at_pos: bool = False) -> Dispatch:
         """dst[dst_row + t] = src[t] rotated by the angles of position pos0 + t (adjacent
-        pairs); src [tokens, n_heads * head_dim]; cos_sin [positions, head_dim / 2, 2]."""
+        pairs); src [tokens, n_heads * head_dim]; cos_sin [positions, head_dim / 2, 2].
+        `pos` (a [1] u32 tensor, P at run time): positions pos0 + P + t instead (a replayed
+        step), and rows dst_row + P + t when `dst_at_pos` (K into the cache); the sizes are
+        then checked for P = 0 and the caller keeps P + pos0 + n_tokens within the rows of
+        cos_sin (and of dst)."""
         width = n_heads * head_dim
-        return self._rope(src, cos_sin, dst,
-                          grid=(_groups(width // 2, ELEMENTWISE_BLOCK),
-                                *spread(n_tokens, self.limit[1:])), name=name,
-                          need=(n_tokens * width, (pos0 + n_tokens) * head_dim,
-                                (dst_row + n_tokens) * width),
+        grid = (_groups(width // 2, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
+        need = (n_tokens * width, (pos0 + n_tokens) * head_dim, (dst_row + n_tokens) * width)
+        if pos is not None:
+            return self._rope_pos(src, cos_sin, dst, pos, grid=grid, name=name,
+                                  need=(*need, 1), n_heads=n_heads, head_dim=head_dim,
+                                  pos0=pos0, dst_row=dst_row, dst_at_pos=int(dst_at_pos))
+        return self._rope(src, cos_sin, dst, grid=grid, name=name, need=need,
                           n_heads=n_heads, head_dim=head_dim, pos0=pos0, dst_row=dst_row)
 
     def copy_rows(self, src: Tensor, dst: Tensor, n_tokens: int, dst_row: int,
-                  name: str = "") -> Dispatch:
-        """dst[dst_row + t] = src[t] for t < n_tokens; rows of dst's width."""
+                  name: str = "", pos: Tensor | None = None) -> Dispatch:
+        """dst[dst_row + t] = src[t] for t < n_tokens; rows of dst's width. `pos` ([1] u32, P
+        at run time): rows dst_row + P + t instead (as `rope`)."""
         width = dst.shape[-1]
-        return self._copy_rows(src, dst, grid=(_groups(width, ELEMENTWISE_BLOCK),
-                                               *spread(n_tokens, self.limit[1:])),
-                               name=name, need=(n_tokens * width, (dst_row + n_tokens) * width),
-                               width=width, dst_row=dst_row)
+        grid = (_groups(width, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
+        need = (n_tokens * width, (dst_row + n_tokens) * width)
+        if pos is not None:
+            return self._copy_rows_pos(src, dst, pos, grid=grid, name=name, need=(*need, 1),
+                                       width=width, dst_row=dst_row)
+        return self._copy_rows(src, dst, grid=grid, name=name, need=need, width=width,
+                               dst_row=dst_row)
+
+    def advance_pos(self, pos: Tensor, n: int, name: str = "advance_pos") -> Dispatch:
+        """pos[0] += n on the GPU: the last dispatch of a replayed step ([1] u32)."""
+        return self._advance_pos(pos, grid=(1, 1, 1), name=name, need=(1,), n=n)
 
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor,
                   n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, pos0: int,
-                  scale: float, part: Tensor, name: str = "") -> list[Dispatch]:
+                  scale: float, part: Tensor, name: str = "",
+                  pos: Tensor | None = None) -> list[Dispatch]:
         """Causal grouped-query attention of n_tokens queries at positions pos0.. over the
         cache rows 0 .. pos0 + n_tokens - 1; q, out [tokens, n_heads * head_dim].
         One token (decode) is split over the cache (`attention_split`: heads x splits of
         `attention_chunk(pos0 + 1)` positions, partial states in `part`, f32
         [n_heads * ATTENTION_SPLITS * (head_dim + 2)] at least) and merged
         (`attention_combine`): two dispatches. More tokens (prefill) run one workgroup per
-        (head, token) (`attention`): one dispatch."""
+        (head, token) (`attention`): one dispatch. `pos` ([1] u32, P at run time; one token):
+        the query is at position pos0 + P (a replayed step), and the splits cover every row
+        of the cache (those past the query do nothing)."""
         kvn = (pos0 + n_tokens) * n_kv_heads * head_dim
         if n_tokens == 1:
             assert self._attention_split.pipeline.local_size[0] == head_dim, "built for head_dim"
-            chunk = attention_chunk(pos0 + 1, head_dim)
-            splits = _groups(pos0 + 1, chunk)
+            # Replayed (`pos`): splits sized for the longest context the caches hold.
+            n_pos = pos0 + 1 if pos is None else k_cache.shape[0]
+            chunk = attention_chunk(n_pos, head_dim)
+            splits = _groups(n_pos, chunk)
             pn, qn = n_heads * splits * (head_dim + 2), n_heads * head_dim
-            return [self._attention_split(q, k_cache, v_cache, part, grid=(n_heads, splits, 1),
-                                          name=name + "_split", need=(qn, kvn, kvn, pn),
-                                          n_heads=n_heads, n_kv_heads=n_kv_heads,
-                                          head_dim=head_dim, pos0=pos0, chunk=chunk,
-                                          scale=scale),
+            op, extra = ((self._attention_split, ()) if pos is None
+                         else (self._attention_split_pos, (pos,)))
+            return [op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1),
+                       name=name + "_split", need=(qn, kvn, kvn, pn) + (1,) * len(extra),
+                       n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, pos0=pos0,
+                       chunk=chunk, scale=scale),
                     self._attention_combine(part, out, grid=(n_heads, 1, 1), name=name,
                                             need=(pn, qn), head_dim=head_dim, n_splits=splits)]
         op = self._attention

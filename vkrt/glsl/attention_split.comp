@@ -12,6 +12,9 @@
 // local_size_x must equal head_dim. Dispatch: (n_heads, n_splits, 1) with
 // n_splits = ceil((pos0 + 1) / chunk), so every split holds at least one position.
 // Push constants: n_heads, n_kv_heads, head_dim, pos0, chunk (u32), scale (f32).
+// Variant attention_split_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay); the
+// grid is then sized for the longest position and splits past the query's position write an
+// empty state (m = -inf, l = 0), which the merge weighs 0.
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(set = 0, binding = 1) readonly buffer K { float k_cache[]; };
@@ -20,6 +23,9 @@ layout(set = 0, binding = 3) writeonly buffer Part { float part[]; };
 layout(push_constant) uniform Push {
     uint n_heads; uint n_kv_heads; uint head_dim; uint pos0; uint chunk; float scale;
 } pc;
+#ifdef POS_BUFFER
+layout(set = 0, binding = 4) readonly buffer Pos { uint pos_buf[]; };
+#endif
 shared float q_s[gl_WorkGroupSize.x];
 shared float p_s[gl_WorkGroupSize.x];
 
@@ -35,7 +41,13 @@ void main() {
     uint h = gl_WorkGroupID.x, split = gl_WorkGroupID.y, d = gl_LocalInvocationID.x;
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
     uint row = pc.n_kv_heads * pc.head_dim;
-    uint first = split * pc.chunk, last = min(first + pc.chunk - 1, pc.pos0);  // inclusive
+#ifdef POS_BUFFER
+    uint pos0 = pc.pos0 + pos_buf[0];
+#else
+    uint pos0 = pc.pos0;
+#endif
+    // inclusive; last < first (nothing to do) for a split past the query's position
+    uint first = split * pc.chunk, last = min(first + pc.chunk - 1, pos0);
     q_s[d] = q[h * pc.head_dim + d] * pc.scale;
     barrier();
     float m = NEG_INF, l = 0.0, acc = 0.0;

@@ -10,19 +10,35 @@
 // dst: rows of n_heads * head_dim f32, token t written at row dst_row + t (dst_row = pos0
 // writes K straight into the KV cache).
 // Dispatch: (ceil(n_heads * head_dim / 2 / local_size_x), tokens spread over y and z (grid.glsl)).
+// Variant rope_pos (POS_BUFFER): binding 3 holds a u32 P added to pos0 (and to dst_row when
+// push constant dst_at_pos is 1: K into the cache), so a recorded step can be replayed at the
+// next position (the step advances P on the GPU).
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Src { vec2 src[]; };
 layout(set = 0, binding = 1) readonly buffer CosSin { vec2 cos_sin[]; };
 layout(set = 0, binding = 2) writeonly buffer Dst { vec2 dst[]; };
+#ifdef POS_BUFFER
+layout(push_constant) uniform Push {
+    uint n_heads; uint head_dim; uint pos0; uint dst_row; uint dst_at_pos;
+} pc;
+layout(set = 0, binding = 3) readonly buffer Pos { uint pos_buf[]; };
+#else
 layout(push_constant) uniform Push { uint n_heads; uint head_dim; uint pos0; uint dst_row; } pc;
+#endif
 
 void main() {
     uint p = gl_GlobalInvocationID.x, t = token_index();
     uint half_dim = pc.head_dim / 2, pairs = pc.n_heads * half_dim;
     if (p >= pairs) return;
-    vec2 r = cos_sin[(pc.pos0 + t) * half_dim + p % half_dim];
+#ifdef POS_BUFFER
+    uint shift = pos_buf[0], row_shift = pc.dst_at_pos != 0 ? shift : 0;
+#else
+    uint shift = 0, row_shift = 0;
+#endif
+    vec2 r = cos_sin[(pc.pos0 + shift + t) * half_dim + p % half_dim];
     vec2 v = src[t * pairs + p];
-    dst[(pc.dst_row + t) * pairs + p] = vec2(v.x * r.x - v.y * r.y, v.x * r.y + v.y * r.x);
+    dst[(pc.dst_row + row_shift + t) * pairs + p] =
+        vec2(v.x * r.x - v.y * r.y, v.x * r.y + v.y * r.x);
 }

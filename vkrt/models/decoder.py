@@ -14,7 +14,11 @@ from vkrt.errors import VkrtError
 
 class Decoder:
     """Base of `Llama` and `OPT`: subclasses give `step`, `activations`, `setup_caches`,
-    `stream`, `max_seq`."""
+    `stream`, `max_seq`. A family whose `step` takes `pos=` (a [1] u32 position buffer) and
+    whose activations hold `pos` sets `replayable` and gets decode replay."""
+
+    replayable = False
+    _replays: dict | None = None   # (stream id, ring phase) -> Recording
 
     def forward(self, ids, n_tokens: int, pos0: int, all_logits: bool = False,
                 token_out=None) -> None:
@@ -24,6 +28,40 @@ class Decoder:
         step = self.step(ids, n_tokens, pos0, all_logits, token_out)
         self.stream.profiler.add("build", t0)
         self.stream.record(step)
+
+    # -- decode replay (vkrt/runtime/replay.py) ---------------------------------------------
+    def set_position(self, position: int) -> None:
+        """Where the next replayed decode step runs: write `position` into `acts.pos` (each
+        replay advances it by one on the GPU). Raises ValueError past the KV cache."""
+        if not 0 <= position < self.max_seq:
+            raise ValueError(f"position {position} is outside the KV cache of {self.max_seq} "
+                             "tokens (setup_caches)")
+        self.stream.write(self.acts.pos, np.array([position], np.uint32))
+
+    def replay_decode(self, step: int):
+        """Submit decode step number `step` of the greedy loop as a replay and return the
+        `Readback` of its token: ring phase j = step % len(ring) reads token slot j - 1 and
+        writes slot j, at the position in `acts.pos`, which it then advances. The step is
+        captured on first use per phase and captured again when the activations, the KV
+        cache, the token ring, the barrier policy or the stream changed. The caller keeps the
+        positions inside the KV cache (`set_position` checks the first)."""
+        a, s = self.acts, self.stream
+        ring = a.tokens
+        phase = step % len(ring)
+        key = (a.arena.serial, self.kv.serial, self.max_seq, len(ring), s.tracker.always)
+        if self._replays is None:
+            self._replays = {}
+        rec = self._replays.get((id(s), phase))
+        if rec is None or rec.key != key:
+            if rec is not None:
+                s.drop(rec)
+            t0 = time.perf_counter_ns()
+            records = self.step(ring[(phase - 1) % len(ring)], 1, 0, token_out=ring[phase],
+                                pos=a.pos) + [self.k.advance_pos(a.pos, 1)]
+            s.profiler.add("build", t0)
+            rec = s.capture(records, readback=ring[phase], key=key)
+            self._replays[(id(s), phase)] = rec
+        return s.replay(rec, ring[phase])
 
     def weight_tensors(self) -> list:
         """Every tensor holding a weight (`self.w`, name -> Tensor)."""

@@ -5,7 +5,9 @@ prefill can be interrupted (KeyboardInterrupt is raised between chunks) and show
 
 Greedy decoding never brings logits to the host: the GPU's argmax writes the next token id
 into a slot of the token ring (`Activations.tokens`) that the next step's embedding lookup
-reads directly. The loop runs `inflight - 1` steps ahead (VKRT_INFLIGHT): step j + 1 is
+reads directly. Decode steps are replayed where the family supports it (VKRT_REPLAY, on by
+default: `Decoder.replay_decode`, one vkQueueSubmit per token and nothing recorded), else
+recorded each token. The loop runs `inflight - 1` steps ahead (VKRT_INFLIGHT): step j + 1 is
 recorded and submitted before the host reads step j's 4 bytes (a `Readback` that waits for
 step j's submission only), so the host records while the GPU runs. At the stop token the
 steps already submitted beyond it are discarded: their tokens are never read, never reach
@@ -23,6 +25,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from vkrt import config
 from vkrt.errors import ConfigError, VkrtError
 
 
@@ -233,14 +236,20 @@ def _greedy(model: CausalLM, a, first: _Start, max_tokens: int, stop: frozenset,
     ahead = s.inflight - 1            # steps submitted beyond the one being read
     ids, n_tokens, pos = first.ids, first.n_tokens, first.pos
     issued, in_flight = 0, deque()    # Readbacks of submitted steps, oldest first
+    replay = config.REPLAY.value and getattr(model, "replayable", False)
     t1 = None
     try:
         while True:
             while issued < max_tokens and len(in_flight) <= ahead:
                 out = ring[issued % len(ring)]
-                model.forward(ids, n_tokens, pos, token_out=out)
-                in_flight.append(s.read_later(out))
-                s.submit()
+                if replay and issued >= 1:     # step 0 is the prompt's (last) chunk
+                    if issued == 1:
+                        model.set_position(pos)
+                    in_flight.append(model.replay_decode(issued))
+                else:
+                    model.forward(ids, n_tokens, pos, token_out=out)
+                    in_flight.append(s.read_later(out))
+                    s.submit()
                 ids, pos, n_tokens = out, pos + n_tokens, 1
                 issued += 1
             if not in_flight:

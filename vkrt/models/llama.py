@@ -144,6 +144,7 @@ class Activations:
     up: Tensor       # [tokens, n_ff]
     act: Tensor      # [tokens, n_ff]
     logits: Tensor   # [logit_rows, n_vocab]
+    pos: Tensor      # [1] u32: the position of a replayed decode step (advanced on the GPU)
     tokens: list     # ring of [1] u32 tensors: the argmax of the last logits row, per step
     token: Tensor    # tokens[0]
 
@@ -161,6 +162,7 @@ class Activations:
                   "proj": ("float32", (T, hp.n_embd)), "gate": ("float32", (T, hp.n_ff)),
                   "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
                   "logits": ("float32", (logit_rows, hp.n_vocab))}
+        layout["pos"] = ("uint32", (1,))
         layout.update({f"token{j}": ("uint32", (1,)) for j in range(max(1, ring))})
         buffer, views = arena(device, layout)
         tokens = [views.pop(f"token{j}") for j in range(max(1, ring))]
@@ -175,8 +177,10 @@ class Llama(Decoder):
 
     Build with `Llama.from_gguf(device, gguf)`. `setup_caches(max_seq)` allocates the KV cache:
     one buffer holding, per layer, `k_cache[i]` and `v_cache[i]`, views of
-    `[max_seq, n_head_kv * head_dim]` f32.
+    `[max_seq, n_head_kv * head_dim]` f32. Decode steps can be replayed (`Decoder`).
     """
+
+    replayable = True
 
     def __init__(self, device: Device, hp: LlamaHParams, weights: dict[str, Tensor],
                  stream: Stream, pipelines: PipelineCache,
@@ -318,7 +322,8 @@ class Llama(Decoder):
             out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
         return out
 
-    def _attention_block(self, i: int, a: Activations, T: int, pos0: int) -> list[Dispatch]:
+    def _attention_block(self, i: int, a: Activations, T: int, pos0: int,
+                         pos: Tensor | None) -> list[Dispatch]:
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
         return [
@@ -327,12 +332,13 @@ class Llama(Decoder):
             *self._linear(a.xn, blk + "attn_k", a.k, T),
             *self._linear(a.xn, blk + "attn_v", a.v, T),
             k.rope(a.q, self.rope, a.q_rope, T, hp.n_head, hp.head_dim, pos0,
-                   name=blk + "rope_q"),
+                   name=blk + "rope_q", pos=pos),
             k.rope(a.k, self.rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
-                   name=blk + "rope_k"),  # K goes straight into the cache
-            k.copy_rows(a.v, v_cache, T, pos0, name=blk + "v_cache"),
+                   name=blk + "rope_k", pos=pos, dst_at_pos=True),  # K straight into the cache
+            k.copy_rows(a.v, v_cache, T, pos0, name=blk + "v_cache", pos=pos),
             *k.attention(a.q_rope, k_cache, v_cache, a.attn, T, hp.n_head, hp.n_head_kv,
-                         hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn"),
+                         hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
+                         pos=pos),
             *self._linear(a.attn, blk + "attn_output", a.proj, T),
             k.add(a.x, a.proj, T * hp.n_embd, name=blk + "attn_residual"),
         ]
@@ -349,9 +355,12 @@ class Llama(Decoder):
         ]
 
     def step(self, ids: Tensor, n_tokens: int, pos0: int,
-             all_logits: bool = False, token_out: Tensor | None = None) -> list[Dispatch]:
+             all_logits: bool = False, token_out: Tensor | None = None,
+             pos: Tensor | None = None) -> list[Dispatch]:
         """The dispatches of one forward over `n_tokens` token ids (u32 in `ids`) at positions
         pos0 .. pos0 + n_tokens - 1, writing K/V into the cache. Nothing is recorded.
+        `pos` ([1] u32, P at run time): positions pos0 + P .. instead, for a step recorded
+        once and replayed (`Decoder.replay_decode`); the caller keeps them in the cache.
 
         Once recorded, `acts.logits` holds `[n_tokens, n_vocab]` logits when `all_logits`,
         else the last token's `[n_vocab]` logits, and `token_out` (default `acts.token`, a
@@ -365,7 +374,7 @@ class Llama(Decoder):
         a = self.activations(T, T if all_logits else 1)
         out = [k.embed(w["token_embd.weight"], ids, a.x, T, name="token_embd")]
         for i in range(hp.n_layer):
-            out += self._attention_block(i, a, T, pos0)
+            out += self._attention_block(i, a, T, pos0, pos)
             out += self._mlp_block(i, a, T)
         out.append(k.rmsnorm(a.x, w["output_norm.weight"], a.xn, T, hp.rms_eps, "output_norm"))
         output = w["token_embd.weight" if hp.tied_embeddings else "output.weight"]

@@ -19,6 +19,8 @@ class Counters:
     barriers_transfer: int = 0
     stages: int = 0            # dependent stages: barrier-separated groups of records
     submits: int = 0           # vkQueueSubmit calls (one per batch, one timeline value each)
+    captures: int = 0          # record lists captured into a Recording (replay.py)
+    replays: int = 0           # ... submissions of a Recording (nothing recorded for them)
     waits_blocked: int = 0     # host waits for a submission value that had not signalled
     waits_ready: int = 0       # host waits whose value had already signalled (no blocking)
     max_inflight: int = 0      # high-water mark: most submissions the host had not waited for,

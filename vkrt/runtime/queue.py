@@ -265,21 +265,53 @@ class Submitter:
         if not self.recording:
             return self.submitted
         t = time.perf_counter_ns()
-        slot, value = self.slot, self.submitted + 1
-        lib.vkCmdPipelineBarrier(slot.cmd, _WORK_STAGES, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
-                                 self._to_host, 0, NULL, 0, NULL)
-        check(lib.vkEndCommandBuffer(slot.cmd), "vkEndCommandBuffer")
+        slot = self.slot
+        self.end_commands(slot.cmd)
         self.recording = False
+        slot.value, slot.submit_ns = self.submitted + 1, t
+        return self._queue_submit(slot.cmds, t)
+
+    def end_commands(self, cmd) -> None:
+        """End a command buffer with the barrier that makes its writes visible to the host."""
+        lib.vkCmdPipelineBarrier(cmd, _WORK_STAGES, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                                 self._to_host, 0, NULL, 0, NULL)
+        check(lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
+
+    def submit_recording(self, rec) -> int:
+        """Submit a captured `Recording` (replay.py) after anything being recorded; return its
+        value. Waits first for its previous submission (a command buffer is not submitted
+        again while pending) and collects the readbacks of that one. Its byte ranges are
+        marked with the new value, as recorded batches mark theirs."""
+        if self.recording:
+            self.submit()
+        if rec.value:
+            self.wait(rec.value)
+        for rb in rec.readbacks:
+            rb.collect()
+        rec.readbacks = []
+        t = time.perf_counter_ns()
+        value = rec.value = self.submitted + 1
+        writes_at, reads_at = self.writes_at, self.reads_at
+        for rng in rec.writes:
+            writes_at[rng] = value
+        for rng in rec.reads:
+            reads_at[rng] = value
+        self.counters.replays += 1
+        return self._queue_submit(rec.cmds, t)
+
+    def _queue_submit(self, cmds, t: int) -> int:
+        """vkQueueSubmit of one ended command buffer signalling the next value."""
+        value = self.submitted + 1
         self._signal_value[0] = value
         submit = self._submit
-        submit.pCommandBuffers = slot.cmds
+        submit.pCommandBuffers = cmds
         if self.held:
             submit.waitSemaphoreCount = self._timeline_info.waitSemaphoreValueCount = 1
             submit.pWaitSemaphores = self._gate
             self._gate_wait_value[0] = self._gate_value + 1
         check(lib.vkQueueSubmit(self.device.queue, 1, submit, NULL), "vkQueueSubmit")
         submit.waitSemaphoreCount = self._timeline_info.waitSemaphoreValueCount = 0
-        slot.value, slot.submit_ns, self.submitted = value, t, value
+        self.submitted = value
         c = self.counters
         c.submits += 1
         check(lib.vkGetSemaphoreCounterValue(self.device.handle, self.semaphore[0],

@@ -29,8 +29,9 @@ from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.profiler import Counters, Profiler
 from vkrt.runtime.queue import QUERIES_PER_SLOT, Readback, Submitter
+from vkrt.runtime.replay import Recording
 from vkrt.runtime.tensor import Tensor
-from vkrt.runtime.vk import NULL, ffi, lib, new, vk
+from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
 
 _ALL_ACCESS = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
                | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
@@ -63,6 +64,8 @@ class Stream:
         self.queue = None
         self.timing = False
         self._calibration = None
+        self._replayed = False          # a replay ran since the last record (record())
+        self._recordings: list[Recording] = []
         try:
             self.queue = Submitter(device, self.inflight, self.counters, self.profiler)
             self.queue.on_complete = self._collect_timestamps
@@ -94,16 +97,26 @@ class Stream:
 
     def record(self, records: Iterable[Dispatch | Copy]) -> None:
         """Record `records` in order, each behind a pipeline barrier when the tracker proves
-        a dependency on pending work. Nothing is submitted.
+        a dependency on pending work. Nothing is submitted. The first record after a replay
+        gets a full barrier (the tracker did not see what the replay ran).
 
         Raises: ShaderInterfaceError when a view breaks a device limit (`Pipeline.bind`)."""
         t0 = time.perf_counter_ns()
         q = self.queue
+        if self._replayed:
+            self._replayed = False
+            self.barrier()
         cmd = q.begin()
-        counters, tracker = self.counters, self.tracker
-        value, writes_at, reads_at = q.pending, q.writes_at, q.reads_at
         slot = q.slot
-        timed = slot.timed if slot.timing else None
+        self._encode(cmd, records, self.tracker, q.pending, q.writes_at, q.reads_at,
+                     slot.timed if slot.timing else None, slot.query_pool)
+        self.profiler.add("record", t0)
+
+    def _encode(self, cmd, records, tracker: Tracker, value: int, writes_at: dict,
+                reads_at: dict, timed: list | None = None, query_pool=None) -> None:
+        """Record into `cmd`: barriers as `tracker` decides, each record's byte ranges marked
+        with `value` in `writes_at` / `reads_at` (what host accesses wait for)."""
+        counters = self.counters
         compute = vk.VK_PIPELINE_BIND_POINT_COMPUTE
         for r in records:
             if r.transfer:
@@ -145,8 +158,68 @@ class Stream:
             if timed is not None and len(timed) + 1 < QUERIES_PER_SLOT:
                 timed.append(r.name)
                 lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
-                                        slot.query_pool, len(timed))
+                                        query_pool, len(timed))
+
+    # -- capture and replay (replay.py) ------------------------------------------------------
+    def capture(self, records: list, readback: Tensor | None = None, key=None) -> Recording:
+        """Record `records` once into a new `Recording` that `replay` submits again and
+        again: a full barrier first, then the records with barriers decided by a tracker of
+        the stream's policy that starts empty; with `readback` (a tensor the host cannot map),
+        a copy of it into the recording's own staging at the end. The counters count the
+        capture's dispatches and barriers once (and `captures`); replays record nothing.
+        `key`: anything the caller compares to know when to capture again."""
+        t0 = time.perf_counter_ns()
+        rec = Recording(self.device, key)
+        try:
+            if readback is not None and readback.buffer.mapped is None:
+                rec.staging = Buffer(self.device, max(readback.nbytes, 4), host_visible=True,
+                                     name="replay-staging")
+                records = list(records) + [Copy(readback, Tensor(
+                    rec.staging, 0, readback.nbytes, readback.dtype, readback.shape), "readback")]
+            info = new("VkCommandBufferBeginInfo*", {
+                "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO})
+            check(lib.vkBeginCommandBuffer(rec.cmd, info), "vkBeginCommandBuffer")
+            lib.vkCmdPipelineBarrier(rec.cmd, _WORK_STAGES, _WORK_STAGES, 0, 1, self._full,
+                                     0, NULL, 0, NULL)
+            before = self.counters.snapshot()
+            self.counters.barriers += 1
+            self._new_batch = True
+            writes, reads = {}, {}
+            self._encode(rec.cmd, records, Tracker(always=self.tracker.always), 0, writes, reads)
+            self.queue.end_commands(rec.cmd)
+        except BaseException:
+            rec.close()
+            raise
+        self._new_batch = True
+        done = self.counters.since(before)
+        rec.dispatches, rec.stages = done["dispatches"], done["stages"]
+        rec.barriers = done["barriers"]
+        rec.writes, rec.reads = list(writes), list(reads)
+        self.counters.captures += 1
+        self._recordings.append(rec)
         self.profiler.add("record", t0)
+        return rec
+
+    def replay(self, rec: Recording, readback: Tensor | None = None) -> Readback | None:
+        """Submit `rec` (after whatever is recorded) and return a `Readback` of `readback`
+        (the tensor given at capture, or a mapped one) as that submission leaves it. Nothing
+        is recorded; the next `record` starts with a full barrier."""
+        value = self.queue.submit_recording(rec)
+        self._replayed = True
+        if readback is None:
+            return None
+        if rec.staging is not None:
+            rb = Readback(self, readback, value, rec, 0)
+            rec.readbacks.append(rb)
+            return rb
+        return Readback(self, readback, value)
+
+    def drop(self, rec: Recording) -> None:
+        """Free a recording once its last submission is done (before capturing again)."""
+        if rec.value:
+            self.queue.wait(rec.value)
+        rec.close()
+        self._recordings.remove(rec)
 
     def barrier(self) -> None:
         """Record a full pipeline barrier: everything recorded or submitted before it is
@@ -319,4 +392,7 @@ class Stream:
         if self.queue is not None:
             self.queue.close()
             self.queue = None
+        for rec in self._recordings:
+            rec.close()
+        self._recordings = []
         self.device.release(self)

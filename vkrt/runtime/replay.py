@@ -1,0 +1,63 @@
+"""`Recording`: a list of records recorded once into its own command buffer and submitted again
+and again (`Stream.capture`, `Stream.replay`): a replayed decode step costs the host one
+vkQueueSubmit instead of recording ~500 dispatches.
+
+What may change between replays lives in device memory, never in the recorded commands: the
+decode step reads its position from a [1] u32 buffer that its last dispatch advances
+(`Kernels.advance_pos`), and the token ring gives each in-flight step its own recording
+(ring phase j reads token slot j - 1 and writes slot j). A recording names buffers by their
+handles and descriptor sets: it must be captured again when any buffer it binds is
+reallocated (`key`, compared by the model; `vkrt/models/llama.py`).
+
+Ordering. A recording begins with a full pipeline barrier, so it runs after everything submitted
+before it (Vulkan spec 7.6 "Pipeline Barriers": a barrier orders against all earlier commands
+in submission order), and inside it the barrier tracker decided each barrier at capture as it
+does for `Stream.record`. The stream records a full barrier before the first record that
+follows a replay (`Stream.record`). The host's waits see a replay like any submission: its
+byte ranges are marked read/written by the replay's timeline value (queue.py). A recording is
+not submitted again while pending (spec 6.4: without SIMULTANEOUS_USE), and a host read of its
+readback copy happens before its next submission overwrites the bytes.
+"""
+from __future__ import annotations
+
+from vkrt.runtime.vk import NULL, check, lib, new, vk
+
+
+class Recording:
+    """One captured list of records. Attributes: `cmd`/`cmds` (its command buffer), `key` (what
+    the capturer keyed it on), `writes`/`reads` (byte ranges, deduplicated), `dispatches`,
+    `barriers`, `stages` (counted at capture), `value` (its last submission, 0 if never),
+    `staging` (host-visible Buffer for its readback copy, or None), `readbacks` (Readbacks of
+    its staging not yet collected)."""
+
+    def __init__(self, device, key=None):
+        self.device, self.key = device, key
+        self.pool = None
+        self.value = 0
+        self.writes: list[tuple] = []
+        self.reads: list[tuple] = []
+        self.dispatches = self.barriers = self.stages = 0
+        self.staging = None
+        self.readbacks: list = []
+        info = new("VkCommandPoolCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+            "queueFamilyIndex": device.queue_family})
+        out = new("VkCommandPool*")
+        check(lib.vkCreateCommandPool(device.handle, info, NULL, out), "vkCreateCommandPool")
+        self.pool = out[0]
+        alloc = new("VkCommandBufferAllocateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, "commandPool": self.pool,
+            "level": vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, "commandBufferCount": 1})
+        self.cmds = new("VkCommandBuffer[1]")
+        check(lib.vkAllocateCommandBuffers(device.handle, alloc, self.cmds),
+              "vkAllocateCommandBuffers")
+        self.cmd = self.cmds[0]
+
+    def close(self) -> None:
+        """Destroy the command pool and staging. The caller has waited for `value`."""
+        if self.staging is not None:
+            self.staging.close(drain=False)
+            self.staging = None
+        if self.pool is not None and self.device.handle is not None:
+            lib.vkDestroyCommandPool(self.device.handle, self.pool, NULL)
+        self.pool = None
