@@ -70,14 +70,46 @@ def chat_ids(tok, default_gguf, text):
     return tok.encode(rendered, add_bos=False)
 
 
+@pytest.mark.parametrize("replay", ["1", "0"], ids=["replay", "record"])
 @pytest.mark.parametrize("inflight,barriers", COMBOS, ids=[f"inflight{n}-{b}" for n, b in COMBOS])
-def test_greedy_32_tokens_exact(llama, reference, tok, stream_of, inflight, barriers):
+def test_greedy_32_tokens_exact(llama, reference, tok, stream_of, inflight, barriers, replay):
+    """Every arm: in-flight depth x barrier policy x decode steps replayed or recorded."""
+    from vkrt import config
+
     stream = stream_of(inflight, barriers)
     prompt = tok.encode("1, 2, 3, 4, 5,")
     expected = reference.greedy(prompt, 32)
-    got = generate(llama, prompt, 32).tokens
+    with config.REPLAY.override(replay):
+        got = generate(llama, prompt, 32).tokens
     assert got == expected, (tok.decode(got), tok.decode(expected))
     assert stream.counters.max_inflight == inflight   # submissions ahead of the host's read
+    # Replayed: the prompt's forward is recorded, the 31 decode steps are submitted as
+    # recordings (one captured per token-ring phase), nothing recorded for them.
+    c = stream.counters
+    assert c.replays == (31 if replay == "1" else 0)
+    assert c.captures == (min(inflight, 31) if replay == "1" else 0)
+
+
+def test_replayed_steps_record_nothing(llama, tok, stream_of):
+    """Once captured, a replayed decode token costs one submission and no recorded command;
+    the recording holds the same forward (514 dispatches for SmolLM2) plus the position
+    advance, in as many stages as the recorded step."""
+    s = stream_of(2, "tracked")
+    prompt = tok.encode("Hello")                     # one token
+    generate(llama, prompt, 4)                       # captures both ring phases
+    before = s.counters.snapshot()
+    r = generate(llama, prompt, 6)
+    d = s.counters.since(before)
+    one = per_token(llama.hp.n_layer)
+    assert d["dispatches"] == one["dispatches"]      # the prompt's forward only
+    assert d["replays"] == 5 and d["captures"] == 0 and d["submits"] == 6
+    assert len(r.tokens) == 6
+    (rec, *_) = [v for (sid, _), v in llama._replays.items() if sid == id(s)]
+    assert rec.dispatches == one["dispatches"] + 1   # + advance_pos
+    # The recorded step's stages: the leading full barrier opens the embedding's (which
+    # needs no barrier of its own inside the recording), and advance_pos joins argmax's: the
+    # barriers after the last reads of pos (attention) already order its write.
+    assert rec.stages == one["tracked"] and rec.barriers == one["tracked"]
 
 
 @pytest.mark.parametrize("inflight,barriers", [(2, "tracked"), (3, "always")])
@@ -122,6 +154,13 @@ def per_token(n_layer: int) -> dict:
 
 
 def _decode_step_counters(model, tok, arm="tracked"):
+    from vkrt import config
+
+    with config.REPLAY.override("0"):      # steps recorded every token (replay: above)
+        _recorded_step_counters(model, tok, arm)
+
+
+def _recorded_step_counters(model, tok, arm):
     prompt = tok.encode("Hello")
     generate(model, prompt, 3)                       # warm: descriptor sets written
     model.stream.counters.max_inflight = 0
@@ -272,10 +311,12 @@ def test_sampling_is_seeded(llama, tok):
     assert a != generate(llama, prompt, 8).tokens               # and not the greedy path
 
 
-@pytest.mark.parametrize("inflight,direct", [(2, None), (3, False)], ids=["inflight2", "inflight3-staging"])
-def test_decode_clean_under_validation(default_gguf, tok, inflight, direct):
+@pytest.mark.parametrize("inflight,direct,replay", [(2, None, "1"), (3, False, "1"), (2, None, "0")],
+                         ids=["inflight2-replay", "inflight3-staging-replay", "inflight2-record"])
+def test_decode_clean_under_validation(default_gguf, tok, inflight, direct, replay):
     """Prefill and decode with the Khronos validation layer and synchronization validation
-    on: any message raises from the stream's next wait (Device.check_validation)."""
+    on: any message raises from the stream's next wait (Device.check_validation). Twice, so
+    that a prefill is recorded after replayed steps."""
     from vkrt import config
     import vulkan
 
@@ -286,10 +327,11 @@ def test_decode_clean_under_validation(default_gguf, tok, inflight, direct):
     if VALIDATION_LAYER not in layers:   # CI installs it (scripts/setup.sh test)
         pytest.skip(f"{VALIDATION_LAYER} not installed (Debian: vulkan-validationlayers)")
 
-    with config.INFLIGHT.override(str(inflight)), \
+    with config.INFLIGHT.override(str(inflight)), config.REPLAY.override(replay), \
             Device(validation=True, direct_host_access=direct) as device:
         model = Llama.from_gguf(device, default_gguf)
         tokens = generate(model, tok.encode("1, 2, 3,"), 5).tokens
+        assert generate(model, tok.encode("1, 2, 3,"), 5).tokens == tokens
         assert model.stream.counters.max_inflight == inflight
         model.close()
         assert device.validation_errors == []
@@ -303,3 +345,24 @@ def test_generation_scratch_fits_the_storage_range(llama):
     assert a.logits.nbytes >= llama.hp.n_vocab * 4
     assert max(t.nbytes for t in vars(a).values() if isinstance(t, Tensor)) \
         <= llama.device.max_storage_buffer_range
+
+
+def test_replay_after_the_caches_grow(llama, tok, stream_of):
+    """A longer generation reallocates the KV cache (generate grows it in steps of 256
+    positions): the recordings that named the old one are captured again, and the tokens
+    stay those of recorded steps."""
+    from vkrt import config
+
+    s = stream_of(2, "tracked")
+    short = tok.encode("1, 2, 3,")
+    generate(llama, short, 3)                          # captured against a small cache
+    llama.setup_caches(64)
+    generate(llama, short, 3)
+    captures = s.counters.captures
+    prompt = tok.encode("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,"
+                        " 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30,")
+    assert len(prompt) > 64
+    replayed = generate(llama, prompt, 6).tokens       # the cache grows to 256
+    assert s.counters.captures == captures + 2         # both ring phases again
+    with config.REPLAY.override("0"):
+        assert generate(llama, prompt, 6).tokens == replayed

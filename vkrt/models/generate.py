@@ -243,11 +243,12 @@ def _greedy(model: CausalLM, a, first: _Start, max_tokens: int, stop: frozenset,
             while issued < max_tokens and len(in_flight) <= ahead:
                 out = ring[issued % len(ring)]
                 if replay and issued >= 1:     # step 0 is the prompt's (last) chunk
-                    if issued == 1:
-                        model.set_position(pos)
                     in_flight.append(model.replay_decode(issued))
                 else:
                     model.forward(ids, n_tokens, pos, token_out=out)
+                    if replay and issued == 0 and max_tokens > 1:
+                        # Where the first replayed step runs, in the same submission.
+                        model.set_position(pos + n_tokens)
                     in_flight.append(s.read_later(out))
                     s.submit()
                 ids, pos, n_tokens = out, pos + n_tokens, 1

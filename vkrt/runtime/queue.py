@@ -280,12 +280,15 @@ class Submitter:
     def submit_recording(self, rec) -> int:
         """Submit a captured `Recording` (replay.py) after anything being recorded; return its
         value. Waits first for its previous submission (a command buffer is not submitted
-        again while pending) and collects the readbacks of that one. Its byte ranges are
+        again while pending) and for the one `inflight` back (the depth slots keep), and
+        collects the readbacks of the recording's previous submission. Its byte ranges are
         marked with the new value, as recorded batches mark theirs."""
         if self.recording:
             self.submit()
-        if rec.value:
-            self.wait(rec.value)
+        # At most `inflight` submissions in flight, as with slots (a recording owns no slot).
+        target = max(rec.value, self.submitted + 1 - self.inflight)
+        if target > 0:
+            self.wait(target)
         for rb in rec.readbacks:
             rb.collect()
         rec.readbacks = []
