@@ -87,7 +87,7 @@ def test_greedy_32_tokens_exact(llama, reference, tok, stream_of, inflight, barr
     # recordings (one captured per token-ring phase), nothing recorded for them.
     c = stream.counters
     assert c.replays == (31 if replay == "1" else 0)
-    assert c.captures == (min(inflight, 31) if replay == "1" else 0)
+    assert c.captures == (len(llama.acts.tokens) if replay == "1" else 0)   # one per phase
 
 
 def test_replayed_steps_record_nothing(llama, tok, stream_of):
@@ -363,6 +363,7 @@ def test_replay_after_the_caches_grow(llama, tok, stream_of):
                         " 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30,")
     assert len(prompt) > 64
     replayed = generate(llama, prompt, 6).tokens       # the cache grows to 256
-    assert s.counters.captures == captures + 2         # both ring phases again
+    # every ring phase again (the ring keeps the most slots any stream asked for)
+    assert s.counters.captures == captures + len(llama.acts.tokens)
     with config.REPLAY.override("0"):
         assert generate(llama, prompt, 6).tokens == replayed
