@@ -15,8 +15,13 @@ ratios are side by side):
   window (tokens - N with N slots in flight: steps 2 .. N went out before the first token).
 - GPU time per decoded token, by kernel (timestamp queries around every dispatch, on the
   device's timestamp clock; each span includes any barrier stall before it): one extra
-  generation with timestamps on, outside the timed repeats, the same window. Absent where the
-  queue has no timestamps.
+  generation with timestamps on, outside the timed repeats, the same window. Timestamps time
+  recorded commands, so that generation records its decode steps (no replay), and a timestamp
+  after every dispatch serializes them: an upper bound on the replayed step's GPU time. Absent
+  where the queue has no timestamps.
+- Replayed arms (VKRT_REPLAY, the default) record nothing per decoded token once the step is
+  captured: their per-token `dispatches` and `stages` count what was recorded (0), and
+  `replays` the recordings submitted (1 per token).
 - Weight bytes on the device (the buffers holding the model's weights) and the process's peak
   RSS (getrusage ru_maxrss).
 Times are wall clock on the host (perf_counter).
@@ -34,11 +39,13 @@ import time
 
 import numpy as np
 
+from vkrt import config
 from vkrt.models.generate import GenerationResult, generate, stream_tokens
 
 PHASES = ("build", "record", "submit", "transfer", "wait")
 PER_TOKEN = ("dispatches", "barriers", "stages", "barriers_raw", "barriers_waw", "barriers_war",
-             "barriers_transfer", "submits", "waits_blocked", "waits_ready")
+             "barriers_transfer", "submits", "replays", "captures", "waits_blocked",
+             "waits_ready")
 
 
 def bench_prompt(n_vocab: int, n: int) -> list[int]:
@@ -147,7 +154,9 @@ def _gpu_per_token(lm, prompt: list[int], tokens: int, batch_size: int) -> dict 
         next(window)
         before = dict(s.profiler.gpu_ns)  # batches collected by the first token
         count = s.profiler.gpu_count.get("argmax", 0)
+        stages = s.counters.stages
         _finish(window)
+        stages = s.counters.stages - stages
     finally:
         s.timing = timing
     # Steps timed in the window: each step has one argmax dispatch.
@@ -158,6 +167,7 @@ def _gpu_per_token(lm, prompt: list[int], tokens: int, batch_size: int) -> dict 
         by_kernel[k] = by_kernel.get(k, 0.0) + (ns - before.get(name, 0.0)) / n / 1e3
     total_us = sum(by_kernel.values())
     return {"gpu_ms_per_token": round(total_us / 1e3, 4),
+            "gpu_us_per_stage": round(total_us / (stages / n), 2) if stages else None,
             "gpu_us_per_token_by_kernel": {k: round(v, 2) for k, v in
                                            sorted(by_kernel.items(), key=lambda kv: -kv[1])}}
 
@@ -173,9 +183,10 @@ def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
         raise ValueError("need --tokens >= 2, --prompt-tokens >= 1 and --repeat >= 1")
     prompt = bench_prompt(model.hparams.n_vocab, prompt_tokens)
     home = lm.stream
-    streams = {n: Stream(device, inflight=n) for n in inflights}
-    arms = [_Arm(b, n, streams[n], b if len(inflights) == 1 else f"{b}/inflight{n}")
-            for n in inflights for b in barriers]
+    # A stream per arm: a replayed step is captured per stream and barrier policy once.
+    arms = [_Arm(b, n, Stream(device, inflight=n), b if len(inflights) == 1
+                 else f"{b}/inflight{n}") for n in inflights for b in barriers]
+    streams = {id(arm): arm.stream for arm in arms}
     if len(barriers) == 1 and len(inflights) == 1:
         arms[0].label = f"{barriers[0]}/inflight{inflights[0]}"
     try:
@@ -195,7 +206,9 @@ def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
             s.close()
     report = {"model": model.path, "family": model.family, "device": device.name,
               "prompt_tokens": prompt_tokens, "tokens": tokens, "repeat": repeat,
-              "batch_size": batch_size, "weight_bytes": lm.weight_bytes(),
+              "batch_size": batch_size, "replay": bool(config.REPLAY.value
+                                                         and getattr(lm, "replayable", False)),
+              "weight_bytes": lm.weight_bytes(),
               "peak_rss_bytes": peak_rss_bytes(), "arms": {}}
     for arm in arms:
         last = arm.runs[-1]
@@ -209,9 +222,7 @@ def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
             "same_tokens_as_first_arm": all(r["tokens"] == arms[0].runs[0]["tokens"]
                                             for r in arm.runs)}
     if gpu is not None:
-        stages = report["arms"][arms[0].label]["per_decoded_token"]["stages"]
-        gpu["measured_in_arm"] = arms[0].label
-        gpu["gpu_us_per_stage"] = round(1e3 * gpu["gpu_ms_per_token"] / stages, 2) if stages else None
+        gpu["measured_in_arm"] = arms[0].label + " (recorded steps)"
         report["gpu"] = gpu
     return report
 
@@ -228,8 +239,9 @@ def describe(report: dict) -> str:
             f"  {label:<18} prefill {p['median']:>9.1f} tok/s [{p['min']:.1f}, {p['max']:.1f}]"
             f"  decode {d['median']:>8.1f} tok/s [{d['min']:.1f}, {d['max']:.1f}]"
             f"  TPOT {t['median']:.3f} ms")
-        lines.append(f"  {'':<18} per token: {per['dispatches']:g} dispatches, "
-                     f"{per['stages']:g} stages, {per['barriers']:g} barriers; host ms "
+        lines.append(f"  {'':<18} per token: {per['dispatches']:g} dispatches recorded, "
+                     f"{per['stages']:g} stages, {per['barriers']:g} barriers, "
+                     f"{per['replays']:g} replays; host ms "
                      + ", ".join(f"{k} {v:.3f}" for k, v in host.items())
                      + ("" if a["same_tokens_as_first_arm"] else "  TOKENS DIFFER"))
     if "gpu" in report:

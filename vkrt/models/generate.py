@@ -6,8 +6,8 @@ prefill can be interrupted (KeyboardInterrupt is raised between chunks) and show
 Greedy decoding never brings logits to the host: the GPU's argmax writes the next token id
 into a slot of the token ring (`Activations.tokens`) that the next step's embedding lookup
 reads directly. Decode steps are replayed where the family supports it (VKRT_REPLAY, on by
-default: `Decoder.replay_decode`, one vkQueueSubmit per token and nothing recorded), else
-recorded each token. The loop runs `inflight - 1` steps ahead (VKRT_INFLIGHT): step j + 1 is
+default: `Decoder.replay_decode`, one vkQueueSubmit per token and nothing recorded), else, and
+while timestamps are on (they time recorded commands), recorded each token. The loop runs `inflight - 1` steps ahead (VKRT_INFLIGHT): step j + 1 is
 recorded and submitted before the host reads step j's 4 bytes (a `Readback` that waits for
 step j's submission only), so the host records while the GPU runs. At the stop token the
 steps already submitted beyond it are discarded: their tokens are never read, never reach
@@ -236,7 +236,8 @@ def _greedy(model: CausalLM, a, first: _Start, max_tokens: int, stop: frozenset,
     ahead = s.inflight - 1            # steps submitted beyond the one being read
     ids, n_tokens, pos = first.ids, first.n_tokens, first.pos
     issued, in_flight = 0, deque()    # Readbacks of submitted steps, oldest first
-    replay = config.REPLAY.value and getattr(model, "replayable", False)
+    # Timestamps (VKRT_TIMESTAMPS, a trace) time recorded commands: replay only without them.
+    replay = config.REPLAY.value and getattr(model, "replayable", False) and not s.timing
     t1 = None
     try:
         while True:
