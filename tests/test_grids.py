@@ -134,7 +134,8 @@ def test_row_kernels_spread_with_a_lowered_limit(gpu, monkeypatch):
     kv = r.standard_normal((2, T, 8)).astype(np.float32)
     tq, tk, tv = stream.upload(q), stream.upload(kv[0]), stream.upload(kv[1])
     out = stream.upload(np.zeros((T, 8), np.float32))
-    d = k.attention(tq, tk, tv, out, T, 1, 1, 8, 0, 0.25)
+    part = stream.upload(np.zeros(64, np.float32))      # decode's partials: unused here
+    (d,) = k.attention(tq, tk, tv, out, T, 1, 1, 8, 0, 0.25, part)
     assert d.grid == (1, 2, 3)
     stream.record([d])
     s = (q.astype(np.float64) * 0.25) @ kv[0].T.astype(np.float64)
@@ -142,5 +143,5 @@ def test_row_kernels_spread_with_a_lowered_limit(gpu, monkeypatch):
     p = np.exp(s - s.max(1, keepdims=True))
     want = (p / p.sum(1, keepdims=True)) @ kv[1].astype(np.float64)
     np.testing.assert_allclose(stream.read(out), want, rtol=1e-5, atol=1e-5)
-    for t in (tw, tx, tn, rows, normed, y1, yT, tq, tk, tv, out):
+    for t in (tw, tx, tn, rows, normed, y1, yT, tq, tk, tv, out, part):
         t.buffer.close()
