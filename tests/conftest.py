@@ -78,3 +78,14 @@ def checked_device(request):
     yield d
     d.close()
     assert d.validation_errors == []
+
+
+@pytest.fixture(scope="session")
+def opt_folder(tmp_path_factory) -> str:
+    """A small OPT checkpoint folder (test_opt's configuration, seeded random weights,
+    tokenizer.json), written once for the session."""
+    from test_opt import config_json, random_weights, write_checkpoint
+
+    config = config_json()
+    return write_checkpoint(tmp_path_factory.mktemp("opt_folder") / "opt", config,
+                            random_weights(config, seed=1), tokenizer="json")

@@ -11,17 +11,10 @@ import sys
 import pytest
 
 import vkrt
-from test_opt import config_json, random_weights, write_checkpoint
 from vkrt import bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-@pytest.fixture(scope="module")
-def opt_folder(tmp_path_factory) -> str:
-    config = config_json()
-    return write_checkpoint(tmp_path_factory.mktemp("bench") / "opt", config,
-                            random_weights(config, seed=1), tokenizer="json")
 
 
 def test_report_counts_match_the_arms(opt_folder, device):

@@ -11,17 +11,11 @@ import numpy as np
 import pytest
 
 import vkrt
-from test_opt import config_json, random_weights, write_checkpoint
+from test_opt import config_json
 from vkrt.errors import ConfigError, ModelFormatError, VkrtError
 from vkrt.models.generate import generate
 from vkrt.models.registry import FAMILIES, open_checkpoint
 
-
-@pytest.fixture(scope="module")
-def opt_folder(tmp_path_factory) -> str:
-    config = config_json()
-    return write_checkpoint(tmp_path_factory.mktemp("load") / "opt", config,
-                            random_weights(config, seed=1), tokenizer="json")
 
 
 def test_opt_folder_streams_the_greedy_text(opt_folder, device):
