@@ -170,6 +170,7 @@ class Stream:
         `key`: anything the caller compares to know when to capture again."""
         t0 = time.perf_counter_ns()
         rec = Recording(self.device, key)
+        new_batch = self._new_batch     # the stream's own batch is not this one
         try:
             if readback is not None and readback.buffer.mapped is None:
                 rec.staging = Buffer(self.device, max(readback.nbytes, 4), host_visible=True,
@@ -190,7 +191,8 @@ class Stream:
         except BaseException:
             rec.close()
             raise
-        self._new_batch = True
+        finally:
+            self._new_batch = new_batch
         done = self.counters.since(before)
         rec.dispatches, rec.stages = done["dispatches"], done["stages"]
         rec.barriers = done["barriers"]
