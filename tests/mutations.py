@@ -203,11 +203,11 @@ MUTATIONS = [
      "float c = weight(part[o + pc.head_dim], mx);", "float c = 1.0;",
      ["tests/test_kernels.py::test_attention_decode_split"]),
     ("attention split: splits overlap by one position", "vkrt/glsl/attention_split.comp",
-     "last = min(first + pc.chunk - 1, pc.pos0);", "last = min(first + pc.chunk, pc.pos0);",
+     "last = min(first + pc.chunk - 1, pos0);", "last = min(first + pc.chunk, pos0);",
      ["tests/test_kernels.py::test_attention_decode_split"]),
-    ("attention split: a -inf prefix poisons the running maximum",
-     "vkrt/glsl/attention_split.comp", "    if (mx == NEG_INF) return 0.0;\n", "",
-     ["tests/test_kernels.py::test_attention_minus_infinity_scores"]),
+    # (No mutation drops attention_split's own -inf guard: a split whose scores are all -inf
+    # keeps m = -inf, and the merge weighs it exp(-inf - M) = 0, or attention_combine's guard
+    # gives zeros when every split is -inf; the guard there is the one that matters.)
     ("attention split: grouped-query heads share KV head 0", "vkrt/glsl/attention_split.comp",
      "uint kvh = h / (pc.n_heads / pc.n_kv_heads);", "uint kvh = 0;",
      ["tests/test_kernels.py::test_attention_decode_split"]),
