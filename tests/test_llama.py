@@ -323,8 +323,8 @@ def test_sampling_is_seeded(llama, tok):
                          ids=["inflight2-replay", "inflight3-staging-replay", "inflight2-record"])
 def test_decode_clean_under_validation(default_gguf, tok, inflight, direct, replay):
     """Prefill and decode with the Khronos validation layer and synchronization validation
-    on: any message raises from the stream's next wait (Device.check_validation). Twice, so
-    that a prefill is recorded after replayed steps."""
+    on: any message raises from the stream's next wait (Device.check_validation). Replayed
+    arms generate twice, so that a prefill is recorded after replayed steps."""
     from vkrt import config
     import vulkan
 
@@ -339,7 +339,8 @@ def test_decode_clean_under_validation(default_gguf, tok, inflight, direct, repl
             Device(validation=True, direct_host_access=direct) as device:
         model = Llama.from_gguf(device, default_gguf)
         tokens = generate(model, tok.encode("1, 2, 3,"), 5).tokens
-        assert generate(model, tok.encode("1, 2, 3,"), 5).tokens == tokens
+        if replay == "1":   # a prefill recorded after replayed steps
+            assert generate(model, tok.encode("1, 2, 3,"), 5).tokens == tokens
         assert model.stream.counters.max_inflight == inflight
         model.close()
         assert device.validation_errors == []
