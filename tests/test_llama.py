@@ -110,7 +110,7 @@ def test_replayed_steps_record_nothing(llama, tok, stream_of):
     assert d["dispatches"] == one["dispatches"]      # the prompt's forward only
     assert d["replays"] == 5 and d["captures"] == 0 and d["submits"] == 6
     assert len(r.tokens) == 6
-    (rec, *_) = [v for (sid, _), v in llama._replays.items() if sid == id(s)]
+    (rec, *_) = [v for (sid, _), v in llama._replays.items() if sid == s.serial]
     assert rec.dispatches == one["dispatches"] + 1   # + advance_pos
     # The recorded step's stages: the leading full barrier opens the embedding's (which
     # needs no barrier of its own inside the recording), and advance_pos joins argmax's: the

@@ -18,7 +18,7 @@ class Decoder:
     whose activations hold `pos` sets `replayable` and gets decode replay."""
 
     replayable = False
-    _replays: dict | None = None   # (stream id, ring phase) -> Recording
+    _replays: dict | None = None   # (stream serial, ring phase) -> Recording
 
     def forward(self, ids, n_tokens: int, pos0: int, all_logits: bool = False,
                 token_out=None) -> None:
@@ -51,7 +51,7 @@ class Decoder:
         key = (a.arena.serial, self.kv.serial, self.max_seq, len(ring), s.tracker.always)
         if self._replays is None:
             self._replays = {}
-        rec = self._replays.get((id(s), phase))
+        rec = self._replays.get((s.serial, phase))
         if rec is None or rec.key != key:
             if rec is not None:
                 s.drop(rec)
@@ -60,7 +60,7 @@ class Decoder:
                                 pos=a.pos) + [self.k.advance_pos(a.pos, 1)]
             s.profiler.add("build", t0)
             rec = s.capture(records, readback=ring[phase], key=key)
-            self._replays[(id(s), phase)] = rec
+            self._replays[(s.serial, phase)] = rec
         return s.replay(rec, ring[phase])
 
     def weight_tensors(self) -> list:

@@ -16,6 +16,7 @@ concurrently with the previous ones is charged only what it adds).
 """
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Iterable
 
@@ -39,6 +40,9 @@ _WORK_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TR
 
 
 _CAUSE_COUNTER = {c: "barriers_" + c.lower() for c in CAUSES}  # Counters field per cause
+# A process-unique number per stream: what keys its recordings (an id() is reused once a
+# stream is freed, a serial never).
+_serials = itertools.count()
 
 
 class Stream:
@@ -57,6 +61,7 @@ class Stream:
     def __init__(self, device: Device, barriers: str | None = None, inflight: int | None = None,
                  timestamps: bool | None = None):
         self.device = device
+        self.serial = next(_serials)
         self.tracker = Tracker(always=(barriers or config.BARRIERS.value) == "always")
         self._new_batch = True
         self.counters, self.profiler = Counters(), Profiler()
