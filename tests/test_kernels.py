@@ -787,3 +787,95 @@ def test_weight_types_the_kernels_do_not_read_are_refused(gpu, kernels):
         kernels.weight_op("matvec", Tensor.of(buf, "q8_0", (2, 32)))(
             Tensor.of(buf, "q4_1", (2, 32)), x, y, grid=(2, 1, 1), n_cols=32, x_offset=0,
             n_rows=2)
+
+
+# -- fused decode kernels ------------------------------------------------------------------
+# One token's matvec_add, matvec_glu and qkv_rope against float64 references of the unfused
+# chain (rmsnorm, products, silu_mul / rope, cache writes), for every weight type. The fused
+# RMSNorm scales the product instead of its input: s * sum_k W[k] (x[k] w_n[k]), so the
+# product's bound (2e-7 relative to sum|terms|, test_linear_weights_as_stored) holds with the
+# terms W[k] * n(x)[k] and a few more roundings of s (each 2^-24 relative).
+def rms_reference(x: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x) + eps) * norm_w
+
+
+@pytest.mark.parametrize("dtype", WEIGHT_TYPES)
+def test_matvec_add_accumulates_into_y(gpu, kernels, dtype):
+    # y += W x: the residual add folded into the projection; rows past n_rows keep their
+    # values (sentinels).
+    r, n_rows, n_cols = rng(60), 37, 96
+    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols))
+    x, y0 = randn(r, n_cols), randn(r, n_rows)
+    tx, ty = gpu.upload(x), gpu.upload(np.concatenate([y0, np.full(5, SENTINEL, np.float32)]))
+    gpu.stream.record([kernels.linear(tx, tw, ty, 1, accumulate=True)])
+    got = gpu.read(ty)
+    terms = values * x.astype(np.float64)[None, :]
+    want = y0 + terms.sum(1)
+    # One more f32 rounding (the add) than the product: 2^-24 |y|, inside the bound.
+    assert rel_err(got[:-5], want, np.abs(terms).sum(1) + np.abs(y0)) < 2e-7
+    np.testing.assert_array_equal(got[-5:], SENTINEL)
+
+
+@pytest.mark.parametrize("dtype", WEIGHT_TYPES)
+def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, kernels, dtype):
+    r, n_ff, n_embd, eps = rng(61), 37, 96, 1e-5
+    tg, g_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd))
+    tu, u_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd))
+    x, norm_w = randn(r, n_embd) * 3, randn(r, n_embd)
+    tx, tn, to = gpu.upload(x), gpu.upload(norm_w), gpu.filled(n_ff + 5)
+    gpu.stream.record([kernels.glu(tx, tn, tg, tu, to, eps)])
+    got = gpu.read(to)
+    xn = rms_reference(x, norm_w, eps)
+    g_terms, u_terms = g_values * xn, u_values * xn
+    g, u = g_terms.sum(1), u_terms.sum(1)
+    silu = g / (1 + np.exp(-g))
+    # Errors of g and u (2e-7 of sum|terms|) carried through silu (slope within [-0.1, 1.1])
+    # and the product; exp and the division add a few ulps of the result.
+    bound = 2e-7 * (1.1 * np.abs(g_terms).sum(1) * np.abs(u) + np.abs(silu) * np.abs(u_terms).sum(1))
+    assert np.all(np.abs(got[:-5] - silu * u) <= bound + 1e-6 * np.abs(silu * u)), \
+        np.max(np.abs(got[:-5] - silu * u) / (bound + 1e-6 * np.abs(silu * u)))
+    np.testing.assert_array_equal(got[-5:], SENTINEL)
+
+
+@pytest.mark.parametrize("use_pos", [False, True], ids=["pos0", "pos-buffer"])
+@pytest.mark.parametrize("dtype", WEIGHT_TYPES)
+def test_qkv_rope_writes_q_and_the_cache_row(gpu, kernels, dtype, use_pos):
+    # 3 query heads and 1 KV head of 32: 80 row pairs; position 5 as pos0 = 5, or as pos0 = 3
+    # plus 2 from the position buffer (a replayed step). Cache rows other than 5 keep their
+    # sentinels.
+    r, n_embd, head_dim, n_heads, n_kv, rows, eps = rng(62), 96, 32, 3, 1, 8, 1e-5
+    pos0, shift = (3, 2) if use_pos else (5, 7)  # the buffer's 7 must be ignored without use_pos
+    p = pos0 + (shift if use_pos else 0)
+    wq = stored_weight(gpu, dtype, randn(r, n_heads * head_dim, n_embd))
+    wk = stored_weight(gpu, dtype, randn(r, n_kv * head_dim, n_embd))
+    wv = stored_weight(gpu, dtype, randn(r, n_kv * head_dim, n_embd))
+    x, norm_w = randn(r, n_embd), randn(r, n_embd)
+    table = rope_table(head_dim, 10000.0, rows)
+    tx, tn, tcs = gpu.upload(x), gpu.upload(norm_w), gpu.upload(table)
+    tq = gpu.filled(n_heads * head_dim + 3)
+    kvw = n_kv * head_dim
+    tk, tv = gpu.filled(rows * kvw), gpu.filled(rows * kvw)
+    tk, tv = Tensor.of(tk.buffer, "float32", (rows, kvw)), Tensor.of(tv.buffer, "float32", (rows, kvw))
+    tpos = gpu.upload(np.array([shift], np.uint32))
+    gpu.stream.record([kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv, head_dim,
+                                        pos0, eps, tpos, use_pos)])
+    xn = rms_reference(x, norm_w, eps)
+
+    def rotated(values):
+        terms = values * xn
+        y, scale = terms.sum(1).reshape(-1, 2), np.abs(terms).sum(1).reshape(-1, 2)
+        c, s = (table[p, np.arange(len(y)) % (head_dim // 2)].astype(np.float64).T)
+        out = np.stack([y[:, 0] * c - y[:, 1] * s, y[:, 0] * s + y[:, 1] * c], 1)
+        return out.reshape(-1), np.repeat(scale.sum(1), 2)
+
+    q, q_scale = rotated(wq[1])
+    got_q = gpu.read(tq)
+    assert rel_err(got_q[:-3], q, q_scale) < 3e-7
+    np.testing.assert_array_equal(got_q[-3:], SENTINEL)
+    k, k_scale = rotated(wk[1])
+    v_terms = wv[1] * xn
+    for t, want, scale in ((tk, k, k_scale), (tv, v_terms.sum(1), np.abs(v_terms).sum(1))):
+        got = gpu.read(t).reshape(rows, kvw)
+        assert rel_err(got[p], want, scale) < 3e-7
+        np.testing.assert_array_equal(np.delete(got, p, axis=0), SENTINEL)

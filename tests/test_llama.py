@@ -71,21 +71,26 @@ def chat_ids(tok, default_gguf, text):
 
 
 # Replayed steps in every arm; recorded steps (VKRT_REPLAY=0) in three of them, which still
-# cover each depth and each barrier policy (the recorded path's own counters: below).
-ARMS = [(n, b, "1") for n, b in COMBOS] + [(1, "tracked", "0"), (2, "always", "0"),
-                                           (3, "tracked", "0")]
+# cover each depth and each barrier policy (the recorded path's own counters: below). Fused
+# decode layers (VKRT_FUSE, the default) in all of these; the unfused chain in three more,
+# replayed and recorded.
+ARMS = ([(n, b, "1", "1") for n, b in COMBOS]
+        + [(1, "tracked", "0", "1"), (2, "always", "0", "1"), (3, "tracked", "0", "1")]
+        + [(2, "tracked", "1", "0"), (1, "always", "1", "0"), (2, "tracked", "0", "0")])
 
 
-@pytest.mark.parametrize("inflight,barriers,replay", ARMS, ids=[
-    f"inflight{n}-{b}-{'replay' if r == '1' else 'record'}" for n, b, r in ARMS])
-def test_greedy_32_tokens_exact(llama, reference, tok, stream_of, inflight, barriers, replay):
-    """In-flight depth x barrier policy x decode steps replayed or recorded."""
+@pytest.mark.parametrize("inflight,barriers,replay,fuse", ARMS, ids=[
+    f"inflight{n}-{b}-{'replay' if r == '1' else 'record'}{'' if f == '1' else '-unfused'}"
+    for n, b, r, f in ARMS])
+def test_greedy_32_tokens_exact(llama, reference, tok, stream_of, inflight, barriers, replay,
+                                fuse):
+    """In-flight depth x barrier policy x decode steps replayed or recorded x fused or not."""
     from vkrt import config
 
     stream = stream_of(inflight, barriers)
     prompt = tok.encode("1, 2, 3, 4, 5,")
     expected = reference.greedy(prompt, 32)
-    with config.REPLAY.override(replay):
+    with config.REPLAY.override(replay), config.FUSE.override(fuse):
         got = generate(llama, prompt, 32).tokens
     assert got == expected, (tok.decode(got), tok.decode(expected))
     assert stream.counters.max_inflight == inflight   # submissions ahead of the host's read
@@ -151,13 +156,17 @@ def test_teacher_forced_logits(llama, reference, tok, default_gguf, text, chat):
 
 
 # Per decoded token of a Llama forward (llama.py `step`): dispatches, and the barriers the
-# tracker proves. Per layer 17 dispatches in 12 dependent stages: attn_norm | q, k, v |
-# rope q, rope k into the cache, v into the cache | attention over cache splits | their
-# combine (kernels.attention: two dispatches for one token) | attn_output | residual add |
-# ffn_norm | gate, up | silu*mul | down | residual add. Around the layers: the embedding (its
-# RAW barrier is on the token id that the previous step's argmax wrote, in an earlier
-# submission), then output_norm | output | argmax.
-def per_token(n_layer: int) -> dict:
+# tracker proves. Unfused (VKRT_FUSE=0), per layer 17 dispatches in 12 dependent stages:
+# attn_norm | q, k, v | rope q, rope k into the cache, v into the cache | attention over
+# cache splits | their combine (kernels.attention: two dispatches for one token) |
+# attn_output | residual add | ffn_norm | gate, up | silu*mul | down | residual add. Fused
+# (the default), 6 dispatches in 6 stages: attn_qkv | split | combine | attn_output (+=) |
+# ffn_glu | ffn_down (+=). Around the layers: the embedding (its RAW barrier is on the token
+# id that the previous step's argmax wrote, in an earlier submission), then output_norm |
+# output | argmax.
+def per_token(n_layer: int, fused: bool = True) -> dict:
+    if fused:
+        return {"dispatches": 1 + 6 * n_layer + 3, "tracked": 1 + 6 * n_layer + 3}
     return {"dispatches": 1 + 17 * n_layer + 3, "tracked": 1 + 12 * n_layer + 3}
 
 
@@ -274,15 +283,18 @@ def test_trace_file_has_host_and_gpu_tracks(llama, tok, tmp_path):
 
 
 def test_decode_step_plan_without_recording(llama):
-    """The decode step as data: the tracker's plan names where each barrier falls. Independent
-    products share one barrier: Q, K and V; RoPE of Q, of K and the V cache write; gate and
-    up."""
+    """The unfused decode step as data: the tracker's plan names where each barrier falls.
+    Independent products share one barrier: Q, K and V; RoPE of Q, of K and the V cache
+    write; gate and up."""
+    from vkrt import config
+
     hp = llama.hp
     llama.setup_caches(max(llama.max_seq, 64))
     a = llama.activations(1)
-    step = llama.step(a.token, 1, 10)
-    # A token id written by the previous step's argmax is pending: the plan starts there.
-    argmax = llama.step(a.token, 1, 9)[-1]
+    with config.FUSE.override("0"):
+        step = llama.step(a.token, 1, 10)
+        # A token id written by the previous step's argmax is pending: the plan starts there.
+        argmax = llama.step(a.token, 1, 9)[-1]
     decisions = plan([argmax] + step)[1:]
     names = [d.name for d in step]
     barrier_at = {n for n, c in zip(names, decisions) if c}
@@ -295,7 +307,30 @@ def test_decode_step_plan_without_recording(llama):
         assert not {b + "attn_k", b + "attn_v", b + "rope_k", b + "v_cache",
                     b + "ffn_up"} & barrier_at
     assert set(decisions) == {"RAW", None}
-    assert sum(map(bool, decisions)) == stages(decisions) == per_token(hp.n_layer)["tracked"]
+    want = per_token(hp.n_layer, fused=False)["tracked"]
+    assert sum(map(bool, decisions)) == stages(decisions) == want
+
+
+def test_fused_decode_step_plan(llama):
+    """The fused decode step: each of a layer's 6 dispatches reads what the one before wrote
+    (a RAW barrier before every one, none other), and the fused dispatches read and write
+    what the unfused chain did: Q/K/V's product reads the residual stream and writes the
+    rotated query and the layer's K and V caches; the projections add into x."""
+    hp = llama.hp
+    llama.setup_caches(max(llama.max_seq, 64))
+    a = llama.activations(1)
+    step = llama.step(a.token, 1, 10)
+    argmax = llama.step(a.token, 1, 9)[-1]
+    decisions = plan([argmax] + step)[1:]
+    assert decisions == ["RAW"] * len(step)
+    assert len(step) == per_token(hp.n_layer)["dispatches"]
+    by_name = {d.name: d for d in step}
+    qkv = by_name["blk.4.attn_qkv"]
+    assert a.x.range in qkv.reads and a.q_rope.range in qkv.writes
+    assert {llama.k_cache[4].range, llama.v_cache[4].range} <= set(qkv.writes)
+    for name in ("blk.4.attn_output", "blk.4.ffn_down"):
+        assert a.x.range in by_name[name].reads and a.x.range in by_name[name].writes
+    assert a.act.range in by_name["blk.4.ffn_glu"].writes
 
 
 def test_decode_step_counters_through_staging(default_gguf, tok):
@@ -376,3 +411,20 @@ def test_replay_after_the_caches_grow(llama, tok, stream_of):
     assert s.counters.captures == captures + len(llama.acts.tokens)
     with config.REPLAY.override("0"):
         assert generate(llama, prompt, 6).tokens == replayed
+
+
+def test_replay_recaptures_when_fusion_changes(llama, tok, stream_of):
+    """A recording holds one decode step as it was built: switching VKRT_FUSE captures every
+    ring phase again (the fused and unfused steps are both token-exact, so only the
+    counters can tell a stale recording apart)."""
+    from vkrt import config
+
+    s = stream_of(2, "tracked")
+    prompt = tok.encode("1, 2, 3,")
+    fused = generate(llama, prompt, 4).tokens
+    captures = s.counters.captures
+    with config.FUSE.override("0"):
+        assert generate(llama, prompt, 4).tokens == fused
+    assert s.counters.captures == captures + len(llama.acts.tokens)
+    (rec, *_) = [v for (sid, _), v in llama._replays.items() if sid == s.serial]
+    assert rec.dispatches == per_token(llama.hp.n_layer, fused=False)["dispatches"] + 1

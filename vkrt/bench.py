@@ -169,7 +169,8 @@ def _gpu_per_token(lm, prompt: list[int], tokens: int, batch_size: int) -> dict 
     return {"gpu_ms_per_token": round(total_us / 1e3, 4),
             "gpu_us_per_stage": round(total_us / (stages / n), 2) if stages else None,
             "gpu_us_per_token_by_kernel": {k: round(v, 2) for k, v in
-                                           sorted(by_kernel.items(), key=lambda kv: -kv[1])}}
+                                           sorted(by_kernel.items(), key=lambda kv: -kv[1])
+                                           if v > 0}}   # not the prompt's kernels alone
 
 
 def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,

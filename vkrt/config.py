@@ -131,5 +131,11 @@ REPLAY: Switch[bool] = Switch(
     "Greedy decode submits a decode step recorded once per token-ring slot instead of "
     "recording it every token (families that support it: Llama); 0 records every step.")
 
+FUSE: Switch[bool] = Switch(
+    "VKRT_FUSE", _bool, True,
+    "A Llama decode step runs fused kernels: RMSNorm, Q/K/V, RoPE and the cache writes in one "
+    "dispatch, the gated MLP's norm, gate, up and SiLU in one, residual adds inside the output "
+    "products (6 dependent stages per layer instead of 12); 0 runs the unfused chain.")
+
 ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS, INFLIGHT, TIMESTAMPS,
-       REPLAY)
+       REPLAY, FUSE)

@@ -42,6 +42,13 @@ WEIGHTS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0
            "q4_1": "q4_1"}
 
 
+# Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
+WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
+                  "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
+                  "matvec_glu": ("W", F32, F32, "W", F32),
+                  "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32)}
+
+
 def _groups(n: int, block: int) -> int:
     return (n + block - 1) // block
 
@@ -63,6 +70,7 @@ class Kernels:
         self.limit = pipelines.device.max_compute_work_group_count
         self._pipelines, self._weight_ops = pipelines, {}
         self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
+                             "matvec_add": {0: sg}, "matvec_glu": {0: sg}, "qkv_rope": {0: sg},
                              "matmul": {0: sg, 1: MATMUL_TOKENS}}
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
         self._rope = Op(p("rope", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
@@ -91,7 +99,7 @@ class Kernels:
         self._copy_block = Op(p("copy_block", {0: ELEMENTWISE_BLOCK}), (F32, F32))
 
     def weight_op(self, kernel: str, weight: Tensor) -> Op:
-        """The op of `kernel` ("embed", "matvec", "matmul") for weights of `weight.dtype`: its
+        """The op of `kernel` (a key of `WEIGHT_KERNELS`) for weights of `weight.dtype`: its
         variant `<kernel>_<WEIGHTS[dtype]>`, built on first use. Raises ShaderInterfaceError
         for a dtype no variant reads, naming the tensor."""
         key = (kernel, weight.dtype)
@@ -103,8 +111,8 @@ class Kernels:
                     f"{weight.name!r}); kernels read {', '.join(WEIGHTS)}")
             pipeline = self._pipelines.get_pipeline(f"{kernel}_{WEIGHTS[weight.dtype]}",
                                                     self._weight_spec[kernel])
-            ids_or_x = U32 if kernel == "embed" else F32
-            op = self._weight_ops[key] = Op(pipeline, (weight.dtype, ids_or_x, F32))
+            dtypes = tuple(weight.dtype if d == "W" else d for d in WEIGHT_KERNELS[kernel])
+            op = self._weight_ops[key] = Op(pipeline, dtypes)
         return op
 
     def embed(self, table: Tensor, ids: Tensor, out: Tensor, n_tokens: int,
@@ -126,24 +134,67 @@ class Kernels:
                              n_rows=n_tokens)
 
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
-               name: str = "") -> Dispatch:
+               name: str = "", accumulate: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
         of any `WEIGHTS` dtype (n_in % 4 == 0; % 32 for block types, which `Tensor` enforces),
         x and y f32. One token is a matrix-vector product (decode), more a tiled matrix
-        product (prefill; x_row must be 0)."""
+        product (prefill; x_row must be 0). `accumulate` (one token only): y += the product
+        instead (`matvec_add`: a residual add folded into the projection)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
-            return self.weight_op("matvec", weight)(
+            return self.weight_op("matvec_add" if accumulate else "matvec", weight)(
                 weight, x, y, grid=(*spread(n_out, self.limit), 1), name=name,
                 need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in, x_offset=x_row * n_in,
                 n_rows=n_out)
-        assert x_row == 0, "matmul reads x from row 0"
+        assert x_row == 0 and not accumulate, "matmul reads x from row 0 and overwrites y"
         x_groups, z_groups = spread(n_out, self.limit)
         grid = (x_groups, _groups(n_tokens, MATMUL_TOKENS), z_groups)
         return self.weight_op("matmul", weight)(
             weight, x, y, grid=grid, name=name,
             need=(None, n_tokens * n_in, n_tokens * n_out), n_cols=n_in, n_rows=n_out,
             n_tokens=n_tokens)
+
+    def glu(self, x: Tensor, norm_weight: Tensor, gate: Tensor, up: Tensor, out: Tensor,
+            eps: float, name: str = "") -> Dispatch:
+        """out = silu(gate @ n(x)) * (up @ n(x)) for one token, n(x) = rmsnorm(x) * norm_weight
+        (`matvec_glu`: rmsnorm, two products and silu_mul in one dispatch); gate, up
+        [n_ff, n_embd] of one `WEIGHTS` dtype; x, norm_weight [n_embd], out [n_ff] f32."""
+        n_out, n_in = gate.shape
+        if up.dtype != gate.dtype or up.shape != gate.shape:
+            raise ShaderInterfaceError(f"matvec_glu: gate {gate.name!r} {gate.dtype} "
+                                       f"{list(gate.shape)} and up {up.name!r} {up.dtype} "
+                                       f"{list(up.shape)} differ")
+        return self.weight_op("matvec_glu", gate)(
+            gate, x, out, up, norm_weight, grid=(*spread(n_out, self.limit), 1), name=name,
+            need=(None, n_in, n_out, None, n_in), n_cols=n_in, n_rows=n_out, eps=eps)
+
+    def qkv_rope(self, x: Tensor, norm_weight: Tensor, wq: Tensor, wk: Tensor, wv: Tensor,
+                 cos_sin: Tensor, q_out: Tensor, k_cache: Tensor, v_cache: Tensor,
+                 head_dim: int, pos0: int, eps: float, pos: Tensor, use_pos: bool,
+                 name: str = "") -> Dispatch:
+        """For one token at position p = pos0 (+ pos[0] at run time when `use_pos`): n(x) =
+        rmsnorm(x) * norm_weight, q_out = rope(wq @ n(x), p), k_cache[p] = rope(wk @ n(x),
+        p), v_cache[p] = wv @ n(x) (`qkv_rope`: seven dispatches of three stages in one).
+        wq [n_heads * head_dim, n_embd], wk, wv [n_kv_heads * head_dim, n_embd] of one
+        `WEIGHTS` dtype; x, norm_weight [n_embd]; cos_sin [positions, head_dim / 2, 2];
+        caches [rows, n_kv_heads * head_dim]; pos [1] u32 (bound either way). Sizes are
+        checked for pos[0] = 0: with `use_pos` the caller keeps p within the caches."""
+        qw, n_in = wq.shape
+        kvw = wk.shape[0]
+        if not (wk.dtype == wv.dtype == wq.dtype and wv.shape == wk.shape
+                and wk.shape[1] == n_in and qw % head_dim == 0 and kvw % head_dim == 0):
+            raise ShaderInterfaceError(
+                f"qkv_rope: q {wq.name!r} {wq.dtype} {list(wq.shape)}, k {wk.name!r} {wk.dtype} "
+                f"{list(wk.shape)}, v {wv.name!r} {wv.dtype} {list(wv.shape)} do not stack "
+                f"(one dtype, one n_embd, heads of {head_dim})")
+        pairs = (qw + 2 * kvw) // 2
+        return self.weight_op("qkv_rope", wq)(
+            wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos,
+            grid=(*spread(pairs, self.limit), 1), name=name,
+            need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,
+                  (pos0 + 1) * kvw, (pos0 + 1) * kvw, 1),
+            n_cols=n_in, n_heads=qw // head_dim, n_kv_heads=kvw // head_dim, head_dim=head_dim,
+            pos0=pos0, use_pos=int(use_pos), eps=eps)
 
     def rope(self, src: Tensor, cos_sin: Tensor, dst: Tensor, n_tokens: int, n_heads: int,
              head_dim: int, pos0: int, dst_row: int = 0, name: str = "",

@@ -5,12 +5,18 @@
 // input vector at element x_offset; y: [n_rows] f32.
 // Dispatch: spread(n_rows) workgroups (grid.glsl), one per output row. n_cols % 4 == 0
 // (% 32 for block types) and x_offset % 4 == 0 (vec4 loads; the host checks both).
+// Variant matvec_add_* (ADD_OUT): y[n] += the product instead, the residual add of a decode
+// step folded into its output projection (each y[n] is read and written by one invocation).
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
 #include "reduce.glsl"
 #include "weights.glsl"
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
+#ifdef ADD_OUT
+layout(set = 0, binding = 2) buffer Y { float y[]; };
+#else
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
+#endif
 layout(push_constant) uniform Push { uint n_cols; uint x_offset; uint n_rows; } pc;
 
 void main() {
@@ -20,5 +26,9 @@ void main() {
     for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x)
         acc += dot(weight4(n, k, pc.n_cols), x[x0 + k]);
     acc = workgroup_sum(acc);
+#ifdef ADD_OUT
+    if (gl_LocalInvocationID.x == 0) y[n] += acc;
+#else
     if (gl_LocalInvocationID.x == 0) y[n] = acc;
+#endif
 }

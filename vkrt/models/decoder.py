@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from vkrt import config
 from vkrt.errors import VkrtError
 
 
@@ -43,12 +44,13 @@ class Decoder:
         `Readback` of its token: ring phase j = step % len(ring) reads token slot j - 1 and
         writes slot j, at the position in `acts.pos`, which it then advances. The step is
         captured on first use per phase and captured again when the activations, the KV
-        cache, the token ring, the barrier policy or the stream changed. The caller keeps the
-        positions inside the KV cache (`set_position` checks the first)."""
+        cache, the token ring, the barrier policy, VKRT_FUSE or the stream changed. The
+        caller keeps the positions inside the KV cache (`set_position` checks the first)."""
         a, s = self.acts, self.stream
         ring = a.tokens
         phase = step % len(ring)
-        key = (a.arena.serial, self.kv.serial, self.max_seq, len(ring), s.tracker.always)
+        key = (a.arena.serial, self.kv.serial, self.max_seq, len(ring), s.tracker.always,
+               config.FUSE.value)
         if self._replays is None:
             self._replays = {}
         rec = self._replays.get((s.serial, phase))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vkrt import config
 from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
@@ -197,6 +198,7 @@ class Llama(Decoder):
         self.max_seq = 0
         self.k = Kernels(pipelines, head_dim=hp.head_dim)
         self.attn_scale = 1.0 / float(np.sqrt(hp.head_dim))  # softmax(q k^T / sqrt(d))
+        self._fusable = [self.fusable(i) for i in range(hp.n_layer)]
 
     @classmethod
     def from_gguf(cls, device: Device, gguf: GGUFFile, progress: bool = False) -> "Llama":
@@ -322,6 +324,39 @@ class Llama(Decoder):
             out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
         return out
 
+    def fusable(self, i: int) -> bool:
+        """Whether layer i's decode step can run the fused kernels (`_fused_layer`): no
+        biases (the fused products add none), Q/K/V of one dtype, gate/up of one dtype."""
+        w, blk = self.w, f"blk.{i}."
+        return (not any(f"{blk}{layer}.bias" in w for layer in BIASED)
+                and len({w[f"{blk}attn_{m}.weight"].dtype for m in "qkv"}) == 1
+                and w[blk + "ffn_gate.weight"].dtype == w[blk + "ffn_up.weight"].dtype)
+
+    def _fused_layer(self, i: int, a: Activations, pos0: int,
+                     pos: Tensor | None) -> list[Dispatch]:
+        """Layer i for one token in 6 dispatches, each depending on the one before: the same
+        arithmetic as `_attention_block` + `_mlp_block` with the norms folded into the
+        products after them, RoPE and the cache writes into the Q/K/V product, silu_mul into
+        the gate/up product and each residual add into the projection before it
+        (kernels.py `qkv_rope`, `glu`, `linear(accumulate=True)`)."""
+        hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
+        k_cache, v_cache = self.k_cache[i], self.v_cache[i]
+        return [
+            k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
+                       w[blk + "attn_k.weight"], w[blk + "attn_v.weight"], self.rope, a.q_rope,
+                       k_cache, v_cache, hp.head_dim, pos0, hp.rms_eps, a.pos, pos is not None,
+                       name=blk + "attn_qkv"),
+            *k.attention(a.q_rope, k_cache, v_cache, a.attn, 1, hp.n_head, hp.n_head_kv,
+                         hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
+                         pos=pos),
+            k.linear(a.attn, w[blk + "attn_output.weight"], a.x, 1, name=blk + "attn_output",
+                     accumulate=True),
+            k.glu(a.x, w[blk + "ffn_norm.weight"], w[blk + "ffn_gate.weight"],
+                  w[blk + "ffn_up.weight"], a.act, hp.rms_eps, name=blk + "ffn_glu"),
+            k.linear(a.act, w[blk + "ffn_down.weight"], a.x, 1, name=blk + "ffn_down",
+                     accumulate=True),
+        ]
+
     def _attention_block(self, i: int, a: Activations, T: int, pos0: int,
                          pos: Tensor | None) -> list[Dispatch]:
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
@@ -359,6 +394,7 @@ class Llama(Decoder):
              pos: Tensor | None = None) -> list[Dispatch]:
         """The dispatches of one forward over `n_tokens` token ids (u32 in `ids`) at positions
         pos0 .. pos0 + n_tokens - 1, writing K/V into the cache. Nothing is recorded.
+        One token runs the fused layers (`_fused_layer`) where `fusable` and VKRT_FUSE allow.
         `pos` ([1] u32, P at run time): positions pos0 + P .. instead, for a step recorded
         once and replayed (`Decoder.replay_decode`); the caller keeps them in the cache.
 
@@ -373,9 +409,13 @@ class Llama(Decoder):
                              f"{self.max_seq} tokens (setup_caches)")
         a = self.activations(T, T if all_logits else 1)
         out = [k.embed(w["token_embd.weight"], ids, a.x, T, name="token_embd")]
+        fuse = T == 1 and config.FUSE.value
         for i in range(hp.n_layer):
-            out += self._attention_block(i, a, T, pos0, pos)
-            out += self._mlp_block(i, a, T)
+            if fuse and self._fusable[i]:
+                out += self._fused_layer(i, a, pos0, pos)
+            else:
+                out += self._attention_block(i, a, T, pos0, pos)
+                out += self._mlp_block(i, a, T)
         out.append(k.rmsnorm(a.x, w["output_norm.weight"], a.xn, T, hp.rms_eps, "output_norm"))
         output = w["token_embd.weight" if hp.tied_embeddings else "output.weight"]
         if all_logits:
