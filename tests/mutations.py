@@ -238,6 +238,9 @@ MUTATIONS = [
     # (No mutation drops attention_split's own -inf guard: a split whose scores are all -inf
     # keeps m = -inf, and the merge weighs it exp(-inf - M) = 0, or attention_combine's guard
     # gives zeros when every split is -inf; the guard there is the one that matters.)
+    ("attention split: rows past the query read for the zero-weighted tail of a block",
+     "vkrt/glsl/attention_split.comp", "v_cache[min(base + j, last) * row + v0]",
+     "v_cache[(base + j) * row + v0]", ["tests/test_kernels.py::test_attention_decode_split"]),
     ("attention split: grouped-query heads share KV head 0", "vkrt/glsl/attention_split.comp",
      "uint kvh = h / (pc.n_heads / pc.n_kv_heads);", "uint kvh = 0;",
      ["tests/test_kernels.py::test_attention_decode_split"]),

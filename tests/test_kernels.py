@@ -795,20 +795,29 @@ def test_weight_types_the_kernels_do_not_read_are_refused(gpu, kernels):
 # RMSNorm scales the product instead of its input: s * sum_k W[k] (x[k] w_n[k]), so the
 # product's bound (2e-7 relative to sum|terms|, test_linear_weights_as_stored) holds with the
 # terms W[k] * n(x)[k] and a few more roundings of s (each 2^-24 relative).
+@pytest.fixture(params=[1, 4], ids=["1-subgroup-rows", "4-subgroup-rows"])
+def row_kernels(gpu, request):
+    """Kernels whose decode products run `param` subgroups per row, as a GPU does (1 on a
+    CPU device such as lavapipe: kernels.py ROW_SUBGROUPS), so both reductions run here."""
+    k = Kernels(gpu.cache)
+    k._few_rows_threads = gpu.sg * request.param
+    return k
+
+
 def rms_reference(x: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:
     x = x.astype(np.float64)
     return x / np.sqrt(np.mean(x * x) + eps) * norm_w
 
 
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
-def test_matvec_add_accumulates_into_y(gpu, kernels, dtype):
+def test_matvec_add_accumulates_into_y(gpu, row_kernels, dtype):
     # y += W x: the residual add folded into the projection; rows past n_rows keep their
     # values (sentinels).
     r, n_rows, n_cols = rng(60), 37, 96
     tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols))
     x, y0 = randn(r, n_cols), randn(r, n_rows)
     tx, ty = gpu.upload(x), gpu.upload(np.concatenate([y0, np.full(5, SENTINEL, np.float32)]))
-    gpu.stream.record([kernels.linear(tx, tw, ty, 1, accumulate=True)])
+    gpu.stream.record([row_kernels.linear(tx, tw, ty, 1, accumulate=True)])
     got = gpu.read(ty)
     terms = values * x.astype(np.float64)[None, :]
     want = y0 + terms.sum(1)
@@ -818,13 +827,13 @@ def test_matvec_add_accumulates_into_y(gpu, kernels, dtype):
 
 
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
-def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, kernels, dtype):
+def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype):
     r, n_ff, n_embd, eps = rng(61), 37, 96, 1e-5
     tg, g_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd))
     tu, u_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd))
     x, norm_w = randn(r, n_embd) * 3, randn(r, n_embd)
     tx, tn, to = gpu.upload(x), gpu.upload(norm_w), gpu.filled(n_ff + 5)
-    gpu.stream.record([kernels.glu(tx, tn, tg, tu, to, eps)])
+    gpu.stream.record([row_kernels.glu(tx, tn, tg, tu, to, eps)])
     got = gpu.read(to)
     xn = rms_reference(x, norm_w, eps)
     g_terms, u_terms = g_values * xn, u_values * xn
@@ -840,7 +849,7 @@ def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, kernels, dtype):
 
 @pytest.mark.parametrize("use_pos", [False, True], ids=["pos0", "pos-buffer"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
-def test_qkv_rope_writes_q_and_the_cache_row(gpu, kernels, dtype, use_pos):
+def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos):
     # 3 query heads and 1 KV head of 32: 80 row pairs; position 5 as pos0 = 5, or as pos0 = 3
     # plus 2 from the position buffer (a replayed step). Cache rows other than 5 keep their
     # sentinels.
@@ -858,7 +867,7 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, kernels, dtype, use_pos):
     tk, tv = gpu.filled(rows * kvw), gpu.filled(rows * kvw)
     tk, tv = Tensor.of(tk.buffer, "float32", (rows, kvw)), Tensor.of(tv.buffer, "float32", (rows, kvw))
     tpos = gpu.upload(np.array([shift], np.uint32))
-    gpu.stream.record([kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv, head_dim,
+    gpu.stream.record([row_kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv, head_dim,
                                         pos0, eps, tpos, use_pos)])
     xn = rms_reference(x, norm_w, eps)
 

@@ -42,6 +42,15 @@ WEIGHTS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0
            "q4_1": "q4_1"}
 
 
+# Decode products over few rows (a layer's: 576 to 1536 for SmolLM2) run ROW_SUBGROUPS
+# subgroups per row on a GPU: one 32-wide subgroup per row leaves an H200 mostly idle, and 4
+# took decode from 852 to 921 tok/s (`vkrt bench`, 2 rounds each, bench/README.md); past
+# FEW_ROWS rows (the logits' 49,152) the rows alone fill it and one subgroup per row was
+# faster (35 against 43 us). A CPU device (lavapipe) keeps one subgroup per row: there a
+# barrier between subgroups switches every invocation's coroutine (glsl/reduce.glsl).
+ROW_SUBGROUPS = 4
+FEW_ROWS = 8192
+
 # Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
 WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
@@ -72,6 +81,9 @@ class Kernels:
         self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
                              "matvec_add": {0: sg}, "matvec_glu": {0: sg}, "qkv_rope": {0: sg},
                              "matmul": {0: sg, 1: MATMUL_TOKENS}}
+        # Invocations per output row of a decode product with few rows (row_threads).
+        gpu = pipelines.device.info.kind != "cpu"
+        self._few_rows_threads = sg * (ROW_SUBGROUPS if gpu else 1)
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
         self._rope = Op(p("rope", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
         self._copy_rows = Op(p("copy_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
@@ -98,19 +110,28 @@ class Kernels:
         self._embed_range = Op(p("embed_range", {0: ELEMENTWISE_BLOCK}), (F32, U32, F32))
         self._copy_block = Op(p("copy_block", {0: ELEMENTWISE_BLOCK}), (F32, F32))
 
-    def weight_op(self, kernel: str, weight: Tensor) -> Op:
+    def row_threads(self, n_rows: int) -> int:
+        """Invocations per output row of a decode product (`matvec*`, `qkv_rope` workgroups)
+        over `n_rows` rows: the subgroup size, or ROW_SUBGROUPS subgroups on a GPU when the
+        rows are few (at most FEW_ROWS) and one subgroup per row would leave it mostly idle."""
+        return self._few_rows_threads if n_rows <= FEW_ROWS else self._weight_spec["matvec"][0]
+
+    def weight_op(self, kernel: str, weight: Tensor, threads: int | None = None) -> Op:
         """The op of `kernel` (a key of `WEIGHT_KERNELS`) for weights of `weight.dtype`: its
-        variant `<kernel>_<WEIGHTS[dtype]>`, built on first use. Raises ShaderInterfaceError
-        for a dtype no variant reads, naming the tensor."""
-        key = (kernel, weight.dtype)
+        variant `<kernel>_<WEIGHTS[dtype]>`, built on first use; `threads`: its workgroup size
+        (specialization constant 0) instead of the kernel's default. Raises
+        ShaderInterfaceError for a dtype no variant reads, naming the tensor."""
+        key = (kernel, weight.dtype, threads)
         op = self._weight_ops.get(key)
         if op is None:
             if weight.dtype not in WEIGHTS:
                 raise ShaderInterfaceError(
                     f"{kernel}: no variant reads weights of {weight.dtype} (tensor "
                     f"{weight.name!r}); kernels read {', '.join(WEIGHTS)}")
-            pipeline = self._pipelines.get_pipeline(f"{kernel}_{WEIGHTS[weight.dtype]}",
-                                                    self._weight_spec[kernel])
+            spec = dict(self._weight_spec[kernel])
+            if threads is not None:
+                spec[0] = threads
+            pipeline = self._pipelines.get_pipeline(f"{kernel}_{WEIGHTS[weight.dtype]}", spec)
             dtypes = tuple(weight.dtype if d == "W" else d for d in WEIGHT_KERNELS[kernel])
             op = self._weight_ops[key] = Op(pipeline, dtypes)
         return op
@@ -142,7 +163,8 @@ class Kernels:
         instead (`matvec_add`: a residual add folded into the projection)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
-            return self.weight_op("matvec_add" if accumulate else "matvec", weight)(
+            return self.weight_op("matvec_add" if accumulate else "matvec", weight,
+                                  self.row_threads(n_out))(
                 weight, x, y, grid=(*spread(n_out, self.limit), 1), name=name,
                 need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in, x_offset=x_row * n_in,
                 n_rows=n_out)
@@ -164,7 +186,7 @@ class Kernels:
             raise ShaderInterfaceError(f"matvec_glu: gate {gate.name!r} {gate.dtype} "
                                        f"{list(gate.shape)} and up {up.name!r} {up.dtype} "
                                        f"{list(up.shape)} differ")
-        return self.weight_op("matvec_glu", gate)(
+        return self.weight_op("matvec_glu", gate, self.row_threads(n_out))(
             gate, x, out, up, norm_weight, grid=(*spread(n_out, self.limit), 1), name=name,
             need=(None, n_in, n_out, None, n_in), n_cols=n_in, n_rows=n_out, eps=eps)
 
@@ -188,7 +210,7 @@ class Kernels:
                 f"{list(wk.shape)}, v {wv.name!r} {wv.dtype} {list(wv.shape)} do not stack "
                 f"(one dtype, one n_embd, heads of {head_dim})")
         pairs = (qw + 2 * kvw) // 2
-        return self.weight_op("qkv_rope", wq)(
+        return self.weight_op("qkv_rope", wq, self.row_threads(pairs))(
             wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos,
             grid=(*spread(pairs, self.limit), 1), name=name,
             need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,
@@ -247,6 +269,9 @@ class Kernels:
         of the cache (those past the query do nothing)."""
         kvn = (pos0 + n_tokens) * n_kv_heads * head_dim
         if n_tokens == 1:
+            if head_dim % 4:
+                raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "
+                                           "multiple of 4 (vec4 loads)")
             assert self._attention_split.pipeline.local_size[0] == head_dim, "built for head_dim"
             # Replayed (`pos`): splits sized for the longest context the caches hold.
             n_pos = pos0 + 1 if pos is None else k_cache.shape[0]

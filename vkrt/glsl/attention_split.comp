@@ -9,15 +9,21 @@
 // part: [n_heads, n_splits, head_dim + 2] f32: acc[0..head_dim) = sum_p w_p * v_p (not yet
 // divided), then m (the split's largest score) and l = sum_p w_p, with w_p = exp(s_p - m)
 // (the weight() of attention.comp: no NaN from infinite scores).
-// local_size_x must equal head_dim. Dispatch: (n_heads, n_splits, 1) with
+// local_size_x must equal head_dim, a multiple of 4. Dispatch: (n_heads, n_splits, 1) with
 // n_splits = ceil((pos0 + 1) / chunk), so every split holds at least one position.
+// Latency, not bandwidth, bounds this kernel at decode: every loop runs to the workgroup size
+// (a specialization constant), so the compiler unrolls it and the loads of a block are in
+// flight together (a loop to a push-constant bound issued one dependent load per trip); an
+// invocation scores its position with vec4 loads; each weight is computed once, by the
+// invocation of its position, and shared.
 // Push constants: n_heads, n_kv_heads, head_dim, pos0, chunk (u32), scale (f32).
 // Variant attention_split_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay); the
 // grid is then sized for the longest position and splits past the query's position write an
 // empty state (m = -inf, l = 0), which the merge weighs 0.
-layout(local_size_x_id = 0) in;
+#extension GL_GOOGLE_include_directive : require
+#include "reduce.glsl"
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
-layout(set = 0, binding = 1) readonly buffer K { float k_cache[]; };
+layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
 layout(set = 0, binding = 2) readonly buffer V { float v_cache[]; };
 layout(set = 0, binding = 3) writeonly buffer Part { float part[]; };
 layout(push_constant) uniform Push {
@@ -26,8 +32,9 @@ layout(push_constant) uniform Push {
 #ifdef POS_BUFFER
 layout(set = 0, binding = 4) readonly buffer Pos { uint pos_buf[]; };
 #endif
-shared float q_s[gl_WorkGroupSize.x];
-shared float p_s[gl_WorkGroupSize.x];
+const uint B = gl_WorkGroupSize.x;   // == head_dim
+shared vec4 q_s[B / 4];
+shared float w_s[B];
 
 const float NEG_INF = -1.0 / 0.0;
 
@@ -37,10 +44,9 @@ float weight(float s, float mx) {
 }
 
 void main() {
-    const uint B = gl_WorkGroupSize.x;
     uint h = gl_WorkGroupID.x, split = gl_WorkGroupID.y, d = gl_LocalInvocationID.x;
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
-    uint row = pc.n_kv_heads * pc.head_dim;
+    uint row = pc.n_kv_heads * B;
 #ifdef POS_BUFFER
     uint pos0 = pc.pos0 + pos_buf[0];
 #else
@@ -48,37 +54,34 @@ void main() {
 #endif
     // inclusive; last < first (nothing to do) for a split past the query's position
     uint first = split * pc.chunk, last = min(first + pc.chunk - 1, pos0);
-    q_s[d] = q[h * pc.head_dim + d] * pc.scale;
+    q_s[d / 4][d % 4] = q[h * B + d] * pc.scale;
     barrier();
     float m = NEG_INF, l = 0.0, acc = 0.0;
-    for (uint base = first; base <= last; base += B) {
+    for (uint base = first; base <= last; base += B) {   // uniform: every invocation runs it
         uint p = base + d;
         float s = NEG_INF;
         if (p <= last) {
-            uint k0 = p * row + kvh * pc.head_dim;
+            uint k0 = (p * row + kvh * B) / 4;
             s = 0.0;
-            for (uint j = 0; j < pc.head_dim; ++j) s += q_s[j] * k_cache[k0 + j];
+            for (uint j = 0; j < B / 4; ++j) s += dot(q_s[j], k_cache[k0 + j]);
         }
-        p_s[d] = s;
-        barrier();
-        float block_max = m;
-        uint n = min(B, last + 1 - base);
-        for (uint j = 0; j < n; ++j) block_max = max(block_max, p_s[j]);
+        float block_max = max(m, workgroup_max(s));
+        float e = weight(s, block_max);        // 0 past `last`
+        w_s[d] = e;
         float correction = weight(m, block_max);
-        l *= correction;
+        l = l * correction + workgroup_sum(e);
         acc *= correction;
-        for (uint j = 0; j < n; ++j) {
-            float e = weight(p_s[j], block_max);
-            l += e;
-            acc += e * v_cache[(base + j) * row + kvh * pc.head_dim + d];
-        }
+        barrier();
+        // Rows past `last` weigh 0; their index is clamped to `last` (a row the cache holds).
+        uint v0 = kvh * B + d;
+        for (uint j = 0; j < B; ++j) acc += w_s[j] * v_cache[min(base + j, last) * row + v0];
         m = block_max;
         barrier();
     }
-    uint o = (h * gl_NumWorkGroups.y + split) * (pc.head_dim + 2);
+    uint o = (h * gl_NumWorkGroups.y + split) * (B + 2);
     part[o + d] = acc;
     if (d == 0) {
-        part[o + pc.head_dim] = m;
-        part[o + pc.head_dim + 1] = l;
+        part[o + B] = m;
+        part[o + B + 1] = l;
     }
 }

@@ -221,10 +221,10 @@ class Llama(Decoder):
 
         hp = LlamaHParams.from_gguf(gguf)
         qw = hp.n_head * hp.head_dim
-        if hp.n_embd % 4 or hp.n_ff % 4 or qw % 4 or hp.head_dim % 2:
+        if hp.n_embd % 4 or hp.n_ff % 4 or hp.head_dim % 4:
             raise ModelFormatError(f"{gguf.path}: n_embd {hp.n_embd}, n_ff {hp.n_ff} and "
-                                   f"n_head * head_dim {qw} must be multiples of 4 and "
-                                   f"head_dim {hp.head_dim} even")
+                                   f"head_dim {hp.head_dim} must be multiples of 4 (vec4 "
+                                   "loads)")
         names = _expected_tensors(hp, gguf)
         rope_freqs = None
         if ROPE_FREQS in names:

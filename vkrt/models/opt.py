@@ -100,9 +100,10 @@ class OPTHParams:
                                        "integer")
         n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
         n_proj = config.get("word_embed_proj_dim") or n_embd
-        if n_embd % n_head:
+        if n_embd % n_head or (n_embd // n_head) % 4:
             raise ModelFormatError(f"{where}: hidden_size {n_embd} is not a multiple of "
-                                   f"num_attention_heads {n_head}")
+                                   f"num_attention_heads {n_head} with heads of a multiple "
+                                   "of 4 (vec4 loads)")
         for key, v in (("hidden_size", n_embd), ("ffn_dim", config["ffn_dim"]),
                        ("word_embed_proj_dim", n_proj)):
             if not isinstance(v, int) or v % 4:
