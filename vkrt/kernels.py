@@ -54,7 +54,7 @@ FEW_ROWS = 8192
 # Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
 WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
-                  "matvec_glu": ("W", F32, F32, "W", F32),
+                  "matvec_glu": ("W", F32, F32, "W", F32), "attn_output": ("W", F32, F32),
                   "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32)}
 
 
@@ -80,6 +80,7 @@ class Kernels:
         self._pipelines, self._weight_ops = pipelines, {}
         self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
                              "matvec_add": {0: sg}, "matvec_glu": {0: sg}, "qkv_rope": {0: sg},
+                             "attn_output": {0: sg},
                              "matmul": {0: sg, 1: MATMUL_TOKENS}}
         # Invocations per output row of a decode product with few rows (row_threads).
         gpu = pipelines.device.info.kind != "cpu"
@@ -267,25 +268,14 @@ class Kernels:
         (head, token) (`attention`): one dispatch. `pos` ([1] u32, P at run time; one token):
         the query is at position pos0 + P (a replayed step), and the splits cover every row
         of the cache (those past the query do nothing)."""
-        kvn = (pos0 + n_tokens) * n_kv_heads * head_dim
         if n_tokens == 1:
-            if head_dim % 4:
-                raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "
-                                           "multiple of 4 (vec4 loads)")
-            assert self._attention_split.pipeline.local_size[0] == head_dim, "built for head_dim"
-            # Replayed (`pos`): splits sized for the longest context the caches hold.
-            n_pos = pos0 + 1 if pos is None else k_cache.shape[0]
-            chunk = attention_chunk(n_pos, head_dim)
-            splits = _groups(n_pos, chunk)
+            split, splits = self.attention_split(q, k_cache, v_cache, n_heads, n_kv_heads,
+                                                 head_dim, pos0, scale, part, name, pos)
             pn, qn = n_heads * splits * (head_dim + 2), n_heads * head_dim
-            op, extra = ((self._attention_split, ()) if pos is None
-                         else (self._attention_split_pos, (pos,)))
-            return [op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1),
-                       name=name + "_split", need=(qn, kvn, kvn, pn) + (1,) * len(extra),
-                       n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, pos0=pos0,
-                       chunk=chunk, scale=scale),
-                    self._attention_combine(part, out, grid=(n_heads, 1, 1), name=name,
-                                            need=(pn, qn), head_dim=head_dim, n_splits=splits)]
+            return [split, self._attention_combine(part, out, grid=(n_heads, 1, 1), name=name,
+                                                   need=(pn, qn), head_dim=head_dim,
+                                                   n_splits=splits)]
+        kvn = (pos0 + n_tokens) * n_kv_heads * head_dim
         op = self._attention
         assert op is not None and op.pipeline.local_size[0] == head_dim, "built for head_dim"
         qn = n_tokens * n_heads * head_dim
@@ -293,6 +283,46 @@ class Kernels:
                    name=name,
                    need=(qn, kvn, kvn, qn), n_heads=n_heads, n_kv_heads=n_kv_heads,
                    head_dim=head_dim, pos0=pos0, scale=scale)]
+
+    def attention_split(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, n_heads: int,
+                        n_kv_heads: int, head_dim: int, pos0: int, scale: float, part: Tensor,
+                        name: str = "", pos: Tensor | None = None) -> tuple[Dispatch, int]:
+        """The first half of `attention` for one token: its `attention_split` dispatch (named
+        name + "_split") and the number of splits its partial states in `part` hold (what
+        `attention_combine` or `attn_output` merge)."""
+        if head_dim % 4:
+            raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "
+                                       "multiple of 4 (vec4 loads)")
+        assert self._attention_split.pipeline.local_size[0] == head_dim, "built for head_dim"
+        # Replayed (`pos`): splits sized for the longest context the caches hold.
+        n_pos = pos0 + 1 if pos is None else k_cache.shape[0]
+        chunk = attention_chunk(n_pos, head_dim)
+        splits = _groups(n_pos, chunk)
+        kvn = (pos0 + 1) * n_kv_heads * head_dim
+        pn, qn = n_heads * splits * (head_dim + 2), n_heads * head_dim
+        op, extra = ((self._attention_split, ()) if pos is None
+                     else (self._attention_split_pos, (pos,)))
+        return op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1),
+                  name=name + "_split", need=(qn, kvn, kvn, pn) + (1,) * len(extra),
+                  n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, pos0=pos0,
+                  chunk=chunk, scale=scale), splits
+
+    def attn_output(self, part: Tensor, n_splits: int, weight: Tensor, y: Tensor,
+                    head_dim: int, name: str = "") -> Dispatch:
+        """y += weight @ merge(part) for one token (`attn_output`: attention_combine, the
+        output projection and the residual add in one dispatch); part holds the n_splits
+        partial states per head of `attention_split`; weight [n_embd, n_heads * head_dim]
+        of any `WEIGHTS` dtype; y [n_embd] f32."""
+        n_out, n_in = weight.shape
+        if n_in % head_dim or head_dim % 4 or not 0 < n_splits <= ATTENTION_SPLITS:
+            raise ShaderInterfaceError(f"attn_output: {n_in} columns, head_dim {head_dim}, "
+                                       f"{n_splits} splits (head_dim % 4 == 0, at most "
+                                       f"{ATTENTION_SPLITS} splits)")
+        pn = n_in // head_dim * n_splits * (head_dim + 2)
+        return self.weight_op("attn_output", weight, self.row_threads(n_out))(
+            weight, part, y, grid=(*spread(n_out, self.limit), 1), name=name,
+            need=(None, pn, n_out), n_cols=n_in, n_rows=n_out, head_dim=head_dim,
+            n_splits=n_splits)
 
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor, n: int,
                  name: str = "") -> Dispatch:

@@ -334,23 +334,25 @@ class Llama(Decoder):
 
     def _fused_layer(self, i: int, a: Activations, pos0: int,
                      pos: Tensor | None) -> list[Dispatch]:
-        """Layer i for one token in 6 dispatches, each depending on the one before: the same
+        """Layer i for one token in 5 dispatches, each depending on the one before: the same
         arithmetic as `_attention_block` + `_mlp_block` with the norms folded into the
-        products after them, RoPE and the cache writes into the Q/K/V product, silu_mul into
-        the gate/up product and each residual add into the projection before it
-        (kernels.py `qkv_rope`, `glu`, `linear(accumulate=True)`)."""
+        products after them, RoPE and the cache writes into the Q/K/V product, the split
+        attention's merge into the output projection, silu_mul into the gate/up product and
+        each residual add into the projection before it (kernels.py `qkv_rope`,
+        `attention_split`, `attn_output`, `glu`, `linear(accumulate=True)`)."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
+        split, n_splits = k.attention_split(a.q_rope, k_cache, v_cache, hp.n_head, hp.n_head_kv,
+                                            hp.head_dim, pos0, self.attn_scale, a.attn_part,
+                                            name=blk + "attn", pos=pos)
         return [
             k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
                        w[blk + "attn_k.weight"], w[blk + "attn_v.weight"], self.rope, a.q_rope,
                        k_cache, v_cache, hp.head_dim, pos0, hp.rms_eps, a.pos, pos is not None,
                        name=blk + "attn_qkv"),
-            *k.attention(a.q_rope, k_cache, v_cache, a.attn, 1, hp.n_head, hp.n_head_kv,
-                         hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
-                         pos=pos),
-            k.linear(a.attn, w[blk + "attn_output.weight"], a.x, 1, name=blk + "attn_output",
-                     accumulate=True),
+            split,
+            k.attn_output(a.attn_part, n_splits, w[blk + "attn_output.weight"], a.x,
+                          hp.head_dim, name=blk + "attn_output"),
             k.glu(a.x, w[blk + "ffn_norm.weight"], w[blk + "ffn_gate.weight"],
                   w[blk + "ffn_up.weight"], a.act, hp.rms_eps, name=blk + "ffn_glu"),
             k.linear(a.act, w[blk + "ffn_down.weight"], a.x, 1, name=blk + "ffn_down",
