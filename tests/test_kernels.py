@@ -890,33 +890,43 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos):
         np.testing.assert_array_equal(np.delete(got, p, axis=0), SENTINEL)
 
 
-@pytest.mark.parametrize("pos0", [0, 70, 1500], ids=["one-split", "3-splits", "24-splits"])
-@pytest.mark.parametrize("dtype", WEIGHT_TYPES)
-def test_attn_output_merges_splits_into_the_projection(gpu, row_kernels, dtype, pos0):
-    # attention_split's partials of one query, then y += W @ merge(partials) in one dispatch,
-    # against float64 attention (attention_reference) and product. 6 heads of 32 (2 KV heads)
-    # give 192 columns = 6 blocks of 32; 37 output rows.
+@pytest.mark.parametrize("use_pos", [False, True], ids=["pos0", "pos-buffer"])
+@pytest.mark.parametrize("head_dim,pos0", [(16, 0), (32, 70), (16, 1500)],
+                         ids=["one-split", "3-splits", "32-splits"])
+def test_attention_decode_merges_in_its_last_workgroup(gpu, head_dim, pos0, use_pos):
+    # attention_decode (attention_split + the merge in the last workgroup per head): two
+    # dispatches in a row on one ticket buffer, each with its own query and output, both as
+    # test_attention_decode_split's bound against float64; the tickets end at 0. Caches past
+    # the query's position are NaN (never read). With the position buffer (a replayed step),
+    # pos0 = 0 plus the buffer's value and splits over the whole cache, those past the query
+    # empty.
     from vkrt.kernels import attention_partials
 
-    r, n_heads, n_kv, head_dim, n_rows = rng(63), 6, 2, 32, 37
-    q = randn(r, 1, n_heads, head_dim)
-    k_cache, v_cache = randn(r, pos0 + 1, n_kv, head_dim), randn(r, pos0 + 1, n_kv, head_dim)
-    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_heads * head_dim))
-    y0 = randn(r, n_rows)
+    r, n_heads, n_kv = rng(64), 6, 2
+    n_ctx = pos0 + 5
+    qs = [randn(r, 1, n_heads, head_dim) for _ in range(2)]
+    k_cache, v_cache = randn(r, n_ctx, n_kv, head_dim), randn(r, n_ctx, n_kv, head_dim)
+    k_cache[pos0 + 1:] = np.nan
+    v_cache[pos0 + 1:] = np.nan
     scale = float(np.float32(1.0 / np.sqrt(head_dim)))
-    tq, tk, tv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
-    part = gpu.filled(attention_partials(n_heads, head_dim))
-    ty = gpu.upload(np.concatenate([y0, np.full(5, SENTINEL, np.float32)]))
     kern = Kernels(gpu.cache, head_dim=head_dim)
-    kern._few_rows_threads = row_kernels._few_rows_threads
-    split, n_splits = kern.attention_split(tq, tk, tv, n_heads, n_kv, head_dim, pos0, scale, part)
-    gpu.stream.record([split, kern.attn_output(part, n_splits, tw, ty, head_dim)])
-    got = gpu.read(ty)
-    attn = attention_reference(q, k_cache, v_cache, pos0, scale)[0].reshape(-1)
-    terms = values * attn[None, :]
-    want = y0 + terms.sum(1)
-    # The merged attention is within 1e-6 of float64 (test_attention_decode_split), carried
-    # by sum|W| into each row; the product and the add as test_matvec_add_accumulates_into_y.
-    bound = 2e-7 * (np.abs(terms).sum(1) + np.abs(y0)) + 1e-6 * np.abs(values).sum(1)
-    assert np.all(np.abs(got[:-5] - want) <= bound), np.max(np.abs(got[:-5] - want) / bound)
-    np.testing.assert_array_equal(got[-5:], SENTINEL)
+    tk = Tensor.of(gpu.upload(k_cache).buffer, "float32", (n_ctx, n_kv * head_dim))
+    tv = Tensor.of(gpu.upload(v_cache).buffer, "float32", (n_ctx, n_kv * head_dim))
+    part = gpu.filled(attention_partials(n_heads, head_dim))
+    count = gpu.upload(np.zeros(n_heads, np.uint32))
+    tpos = gpu.upload(np.array([pos0], np.uint32))
+    outs, steps = [], []
+    for q in qs:
+        outs.append(gpu.filled(n_heads * head_dim + 3))
+        step, splits = kern.attention_split(
+            gpu.upload(q), tk, tv, n_heads, n_kv, head_dim, 0 if use_pos else pos0, scale,
+            part, pos=tpos if use_pos else None, merge=(count, outs[-1]))
+        steps.append(step)
+    gpu.stream.record(steps)
+    for q, out in zip(qs, outs):
+        got = gpu.read(out)
+        want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
+        np.testing.assert_allclose(got[:-3].reshape(n_heads, head_dim), want, rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(got[-3:], SENTINEL)
+    np.testing.assert_array_equal(gpu.read(count, np.uint32), 0)
+    assert splits > 1 or pos0 == 0

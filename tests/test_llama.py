@@ -160,8 +160,8 @@ def test_teacher_forced_logits(llama, reference, tok, default_gguf, text, chat):
 # attn_norm | q, k, v | rope q, rope k into the cache, v into the cache | attention over
 # cache splits | their combine (kernels.attention: two dispatches for one token) |
 # attn_output | residual add | ffn_norm | gate, up | silu*mul | down | residual add. Fused
-# (the default), 5 dispatches in 5 stages: attn_qkv | split | attn_output (merge, +=) |
-# ffn_glu | ffn_down (+=). Around the layers: the embedding (its RAW barrier is on the token
+# (the default), 5 dispatches in 5 stages: attn_qkv | attention split and merge |
+# attn_output (+=) | ffn_glu | ffn_down (+=). Around the layers: the embedding (its RAW barrier is on the token
 # id that the previous step's argmax wrote, in an earlier submission), then output_norm |
 # output | argmax.
 def per_token(n_layer: int, fused: bool = True) -> dict:
@@ -330,7 +330,9 @@ def test_fused_decode_step_plan(llama):
     assert {llama.k_cache[4].range, llama.v_cache[4].range} <= set(qkv.writes)
     for name in ("blk.4.attn_output", "blk.4.ffn_down"):
         assert a.x.range in by_name[name].reads and a.x.range in by_name[name].writes
-    assert a.attn_part.range in by_name["blk.4.attn_output"].reads
+    attention = by_name["blk.4.attn"]    # attention_decode: splits and their merge
+    assert {a.attn_part.range, a.attn_count.range, a.attn.range} <= set(attention.writes)
+    assert a.attn.range in by_name["blk.4.attn_output"].reads
     assert a.act.range in by_name["blk.4.ffn_glu"].writes
 
 

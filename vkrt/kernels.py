@@ -54,7 +54,7 @@ FEW_ROWS = 8192
 # Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
 WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
-                  "matvec_glu": ("W", F32, F32, "W", F32), "attn_output": ("W", F32, F32),
+                  "matvec_glu": ("W", F32, F32, "W", F32),
                   "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32)}
 
 
@@ -80,7 +80,6 @@ class Kernels:
         self._pipelines, self._weight_ops = pipelines, {}
         self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
                              "matvec_add": {0: sg}, "matvec_glu": {0: sg}, "qkv_rope": {0: sg},
-                             "attn_output": {0: sg},
                              "matmul": {0: sg, 1: MATMUL_TOKENS}}
         # Invocations per output row of a decode product with few rows (row_threads).
         gpu = pipelines.device.info.kind != "cpu"
@@ -104,6 +103,10 @@ class Kernels:
             self._attention_split_pos = Op(p("attention_split_pos", {0: head_dim}),
                                            (F32, F32, F32, F32, U32))
             self._attention_combine = Op(p("attention_combine", {0: head_dim}), (F32, F32))
+            self._attention_decode = Op(p("attention_decode", {0: head_dim}),
+                                        (F32, F32, F32, F32, U32, F32))
+            self._attention_decode_pos = Op(p("attention_decode_pos", {0: head_dim}),
+                                            (F32, F32, F32, F32, U32, U32, F32))
         # OPT (vkrt/models/opt.py): LayerNorm, ReLU, learned positions, sliced embeddings.
         self._layernorm = Op(p("layernorm", {0: sg}), (F32, F32, F32, F32))
         self._relu = Op(p("relu", {0: ELEMENTWISE_BLOCK}), (F32,))
@@ -286,10 +289,14 @@ class Kernels:
 
     def attention_split(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, n_heads: int,
                         n_kv_heads: int, head_dim: int, pos0: int, scale: float, part: Tensor,
-                        name: str = "", pos: Tensor | None = None) -> tuple[Dispatch, int]:
+                        name: str = "", pos: Tensor | None = None,
+                        merge: tuple[Tensor, Tensor] | None = None) -> tuple[Dispatch, int]:
         """The first half of `attention` for one token: its `attention_split` dispatch (named
-        name + "_split") and the number of splits its partial states in `part` hold (what
-        `attention_combine` or `attn_output` merge)."""
+        name + "_split") and the number of splits its partial states in `part` hold.
+        `merge` = (count, out): the `attention_decode` variant instead (named `name`), whose
+        last workgroup per head merges into out [n_heads * head_dim] f32 (no
+        `attention_combine`); count is [n_heads] u32, zero before the first dispatch, and
+        each dispatch leaves it zero."""
         if head_dim % 4:
             raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "
                                        "multiple of 4 (vec4 loads)")
@@ -300,29 +307,16 @@ class Kernels:
         splits = _groups(n_pos, chunk)
         kvn = (pos0 + 1) * n_kv_heads * head_dim
         pn, qn = n_heads * splits * (head_dim + 2), n_heads * head_dim
-        op, extra = ((self._attention_split, ()) if pos is None
-                     else (self._attention_split_pos, (pos,)))
-        return op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1),
-                  name=name + "_split", need=(qn, kvn, kvn, pn) + (1,) * len(extra),
-                  n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, pos0=pos0,
-                  chunk=chunk, scale=scale), splits
-
-    def attn_output(self, part: Tensor, n_splits: int, weight: Tensor, y: Tensor,
-                    head_dim: int, name: str = "") -> Dispatch:
-        """y += weight @ merge(part) for one token (`attn_output`: attention_combine, the
-        output projection and the residual add in one dispatch); part holds the n_splits
-        partial states per head of `attention_split`; weight [n_embd, n_heads * head_dim]
-        of any `WEIGHTS` dtype; y [n_embd] f32."""
-        n_out, n_in = weight.shape
-        if n_in % head_dim or head_dim % 4 or not 0 < n_splits <= ATTENTION_SPLITS:
-            raise ShaderInterfaceError(f"attn_output: {n_in} columns, head_dim {head_dim}, "
-                                       f"{n_splits} splits (head_dim % 4 == 0, at most "
-                                       f"{ATTENTION_SPLITS} splits)")
-        pn = n_in // head_dim * n_splits * (head_dim + 2)
-        return self.weight_op("attn_output", weight, self.row_threads(n_out))(
-            weight, part, y, grid=(*spread(n_out, self.limit), 1), name=name,
-            need=(None, pn, n_out), n_cols=n_in, n_rows=n_out, head_dim=head_dim,
-            n_splits=n_splits)
+        extra, need = ((), ()) if pos is None else ((pos,), (1,))
+        if merge is None:
+            op = self._attention_split if pos is None else self._attention_split_pos
+            name += "_split"
+        else:
+            op = self._attention_decode if pos is None else self._attention_decode_pos
+            extra, need = extra + merge, need + (n_heads, qn)
+        return op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1), name=name,
+                  need=(qn, kvn, kvn, pn) + need, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                  head_dim=head_dim, pos0=pos0, chunk=chunk, scale=scale), splits
 
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor, n: int,
                  name: str = "") -> Dispatch:

@@ -20,17 +20,38 @@
 // Variant attention_split_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay); the
 // grid is then sized for the longest position and splits past the query's position write an
 // empty state (m = -inf, l = 0), which the merge weighs 0.
+// Variants attention_decode and attention_decode_pos (MERGE): the last workgroup of each head
+// to finish also merges its head's partial states into out, as attention_combine.comp does
+// (same formula, same order over splits), which saves that dispatch and its stage. The
+// pattern is CUDA's threadFenceReduction sample (last block, found by an atomic ticket): each
+// workgroup writes its partial state, makes it visible (memoryBarrierBuffer; `part` is
+// coherent) and takes a ticket from count[h]; the one that draws n_splits - 1 reads every
+// split's state, writes out[h] and sets count[h] back to 0 for the next dispatch.
+// Bindings after the others: count ([n_heads] u32, all 0 before the first dispatch), out
+// ([n_heads, head_dim] f32).
 #extension GL_GOOGLE_include_directive : require
 #include "reduce.glsl"
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
 layout(set = 0, binding = 2) readonly buffer V { float v_cache[]; };
+#ifdef MERGE
+layout(set = 0, binding = 3) coherent buffer Part { float part[]; };
+#else
 layout(set = 0, binding = 3) writeonly buffer Part { float part[]; };
+#endif
 layout(push_constant) uniform Push {
     uint n_heads; uint n_kv_heads; uint head_dim; uint pos0; uint chunk; float scale;
 } pc;
 #ifdef POS_BUFFER
 layout(set = 0, binding = 4) readonly buffer Pos { uint pos_buf[]; };
+#define MERGE_BINDING 5
+#else
+#define MERGE_BINDING 4
+#endif
+#ifdef MERGE
+layout(set = 0, binding = MERGE_BINDING) coherent buffer Count { uint count[]; };
+layout(set = 0, binding = MERGE_BINDING + 1) writeonly buffer Out { float dst[]; };
+shared bool is_last;
 #endif
 const uint B = gl_WorkGroupSize.x;   // == head_dim
 shared vec4 q_s[B / 4];
@@ -84,4 +105,25 @@ void main() {
         part[o + B] = m;
         part[o + B + 1] = l;
     }
+#ifdef MERGE
+    memoryBarrierBuffer();   // this invocation's partial state before the workgroup's ticket
+    barrier();
+    uint n_splits = gl_NumWorkGroups.y;
+    if (d == 0) is_last = atomicAdd(count[h], 1u) == n_splits - 1;
+    barrier();
+    if (!is_last) return;    // uniform per workgroup
+    memoryBarrierBuffer();   // every other split's state, published before its ticket
+    uint base = h * n_splits * (B + 2);
+    float mx = NEG_INF;
+    for (uint s = 0; s < n_splits; ++s) mx = max(mx, part[base + s * (B + 2) + B]);
+    float total = 0.0, merged = 0.0;
+    for (uint s = 0; s < n_splits; ++s) {
+        uint so = base + s * (B + 2);
+        float c = weight(part[so + B], mx);
+        total += c * part[so + B + 1];
+        merged += c * part[so + d];
+    }
+    dst[h * B + d] = total > 0.0 ? merged / total : 0.0;
+    if (d == 0) count[h] = 0;
+#endif
 }
