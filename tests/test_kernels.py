@@ -578,6 +578,15 @@ def test_argmax_offset_and_short_row(gpu):
     assert run_argmax(gpu, logits.reshape(-1), 97, 97) == 40
 
 
+def test_argmax_of_a_negative_row_ignores_what_follows_it(gpu):
+    # Every logit negative and n past one unrolled block of the loop: the elements after the
+    # row (and the loop's padding past n) must not compete.
+    logits = -np.abs(randn(rng(13), 3000)) - 1.0
+    logits[2500:] = 5.0                   # after the row
+    logits[1234] = -0.5
+    assert run_argmax(gpu, logits, 2500, 0) == 1234
+
+
 @pytest.mark.parametrize("n", [3, 50], ids=["row-shorter-than-a-subgroup", "row-50"])
 @pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
 def test_argmax_any_workgroup(gpu, subgroups, n):

@@ -238,23 +238,28 @@ def test_decode_step_counters(llama, tok, stream_of, inflight, mode):
     _decode_step_counters(llama, tok, mode)
 
 
-def test_stop_token_discards_the_steps_beyond(llama, tok, stream_of):
+@pytest.mark.parametrize("replay", ["1", "0"], ids=["replay", "record"])
+def test_stop_token_discards_the_steps_beyond(llama, tok, stream_of, replay):
     """Three slots: two steps run ahead of the token being read. At the stop token they are
-    discarded: never read, never reported; at max_tokens none is submitted beyond."""
+    discarded: never read, never reported; at max_tokens none is submitted beyond. Each step
+    writes its own token slot (the ring), replayed or recorded."""
+    from vkrt import config
+
     stream = stream_of(3)
     prompt = tok.encode("1, 2, 3,")
-    plain = generate(llama, prompt, 6).tokens
-    seen = []
-    before = stream.counters.snapshot()
-    r = generate(llama, prompt, 6, stop_ids=[plain[2]], on_token=seen.append)
-    d = stream.counters.since(before)
-    stop = plain.index(plain[2]) + 1
-    assert r.tokens == seen == plain[:stop] and r.stopped_at_eos
-    assert r.discarded_steps == 2 and d["host_reads"] == stop
-    assert d["submits"] == stop + 2
-    before = stream.counters.snapshot()
-    assert generate(llama, prompt, 2).tokens == plain[:2]
-    assert stream.counters.since(before)["submits"] == 2
+    with config.REPLAY.override(replay):
+        plain = generate(llama, prompt, 6).tokens
+        seen = []
+        before = stream.counters.snapshot()
+        r = generate(llama, prompt, 6, stop_ids=[plain[2]], on_token=seen.append)
+        d = stream.counters.since(before)
+        stop = plain.index(plain[2]) + 1
+        assert r.tokens == seen == plain[:stop] and r.stopped_at_eos
+        assert r.discarded_steps == 2 and d["host_reads"] == stop
+        assert d["submits"] == stop + 2
+        before = stream.counters.snapshot()
+        assert generate(llama, prompt, 2).tokens == plain[:2]
+        assert stream.counters.since(before)["submits"] == 2
 
 
 def test_trace_file_has_host_and_gpu_tracks(llama, tok, tmp_path):

@@ -21,8 +21,8 @@
 // grid is then sized for the longest position and splits past the query's position write an
 // empty state (m = -inf, l = 0), which the merge weighs 0.
 // Variants attention_decode and attention_decode_pos (MERGE): the last workgroup of each head
-// to finish also merges its head's partial states into out, as attention_combine.comp does
-// (same formula, same order over splits), which saves that dispatch and its stage. The
+// to finish also merges its head's partial states into out with attention_combine.comp's
+// formula (its sums in parallel), which saves that dispatch and its stage. The
 // pattern is CUDA's threadFenceReduction sample (last block, found by an atomic ticket): each
 // workgroup writes its partial state, makes it visible (memoryBarrierBuffer; `part` is
 // coherent) and takes a ticket from count[h]; the one that draws n_splits - 1 reads every
@@ -52,6 +52,9 @@ layout(set = 0, binding = 4) readonly buffer Pos { uint pos_buf[]; };
 layout(set = 0, binding = MERGE_BINDING) coherent buffer Count { uint count[]; };
 layout(set = 0, binding = MERGE_BINDING + 1) writeonly buffer Out { float dst[]; };
 shared bool is_last;
+const uint MAX_SPLITS = 32;  // kernels.py ATTENTION_SPLITS: at most this many splits
+shared float c_s[MAX_SPLITS];
+const uint UNROLL = 4;
 #endif
 const uint B = gl_WorkGroupSize.x;   // == head_dim
 shared vec4 q_s[B / 4];
@@ -113,16 +116,24 @@ void main() {
     barrier();
     if (!is_last) return;    // uniform per workgroup
     memoryBarrierBuffer();   // every other split's state, published before its ticket
+    // The merge in parallel: invocation s reads split s's maximum (and s + B, ...), then
+    // computes its weight c_s = weight(m_s, M) once for all; the weighted sum over splits
+    // runs UNROLL splits at a time (a constant inner loop: those loads are in flight
+    // together).
     uint base = h * n_splits * (B + 2);
-    float mx = NEG_INF;
-    for (uint s = 0; s < n_splits; ++s) mx = max(mx, part[base + s * (B + 2) + B]);
-    float total = 0.0, merged = 0.0;
-    for (uint s = 0; s < n_splits; ++s) {
-        uint so = base + s * (B + 2);
-        float c = weight(part[so + B], mx);
-        total += c * part[so + B + 1];
-        merged += c * part[so + d];
+    float ms = NEG_INF;
+    for (uint s = d; s < n_splits; s += B) ms = max(ms, part[base + s * (B + 2) + B]);
+    float mx = workgroup_max(ms), ls = 0.0;
+    for (uint s = d; s < n_splits; s += B) {
+        float c = weight(part[base + s * (B + 2) + B], mx);
+        c_s[s] = c;
+        ls += c * part[base + s * (B + 2) + B + 1];
     }
+    float total = workgroup_sum(ls), merged = 0.0;
+    barrier();               // c_s (workgroup_sum has none with a single subgroup)
+    for (uint s0 = 0; s0 < n_splits; s0 += UNROLL)
+        for (uint s = s0; s < s0 + UNROLL; ++s)
+            if (s < n_splits) merged += c_s[s] * part[base + s * (B + 2) + d];
     dst[h * B + d] = total > 0.0 ? merged / total : 0.0;
     if (d == 0) count[h] = 0;
 #endif
