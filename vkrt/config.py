@@ -134,9 +134,8 @@ REPLAY: Switch[bool] = Switch(
 FUSE: Switch[bool] = Switch(
     "VKRT_FUSE", _bool, True,
     "A Llama decode step runs fused kernels: RMSNorm, Q/K/V, RoPE and the cache writes in one "
-    "dispatch, the split attention's merge in the output projection, the gated MLP's norm, "
-    "gate, up and SiLU in one, residual adds inside the products (5 dependent stages per "
-    "layer instead of 12); 0 runs the unfused chain.")
+    "dispatch, the gated MLP's norm, gate, up and SiLU in one, residual adds inside the output "
+    "products (6 dependent stages per layer instead of 12); 0 runs the unfused chain.")
 
 ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS, INFLIGHT, TIMESTAMPS,
        REPLAY, FUSE)

@@ -103,10 +103,6 @@ class Kernels:
             self._attention_split_pos = Op(p("attention_split_pos", {0: head_dim}),
                                            (F32, F32, F32, F32, U32))
             self._attention_combine = Op(p("attention_combine", {0: head_dim}), (F32, F32))
-            self._attention_decode = Op(p("attention_decode", {0: head_dim}),
-                                        (F32, F32, F32, F32, U32, F32))
-            self._attention_decode_pos = Op(p("attention_decode_pos", {0: head_dim}),
-                                            (F32, F32, F32, F32, U32, U32, F32))
         # OPT (vkrt/models/opt.py): LayerNorm, ReLU, learned positions, sliced embeddings.
         self._layernorm = Op(p("layernorm", {0: sg}), (F32, F32, F32, F32))
         self._relu = Op(p("relu", {0: ELEMENTWISE_BLOCK}), (F32,))
@@ -271,14 +267,25 @@ class Kernels:
         (head, token) (`attention`): one dispatch. `pos` ([1] u32, P at run time; one token):
         the query is at position pos0 + P (a replayed step), and the splits cover every row
         of the cache (those past the query do nothing)."""
-        if n_tokens == 1:
-            split, splits = self.attention_split(q, k_cache, v_cache, n_heads, n_kv_heads,
-                                                 head_dim, pos0, scale, part, name, pos)
-            pn, qn = n_heads * splits * (head_dim + 2), n_heads * head_dim
-            return [split, self._attention_combine(part, out, grid=(n_heads, 1, 1), name=name,
-                                                   need=(pn, qn), head_dim=head_dim,
-                                                   n_splits=splits)]
         kvn = (pos0 + n_tokens) * n_kv_heads * head_dim
+        if n_tokens == 1:
+            if head_dim % 4:
+                raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "
+                                           "multiple of 4 (vec4 loads)")
+            assert self._attention_split.pipeline.local_size[0] == head_dim, "built for head_dim"
+            # Replayed (`pos`): splits sized for the longest context the caches hold.
+            n_pos = pos0 + 1 if pos is None else k_cache.shape[0]
+            chunk = attention_chunk(n_pos, head_dim)
+            splits = _groups(n_pos, chunk)
+            pn, qn = n_heads * splits * (head_dim + 2), n_heads * head_dim
+            op, extra = ((self._attention_split, ()) if pos is None
+                         else (self._attention_split_pos, (pos,)))
+            return [op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1),
+                       name=name + "_split", need=(qn, kvn, kvn, pn) + (1,) * len(extra),
+                       n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, pos0=pos0,
+                       chunk=chunk, scale=scale),
+                    self._attention_combine(part, out, grid=(n_heads, 1, 1), name=name,
+                                            need=(pn, qn), head_dim=head_dim, n_splits=splits)]
         op = self._attention
         assert op is not None and op.pipeline.local_size[0] == head_dim, "built for head_dim"
         qn = n_tokens * n_heads * head_dim
@@ -286,37 +293,6 @@ class Kernels:
                    name=name,
                    need=(qn, kvn, kvn, qn), n_heads=n_heads, n_kv_heads=n_kv_heads,
                    head_dim=head_dim, pos0=pos0, scale=scale)]
-
-    def attention_split(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, n_heads: int,
-                        n_kv_heads: int, head_dim: int, pos0: int, scale: float, part: Tensor,
-                        name: str = "", pos: Tensor | None = None,
-                        merge: tuple[Tensor, Tensor] | None = None) -> tuple[Dispatch, int]:
-        """The first half of `attention` for one token: its `attention_split` dispatch (named
-        name + "_split") and the number of splits its partial states in `part` hold.
-        `merge` = (count, out): the `attention_decode` variant instead (named `name`), whose
-        last workgroup per head merges into out [n_heads * head_dim] f32 (no
-        `attention_combine`); count is [n_heads] u32, zero before the first dispatch, and
-        each dispatch leaves it zero."""
-        if head_dim % 4:
-            raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "
-                                       "multiple of 4 (vec4 loads)")
-        assert self._attention_split.pipeline.local_size[0] == head_dim, "built for head_dim"
-        # Replayed (`pos`): splits sized for the longest context the caches hold.
-        n_pos = pos0 + 1 if pos is None else k_cache.shape[0]
-        chunk = attention_chunk(n_pos, head_dim)
-        splits = _groups(n_pos, chunk)
-        kvn = (pos0 + 1) * n_kv_heads * head_dim
-        pn, qn = n_heads * splits * (head_dim + 2), n_heads * head_dim
-        extra, need = ((), ()) if pos is None else ((pos,), (1,))
-        if merge is None:
-            op = self._attention_split if pos is None else self._attention_split_pos
-            name += "_split"
-        else:
-            op = self._attention_decode if pos is None else self._attention_decode_pos
-            extra, need = extra + merge, need + (n_heads, qn)
-        return op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1), name=name,
-                  need=(qn, kvn, kvn, pn) + need, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                  head_dim=head_dim, pos0=pos0, chunk=chunk, scale=scale), splits
 
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor, n: int,
                  name: str = "") -> Dispatch:

@@ -15,18 +15,11 @@ void main() {
     uint lid = gl_LocalInvocationID.x;
     float bv = -1.0 / 0.0;
     uint bi = 0xFFFFFFFFu;  // "none": loses every comparison below
-    // UNROLL loads at a time (a constant inner loop, unrolled: in flight together), then
-    // compared in ascending i: strided ascending i keeps the first maximum; the first
-    // element seen is taken even when it is -inf, so an all -inf row yields index 0.
-    const uint UNROLL = 8, WG = gl_WorkGroupSize.x;
-    for (uint i0 = lid; i0 < pc.n; i0 += UNROLL * WG) {
-        float v[UNROLL];
-        for (uint j = 0; j < UNROLL; ++j)
-            v[j] = i0 + j * WG < pc.n ? logits[pc.offset + i0 + j * WG] : 0.0;
-        for (uint j = 0; j < UNROLL; ++j) {
-            uint i = i0 + j * WG;
-            if (i < pc.n && (v[j] > bv || bi == 0xFFFFFFFFu)) { bv = v[j]; bi = i; }
-        }
+    for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) {
+        float v = logits[pc.offset + i];
+        // Strided ascending i keeps the first maximum; the first element seen is taken even
+        // when it is -inf, so an all -inf row yields index 0.
+        if (v > bv || bi == 0xFFFFFFFFu) { bv = v; bi = i; }
     }
     best_value[lid] = bv;
     best_index[lid] = bi;

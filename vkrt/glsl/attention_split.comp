@@ -20,41 +20,17 @@
 // Variant attention_split_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay); the
 // grid is then sized for the longest position and splits past the query's position write an
 // empty state (m = -inf, l = 0), which the merge weighs 0.
-// Variants attention_decode and attention_decode_pos (MERGE): the last workgroup of each head
-// to finish also merges its head's partial states into out with attention_combine.comp's
-// formula (its sums in parallel), which saves that dispatch and its stage. The
-// pattern is CUDA's threadFenceReduction sample (last block, found by an atomic ticket): each
-// workgroup writes its partial state, makes it visible (memoryBarrierBuffer; `part` is
-// coherent) and takes a ticket from count[h]; the one that draws n_splits - 1 reads every
-// split's state, writes out[h] and sets count[h] back to 0 for the next dispatch.
-// Bindings after the others: count ([n_heads] u32, all 0 before the first dispatch), out
-// ([n_heads, head_dim] f32).
 #extension GL_GOOGLE_include_directive : require
 #include "reduce.glsl"
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
 layout(set = 0, binding = 2) readonly buffer V { float v_cache[]; };
-#ifdef MERGE
-layout(set = 0, binding = 3) coherent buffer Part { float part[]; };
-#else
 layout(set = 0, binding = 3) writeonly buffer Part { float part[]; };
-#endif
 layout(push_constant) uniform Push {
     uint n_heads; uint n_kv_heads; uint head_dim; uint pos0; uint chunk; float scale;
 } pc;
 #ifdef POS_BUFFER
 layout(set = 0, binding = 4) readonly buffer Pos { uint pos_buf[]; };
-#define MERGE_BINDING 5
-#else
-#define MERGE_BINDING 4
-#endif
-#ifdef MERGE
-layout(set = 0, binding = MERGE_BINDING) coherent buffer Count { uint count[]; };
-layout(set = 0, binding = MERGE_BINDING + 1) writeonly buffer Out { float dst[]; };
-shared bool is_last;
-const uint MAX_SPLITS = 32;  // kernels.py ATTENTION_SPLITS: at most this many splits
-shared float c_s[MAX_SPLITS];
-const uint UNROLL = 4;
 #endif
 const uint B = gl_WorkGroupSize.x;   // == head_dim
 shared vec4 q_s[B / 4];
@@ -108,33 +84,4 @@ void main() {
         part[o + B] = m;
         part[o + B + 1] = l;
     }
-#ifdef MERGE
-    memoryBarrierBuffer();   // this invocation's partial state before the workgroup's ticket
-    barrier();
-    uint n_splits = gl_NumWorkGroups.y;
-    if (d == 0) is_last = atomicAdd(count[h], 1u) == n_splits - 1;
-    barrier();
-    if (!is_last) return;    // uniform per workgroup
-    memoryBarrierBuffer();   // every other split's state, published before its ticket
-    // The merge in parallel: invocation s reads split s's maximum (and s + B, ...), then
-    // computes its weight c_s = weight(m_s, M) once for all; the weighted sum over splits
-    // runs UNROLL splits at a time (a constant inner loop: those loads are in flight
-    // together).
-    uint base = h * n_splits * (B + 2);
-    float ms = NEG_INF;
-    for (uint s = d; s < n_splits; s += B) ms = max(ms, part[base + s * (B + 2) + B]);
-    float mx = workgroup_max(ms), ls = 0.0;
-    for (uint s = d; s < n_splits; s += B) {
-        float c = weight(part[base + s * (B + 2) + B], mx);
-        c_s[s] = c;
-        ls += c * part[base + s * (B + 2) + B + 1];
-    }
-    float total = workgroup_sum(ls), merged = 0.0;
-    barrier();               // c_s (workgroup_sum has none with a single subgroup)
-    for (uint s0 = 0; s0 < n_splits; s0 += UNROLL)
-        for (uint s = s0; s < s0 + UNROLL; ++s)
-            if (s < n_splits) merged += c_s[s] * part[base + s * (B + 2) + d];
-    dst[h * B + d] = total > 0.0 ? merged / total : 0.0;
-    if (d == 0) count[h] = 0;
-#endif
 }

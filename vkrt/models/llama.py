@@ -140,7 +140,6 @@ class Activations:
     q_rope: Tensor   # [tokens, n_head * head_dim]
     attn: Tensor     # [tokens, n_head * head_dim]
     attn_part: Tensor  # decode attention's partial states (kernels.attention_partials)
-    attn_count: Tensor  # [n_head] u32: fused decode attention's tickets, 0 between dispatches
     proj: Tensor     # [tokens, n_embd] attention or MLP output before the residual add
     gate: Tensor     # [tokens, n_ff]
     up: Tensor       # [tokens, n_ff]
@@ -161,7 +160,6 @@ class Activations:
                   "k": ("float32", (T, kvw)), "v": ("float32", (T, kvw)),
                   "q_rope": ("float32", (T, qw)), "attn": ("float32", (T, qw)),
                   "attn_part": ("float32", (attention_partials(hp.n_head, hp.head_dim),)),
-                  "attn_count": ("uint32", (hp.n_head,)),
                   "proj": ("float32", (T, hp.n_embd)), "gate": ("float32", (T, hp.n_ff)),
                   "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
                   "logits": ("float32", (logit_rows, hp.n_vocab))}
@@ -312,12 +310,9 @@ class Llama(Decoder):
         """Scratch tensors for a forward of `n_tokens` tokens keeping `logit_rows` rows of
         logits and a token ring of `stream.inflight` slots; reallocated (larger) only when the
         current ones are too small (the old buffer is freed once in-flight steps are done)."""
-        old = self.acts
         self.acts = grow(self.acts, n_tokens, logit_rows, self.stream.inflight,
                          lambda n, rows, ring: Activations.allocate(self.device, self.hp, n,
                                                                     rows, ring))
-        if self.acts is not old:   # the tickets start at 0 (kernels.attention_split)
-            self.stream.write(self.acts.attn_count, np.zeros(self.hp.n_head, np.uint32))
         return self.acts
 
     # -- the forward -----------------------------------------------------------------------
@@ -339,24 +334,21 @@ class Llama(Decoder):
 
     def _fused_layer(self, i: int, a: Activations, pos0: int,
                      pos: Tensor | None) -> list[Dispatch]:
-        """Layer i for one token in 5 dispatches, each depending on the one before: the same
+        """Layer i for one token in 6 dispatches, each depending on the one before: the same
         arithmetic as `_attention_block` + `_mlp_block` with the norms folded into the
-        products after them, RoPE and the cache writes into the Q/K/V product, the split
-        attention's merge into its last workgroup per head, silu_mul into the gate/up product
-        and each residual add into the projection before it (kernels.py `qkv_rope`,
-        `attention_split(merge=...)`, `glu`, `linear(accumulate=True)`)."""
+        products after them, RoPE and the cache writes into the Q/K/V product, silu_mul into
+        the gate/up product and each residual add into the projection before it
+        (kernels.py `qkv_rope`, `glu`, `linear(accumulate=True)`)."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
-        attention, _ = k.attention_split(a.q_rope, k_cache, v_cache, hp.n_head, hp.n_head_kv,
-                                         hp.head_dim, pos0, self.attn_scale, a.attn_part,
-                                         name=blk + "attn", pos=pos,
-                                         merge=(a.attn_count, a.attn))
         return [
             k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
                        w[blk + "attn_k.weight"], w[blk + "attn_v.weight"], self.rope, a.q_rope,
                        k_cache, v_cache, hp.head_dim, pos0, hp.rms_eps, a.pos, pos is not None,
                        name=blk + "attn_qkv"),
-            attention,
+            *k.attention(a.q_rope, k_cache, v_cache, a.attn, 1, hp.n_head, hp.n_head_kv,
+                         hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
+                         pos=pos),
             k.linear(a.attn, w[blk + "attn_output.weight"], a.x, 1, name=blk + "attn_output",
                      accumulate=True),
             k.glu(a.x, w[blk + "ffn_norm.weight"], w[blk + "ffn_gate.weight"],
