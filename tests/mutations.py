@@ -196,8 +196,8 @@ MUTATIONS = [
      "s == mx ? 1.0 : exp(s - mx)", "exp(s - mx)",
      ["tests/test_kernels.py::test_attention_scores_past_f32_range"]),
     ("attention: scale applied after the dot product", "vkrt/glsl/attention.comp",
-     "s += q_s[j] * k_cache[k0 + j];",
-     "s += q_s[j] / pc.scale * k_cache[k0 + j];\n            s *= pc.scale;",
+     "s += dot(q_s[j], k_cache[k0 + j]);",
+     "s += dot(q_s[j] / pc.scale, k_cache[k0 + j]);\n            s *= pc.scale;",
      ["tests/test_kernels.py::test_attention_scores_past_f32_range"]),
     # -- fused decode kernels (matvec_add, matvec_glu, qkv_rope; Llama._fused_layer) --------
     ("fused: the output projection overwrites the residual instead of adding",

@@ -288,6 +288,9 @@ class Kernels:
                                             need=(pn, qn), head_dim=head_dim, n_splits=splits)]
         op = self._attention
         assert op is not None and op.pipeline.local_size[0] == head_dim, "built for head_dim"
+        if head_dim % 4:
+            raise ShaderInterfaceError(f"attention: head_dim {head_dim} is not a multiple of 4 "
+                                       "(vec4 loads)")
         qn = n_tokens * n_heads * head_dim
         return [op(q, k_cache, v_cache, out, grid=(n_heads, *spread(n_tokens, self.limit[1:])),
                    name=name,

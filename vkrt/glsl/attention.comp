@@ -6,8 +6,12 @@
 // h / (n_heads / n_kv_heads).
 // q: [n_tokens, n_heads, head_dim] f32 (after RoPE); k_cache, v_cache: [n_ctx, n_kv_heads,
 // head_dim] f32; out: [n_tokens, n_heads, head_dim] f32.
-// local_size_x must equal head_dim: invocation d owns output dimension d and, while scoring,
-// cache position (block start + d). Dispatch: (n_heads, tokens spread over y and z (grid.glsl)).
+// local_size_x must equal head_dim, a multiple of 4: invocation d owns output dimension d
+// and, while scoring, cache position (block start + d). Dispatch: (n_heads, tokens spread
+// over y and z (grid.glsl)). Loops run to the workgroup size (a specialization constant) so
+// the compiler unrolls them and a block's loads are in flight together; K is read as vec4;
+// each weight is computed once, by the invocation of its position (attention_split.comp,
+// the decode form, is built the same way).
 // Push constants: n_heads, n_kv_heads, head_dim, pos0 (u32), scale (f32; scores are
 // (q * scale) . k, so they overflow only where the scaled score leaves the f32 range).
 // Infinite scores (masked keys, or scores past the f32 range) never give NaN: a score of -inf
@@ -18,16 +22,17 @@
 // SignedZeroInfNanPreserve execution mode ("Precision and Operation of SPIR-V Instructions").
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
-layout(local_size_x_id = 0) in;
+#include "reduce.glsl"
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
-layout(set = 0, binding = 1) readonly buffer K { float k_cache[]; };
+layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
 layout(set = 0, binding = 2) readonly buffer V { float v_cache[]; };
 layout(set = 0, binding = 3) writeonly buffer Out { float dst[]; };
 layout(push_constant) uniform Push {
     uint n_heads; uint n_kv_heads; uint head_dim; uint pos0; float scale;
 } pc;
-shared float q_s[gl_WorkGroupSize.x];
-shared float p_s[gl_WorkGroupSize.x];
+const uint B = gl_WorkGroupSize.x;   // == head_dim
+shared vec4 q_s[B / 4];
+shared float w_s[B];
 
 const float NEG_INF = -1.0 / 0.0;
 
@@ -39,39 +44,35 @@ float weight(float s, float mx) {
 }
 
 void main() {
-    const uint B = gl_WorkGroupSize.x;
     uint h = gl_WorkGroupID.x, t = token_index(), d = gl_LocalInvocationID.x;
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
-    uint row = pc.n_kv_heads * pc.head_dim;
+    uint row = pc.n_kv_heads * B;
     uint last = pc.pos0 + t;  // inclusive
-    q_s[d] = q[(t * pc.n_heads + h) * pc.head_dim + d] * pc.scale;
+    q_s[d / 4][d % 4] = q[(t * pc.n_heads + h) * B + d] * pc.scale;
     barrier();
     // Online softmax: m is the largest score so far, l = sum weight(s, m), acc = sum
     // weight(s, m) * v[d]. l >= 1 once any score is above -inf (the maximum weighs 1).
     float m = NEG_INF, l = 0.0, acc = 0.0;
-    for (uint base = 0; base <= last; base += B) {
+    for (uint base = 0; base <= last; base += B) {   // uniform: every invocation runs it
         uint p = base + d;
         float s = NEG_INF;
         if (p <= last) {
-            uint k0 = p * row + kvh * pc.head_dim;
+            uint k0 = (p * row + kvh * B) / 4;
             s = 0.0;
-            for (uint j = 0; j < pc.head_dim; ++j) s += q_s[j] * k_cache[k0 + j];
+            for (uint j = 0; j < B / 4; ++j) s += dot(q_s[j], k_cache[k0 + j]);
         }
-        p_s[d] = s;
-        barrier();
-        float block_max = m;
-        uint n = min(B, last + 1 - base);
-        for (uint j = 0; j < n; ++j) block_max = max(block_max, p_s[j]);
+        float block_max = max(m, workgroup_max(s));
+        float e = weight(s, block_max);        // 0 past `last`
+        w_s[d] = e;
         float correction = weight(m, block_max);
-        l *= correction;
+        l = l * correction + workgroup_sum(e);
         acc *= correction;
-        for (uint j = 0; j < n; ++j) {
-            float e = weight(p_s[j], block_max);
-            l += e;
-            acc += e * v_cache[(base + j) * row + kvh * pc.head_dim + d];
-        }
+        barrier();
+        // Rows past `last` weigh 0; their index is clamped to `last` (a row the cache holds).
+        uint v0 = kvh * B + d;
+        for (uint j = 0; j < B; ++j) acc += w_s[j] * v_cache[min(base + j, last) * row + v0];
         m = block_max;
         barrier();
     }
-    dst[(t * pc.n_heads + h) * pc.head_dim + d] = l > 0.0 ? acc / l : 0.0;
+    dst[(t * pc.n_heads + h) * B + d] = l > 0.0 ? acc / l : 0.0;
 }
