@@ -117,6 +117,10 @@ def test_replayed_steps_record_nothing(llama, tok, stream_of):
     assert len(r.tokens) == 6
     (rec, *_) = [v for (sid, _), v in llama._replays.items() if sid == s.serial]
     assert rec.dispatches == one["dispatches"] + 1   # + advance_pos
+    # What a replay marks for host waits: its writes exactly, its reads one hull per buffer
+    # (weights, activations, KV cache, RoPE table).
+    assert len(rec.reads) == len({r[0] for r in rec.reads}) == 4
+    assert llama.acts.pos.range in rec.writes and len(rec.writes) > 2 * llama.hp.n_layer
     # The recorded step's stages: the leading full barrier opens the embedding's (which
     # needs no barrier of its own inside the recording), and advance_pos joins argmax's: the
     # barriers after the last reads of pos (attention) already order its write.

@@ -25,10 +25,10 @@ from vkrt.runtime.vk import NULL, check, lib, new, vk
 
 class Recording:
     """One captured list of records. Attributes: `cmd`/`cmds` (its command buffer), `key` (what
-    the capturer keyed it on), `writes`/`reads` (byte ranges, deduplicated), `dispatches`,
-    `barriers`, `stages` (counted at capture), `value` (its last submission, 0 if never),
-    `staging` (host-visible Buffer for its readback copy, or None), `readbacks` (Readbacks of
-    its staging not yet collected)."""
+    the capturer keyed it on), `writes` (byte ranges, deduplicated), `reads` (one range per
+    buffer: the hull of the bytes read), `dispatches`, `barriers`, `stages` (counted at
+    capture), `value` (its last submission, 0 if never), `staging` (host-visible Buffer for
+    its readback copy, or None), `readbacks` (Readbacks of its staging not yet collected)."""
 
     def __init__(self, device, key=None):
         self.device, self.key = device, key

@@ -45,6 +45,16 @@ _CAUSE_COUNTER = {c: "barriers_" + c.lower() for c in CAUSES}  # Counters field 
 _serials = itertools.count()
 
 
+def _hulls(ranges) -> list[tuple[int, int, int]]:
+    """One (serial, first start, last end) per buffer serial of `ranges`."""
+    hull: dict[int, tuple[int, int, int]] = {}
+    for serial, start, end in ranges:
+        old = hull.get(serial)
+        hull[serial] = (serial, start, end) if old is None else (
+            serial, min(old[1], start), max(old[2], end))
+    return list(hull.values())
+
+
 class Stream:
     """Records dispatches and copies on `device`'s compute queue.
 
@@ -201,7 +211,12 @@ class Stream:
         done = self.counters.since(before)
         rec.dispatches, rec.stages = done["dispatches"], done["stages"]
         rec.barriers = done["barriers"]
-        rec.writes, rec.reads = list(writes), list(reads)
+        # Writes stay exact: a host read waits for the last replay that wrote its bytes,
+        # and a token slot must not wait for the replay writing the next slot. Reads are
+        # kept as one hull per buffer (the weights' hundreds of views become one range): a
+        # host write then waits for every replay that read any byte of that buffer, which
+        # can only wait longer, and each replay marks a few ranges instead of hundreds.
+        rec.writes, rec.reads = list(writes), _hulls(reads)
         self.counters.captures += 1
         self._recordings.append(rec)
         self.profiler.add("record", t0)
