@@ -850,7 +850,8 @@ def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype):
     silu = g / (1 + np.exp(-g))
     # Errors of g and u (2e-7 of sum|terms|) carried through silu (slope within [-0.1, 1.1])
     # and the product; exp and the division add a few ulps of the result.
-    bound = 2e-7 * (1.1 * np.abs(g_terms).sum(1) * np.abs(u) + np.abs(silu) * np.abs(u_terms).sum(1))
+    bound = 2e-7 * (1.1 * np.abs(g_terms).sum(1) * np.abs(u)
+                    + np.abs(silu) * np.abs(u_terms).sum(1))
     assert np.all(np.abs(got[:-5] - silu * u) <= bound + 1e-6 * np.abs(silu * u)), \
         np.max(np.abs(got[:-5] - silu * u) / (bound + 1e-6 * np.abs(silu * u)))
     np.testing.assert_array_equal(got[-5:], SENTINEL)
@@ -874,7 +875,7 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos):
     tq = gpu.filled(n_heads * head_dim + 3)
     kvw = n_kv * head_dim
     tk, tv = gpu.filled(rows * kvw), gpu.filled(rows * kvw)
-    tk, tv = Tensor.of(tk.buffer, "float32", (rows, kvw)), Tensor.of(tv.buffer, "float32", (rows, kvw))
+    tk, tv = (Tensor.of(t.buffer, "float32", (rows, kvw)) for t in (tk, tv))
     tpos = gpu.upload(np.array([shift], np.uint32))
     gpu.stream.record([row_kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv, head_dim,
                                         pos0, eps, tpos, use_pos)])

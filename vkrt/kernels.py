@@ -44,7 +44,7 @@ WEIGHTS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0
 
 # Decode products over few rows (a layer's: 576 to 1536 for SmolLM2) run ROW_SUBGROUPS
 # subgroups per row on a GPU: one 32-wide subgroup per row leaves an H200 mostly idle, and 4
-# took decode from 852 to 921 tok/s (`vkrt bench`, 2 rounds each, bench/README.md); past
+# took decode from 849-852 to 916-927 tok/s (`vkrt bench`, 2 rounds each, bench/README.md); past
 # FEW_ROWS rows (the logits' 49,152) the rows alone fill it and one subgroup per row was
 # faster (35 against 43 us). A CPU device (lavapipe) keeps one subgroup per row: there a
 # barrier between subgroups switches every invocation's coroutine (glsl/reduce.glsl).

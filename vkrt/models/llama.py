@@ -220,7 +220,6 @@ class Llama(Decoder):
         from tqdm import tqdm
 
         hp = LlamaHParams.from_gguf(gguf)
-        qw = hp.n_head * hp.head_dim
         if hp.n_embd % 4 or hp.n_ff % 4 or hp.head_dim % 4:
             raise ModelFormatError(f"{gguf.path}: n_embd {hp.n_embd}, n_ff {hp.n_ff} and "
                                    f"head_dim {hp.head_dim} must be multiples of 4 (vec4 "
