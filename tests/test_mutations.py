@@ -1,0 +1,16 @@
+"""The mutation gate itself stays runnable: every mutation in tests/mutations.py still applies
+(its snippet occurs exactly once in its file) and names test files that exist, so a refactor
+cannot silently turn a mutation into a no-op reported as STALE only when someone runs it."""
+from __future__ import annotations
+
+import pytest
+
+from mutations import MUTATIONS, ROOT
+
+
+@pytest.mark.parametrize("name,file,old,new,tests", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_mutation_applies(name, file, old, new, tests):
+    assert (ROOT / file).read_text().count(old) == 1, f"{name}: snippet not found once in {file}"
+    assert old != new
+    for t in tests:
+        assert (ROOT / t.split("::")[0]).is_file(), t
