@@ -5,7 +5,7 @@ larger buffer with sentinels around them to catch stray writes.
 
 Runs on whatever `Device()` picks (lavapipe here). Spec constants are the ones
 `vkrt/models/llama.py` uses; the reductions are also run with workgroups of half a subgroup
-to 8 subgroups (WORKGROUPS) and rows shorter than one subgroup, so every path of reduce.glsl
+to 16 subgroups (WORKGROUPS) and rows shorter than one subgroup, so every path of reduce.glsl
 and of argmax's tree runs. The subgroup size is the device's: 8 on lavapipe at 256 bits;
 `LP_NATIVE_VECTOR_WIDTH=128` (or 512) makes lavapipe's subgroups 4 (or 16) wide.
 
@@ -268,18 +268,21 @@ def test_matmul_partial_token_tile(gpu, subgroups, tokens, tokens_key):
 
 # Workgroup sizes in units of the device's subgroup size (8 on lavapipe): half a subgroup
 # (one partial subgroup), 1, 2, 3 (not a power of two), 1.5 (the last subgroup partial) and
-# 8 subgroups. reduce.glsl combines several subgroups through shared memory, so each size
-# runs a different path; the kernels must not assume one subgroup per workgroup, nor a
-# power-of-two workgroup.
+# 8 subgroups, then 16 and 12.5 (past reduce.glsl's REDUCE_SERIAL partials, which subgroup 0
+# reduces; the last subgroup partial). reduce.glsl combines several subgroups through shared
+# memory, so each size runs a different path; the kernels must not assume one subgroup per
+# workgroup, nor a power-of-two workgroup.
 WORKGROUPS = {"half-subgroup": 0.5, "1-subgroup": 1, "2-subgroups": 2, "3-subgroups": 3,
-              "1.5-subgroups": 1.5, "8-subgroups": 8}
+              "1.5-subgroups": 1.5, "8-subgroups": 8, "16-subgroups": 16,
+              "12.5-subgroups": 12.5}
 
 
 def workgroup(gpu, subgroups: float) -> int:
     return max(1, int(gpu.sg * subgroups))
 
 
-@pytest.mark.parametrize("n", [3, 77], ids=["row-shorter-than-a-subgroup", "row-77"])
+@pytest.mark.parametrize("n", [3, 77, 1000],
+                         ids=["row-shorter-than-a-subgroup", "row-77", "row-1000"])
 @pytest.mark.parametrize("subgroups", WORKGROUPS.values(), ids=WORKGROUPS.keys())
 def test_rmsnorm_any_workgroup(gpu, subgroups, n):
     r, n_tokens, eps = rng(30), 3, 1e-5
@@ -403,12 +406,19 @@ def safe_attention_reference(q, k_cache, v_cache, pos0, scale):
     return out
 
 
-def run_attention(gpu, q, k_cache, v_cache, pos0, scale, split=False):
+# The three attention kernels: prefill's one pass over every query token, and each token as
+# a decode step, split over the cache and merged or in one workgroup per head.
+ATTENTION_MODES = ["one-pass", "split", "decode"]
+
+
+def run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode="one-pass"):
     """attention.comp on q [T, H, D], caches [n_ctx, H_kv, D]; returns [T, H, D] and checks
-    the sentinel tail after the output. `split`: each token as a decode step instead, through
-    attention_split.comp + attention_combine.comp (`run_attention_decode`)."""
-    if split:
-        return np.stack([run_attention_decode(gpu, q[t], k_cache, v_cache, pos0 + t, scale)
+    the sentinel tail after the output. `mode` "split" or "decode": each token as a decode
+    step instead, through attention_split.comp + attention_combine.comp
+    (`run_attention_decode`) or attention_decode.comp (`run_attention_one_dispatch`)."""
+    if mode != "one-pass":
+        run = run_attention_decode if mode == "split" else run_attention_one_dispatch
+        return np.stack([run(gpu, q[t], k_cache, v_cache, pos0 + t, scale)
                          for t in range(q.shape[0])])
     n_tokens, n_heads, head_dim = q.shape
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
@@ -438,6 +448,88 @@ def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale):
     np.testing.assert_array_equal(got[-3:], SENTINEL)
     np.testing.assert_array_equal(partial[-3:], SENTINEL)
     return got[:-3].reshape(q.shape)
+
+
+def run_attention_one_dispatch(gpu, q, k_cache, v_cache, pos0, scale, threads=64,
+                               max_positions=4096, pos_buffer=None):
+    """One query q [H, D] at position pos0 (plus `pos_buffer`, the replay variant's u32)
+    through attention_decode.comp, `threads` invocations per head; [H, D]."""
+    n_heads, head_dim = q.shape
+    bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
+    bo = gpu.filled(q.size + 3)
+    spec, name, bound = {0: threads, 1: head_dim, 2: max_positions}, "attention_decode", ()
+    if pos_buffer is not None:
+        name, bound = "attention_decode_pos", (gpu.upload(np.array([pos_buffer], np.uint32)),)
+    gpu.run(name, spec, (bq, bk, bv, bo, *bound), (n_heads, 1, 1),
+            push(n_heads, k_cache.shape[1], pos0, float(scale)))
+    got = gpu.read(bo)
+    np.testing.assert_array_equal(got[-3:], SENTINEL)
+    return got[:-3].reshape(q.shape)
+
+
+# Decode attention in one workgroup per head: workgroups of one to several lanes of head_dim
+# / 4 invocations (odd lane counts exercise the tree), positions fewer and more than the
+# workgroup, the replay variant's position buffer. Bound as test_attention_gqa_causal.
+@pytest.mark.parametrize("head_dim,pos0,threads,q_scale,atol", [
+    (16, 0, 64, 1.0, 1e-6),       # one position
+    (16, 37, 4, 1.0, 1e-6),       # one lane: the workgroup is one vec4 row
+    (16, 37, 12, 1.0, 1e-6),      # three lanes (odd tree)
+    (32, 300, 40, 1.0, 1e-6),     # five lanes, several positions per invocation
+    (64, 1000, 64, 1.0, 1e-6),    # SmolLM2's head_dim
+    (16, 500, 100, 1.0, 1e-6),    # 25 lanes; on lavapipe 12.5 subgroups (reduce.glsl's
+                                  # subgroup-0 path, the last subgroup partial)
+    (16, 500, 100, 300.0, 1e-5),  # ... scores ~ N(0, 300): a wrong maximum overflows exp
+    (16, 40, 64, 30.0, 1e-5),     # large scores
+], ids=["one-position", "one-lane", "three-lanes", "five-lanes", "hd64", "25-lanes",
+        "25-lanes-large-scores", "large-scores"])
+@pytest.mark.parametrize("use_pos", [False, True], ids=["pos0", "pos-buffer"])
+def test_attention_decode_one_dispatch(gpu, head_dim, pos0, threads, q_scale, atol, use_pos):
+    r, n_heads, n_kv_heads = rng(24), 6, 2
+    q = randn(r, 1, n_heads, head_dim) * np.float32(q_scale)
+    k_cache = randn(r, pos0 + 5, n_kv_heads, head_dim)
+    v_cache = randn(r, pos0 + 5, n_kv_heads, head_dim)
+    k_cache[pos0 + 1:] = np.nan         # never read past the query's position
+    v_cache[pos0 + 1:] = np.nan
+    scale = float(np.float32(1.0 / np.sqrt(head_dim)))
+    # The replay variant gets pos0 - 3 as its push constant and 3 from the buffer.
+    shift = min(pos0, 3) if use_pos else None
+    got = run_attention_one_dispatch(gpu, q[0], k_cache, v_cache, pos0 - (shift or 0), scale,
+                                     threads, pos_buffer=shift)
+    want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+
+
+def test_attention_decode_size_fits_the_device(gpu):
+    """The host's workgroup and position count (kernels._decode_attention_size) fit the
+    device's limits and leave room for every shared array of attention_decode.comp."""
+    from vkrt.kernels import DECODE_POSITIONS, _decode_attention_size
+
+    limits = gpu.device.limits
+    for head_dim, is_gpu in ((64, True), (64, False), (4, True), (128, False)):
+        threads, positions = _decode_attention_size(limits, head_dim, is_gpu)
+        assert threads % (head_dim // 4) == 0
+        assert threads <= limits.maxComputeWorkGroupInvocations
+        assert 0 < positions <= DECODE_POSITIONS
+        assert 4 * positions + 20 * threads + 4 * head_dim <= limits.maxComputeSharedMemorySize
+
+
+def test_attention_decode_chosen_within_its_positions(gpu):
+    """Kernels.attention runs one query token in one dispatch while its positions fit
+    attention_decode's shared scores (decode_positions), and splits it over the cache past
+    that (the shader would index past its shared array)."""
+    from vkrt.kernels import Kernels, attention_partials
+
+    k = Kernels(gpu.cache, head_dim=64)
+    limit = k.decode_positions
+    assert limit > 0
+    n_ctx = limit + 1
+    q, out = gpu.filled(9 * 64), gpu.filled(9 * 64)
+    k_cache, v_cache = gpu.filled(n_ctx * 3 * 64), gpu.filled(n_ctx * 3 * 64)
+    part = gpu.filled(attention_partials(9, 64))
+    for pos0, kernels in ((limit - 1, ["attention_decode"]),
+                          (limit, ["attention_split", "attention_combine"])):
+        ds = k.attention(q, k_cache, v_cache, out, 1, 9, 3, 64, pos0, 0.125, part)
+        assert [d.pipeline.name for d in ds] == kernels
 
 
 # Decode attention split over the cache: one query token, splits of whole head_dim blocks
@@ -475,8 +567,8 @@ def test_attention_four_minus_infinity_scores_give_zeros(gpu):
     k_cache = np.ones((4, 1, head_dim), np.float32)
     k_cache[:, 0, 0] = -np.inf                   # q . k = -inf + 3
     v_cache = randn(rng(20), 4, 1, head_dim)
-    for split in (False, True):
-        got = run_attention(gpu, q, k_cache, v_cache, 3, 0.5, split)
+    for mode in ATTENTION_MODES:
+        got = run_attention(gpu, q, k_cache, v_cache, 3, 0.5, mode)
         np.testing.assert_array_equal(got, np.zeros_like(q))
 
 
@@ -495,9 +587,9 @@ MASKS = {
 }
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-pass", "split"])
+@pytest.mark.parametrize("mode", ATTENTION_MODES)
 @pytest.mark.parametrize("masked", MASKS.values(), ids=MASKS.keys())
-def test_attention_minus_infinity_scores(gpu, masked, split):
+def test_attention_minus_infinity_scores(gpu, masked, mode):
     r, head_dim, n_heads, n_kv_heads, n_tokens, pos0 = rng(21), 8, 4, 2, 4, 20
     q = randn(r, n_tokens, n_heads, head_dim)
     q[..., 0] = 1.0
@@ -505,7 +597,7 @@ def test_attention_minus_infinity_scores(gpu, masked, split):
     v_cache = randn(r, pos0 + n_tokens, n_kv_heads, head_dim)
     k_cache[list(masked), 0, 0] = -np.inf
     scale = float(np.float32(1 / np.sqrt(head_dim)))
-    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale, split)
+    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode)
     want = safe_attention_reference(q, k_cache, v_cache, pos0, scale)
     assert not np.isnan(got).any()
     # Unmasked scores behave as in test_attention_gqa_causal (q_scale 1): bound 1e-6.
@@ -526,9 +618,9 @@ OVERFLOW = {
 }
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-pass", "split"])
+@pytest.mark.parametrize("mode", ATTENTION_MODES)
 @pytest.mark.parametrize("big", OVERFLOW.values(), ids=OVERFLOW.keys())
-def test_attention_scores_past_f32_range(gpu, big, split):
+def test_attention_scores_past_f32_range(gpu, big, mode):
     r, head_dim, n_heads, n_kv_heads, n_tokens, pos0 = rng(22), 8, 2, 1, 2, 22
     q = randn(r, n_tokens, n_heads, head_dim)
     q[..., 0] = 8.0
@@ -537,7 +629,7 @@ def test_attention_scores_past_f32_range(gpu, big, split):
     for p, value in big.items():
         k_cache[p, 0, 0] = value / 2
     scale = 0.25
-    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale, split)
+    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode)
     want = safe_attention_reference(q, k_cache, v_cache, pos0, scale)
     assert not np.isnan(got).any()
     # Where a score is +inf or ~1e38 every other weight is exactly 0 (exp of < -1e38): the

@@ -112,7 +112,7 @@ def test_greedy_tokens_exact(llama, counting, tok, stream_of, inflight, barriers
 
 def test_replayed_steps_record_nothing(llama, tok, stream_of):
     """Once captured, a replayed decode token costs one submission and no recorded command;
-    the recording holds the same forward (514 dispatches for SmolLM2) plus the position
+    the recording holds the same forward (154 dispatches for SmolLM2) plus the position
     advance, in as many stages as the recorded step."""
     s = stream_of(2, "tracked")
     prompt = tok.encode("Hello")                     # one token
@@ -169,18 +169,18 @@ def test_teacher_forced_logits(llama, reference, tok, default_gguf, text, chat):
 
 
 # Per decoded token of a Llama forward (llama.py `step`): dispatches, and the barriers the
-# tracker proves. Unfused (VKRT_FUSE=0), per layer 17 dispatches in 12 dependent stages:
-# attn_norm | q, k, v | rope q, rope k into the cache, v into the cache | attention over
-# cache splits | their combine (kernels.attention: two dispatches for one token) |
-# attn_output | residual add | ffn_norm | gate, up | silu*mul | down | residual add. Fused
-# (the default), 6 dispatches in 6 stages: attn_qkv | split | combine | attn_output (+=) |
-# ffn_glu | ffn_down (+=). Around the layers: the embedding (its RAW barrier is on the token
-# id that the previous step's argmax wrote, in an earlier submission), then output_norm |
-# output | argmax.
+# tracker proves. Decode attention is one dispatch while the cache fits attention_decode
+# (kernels.DECODE_POSITIONS: every test here). Unfused (VKRT_FUSE=0), per layer 16
+# dispatches in 11 dependent stages: attn_norm | q, k, v | rope q, rope k into the cache, v
+# into the cache | attention | attn_output | residual add | ffn_norm | gate, up | silu*mul |
+# down | residual add. Fused (the default), 5 dispatches in 5 stages: attn_qkv | attention |
+# attn_output (+=) | ffn_glu | ffn_down (+=). Around the layers: the embedding (its RAW
+# barrier is on the token id that the previous step's argmax wrote, in an earlier
+# submission), then output_norm | output | argmax.
 def per_token(n_layer: int, fused: bool = True) -> dict:
     if fused:
-        return {"dispatches": 1 + 6 * n_layer + 3, "tracked": 1 + 6 * n_layer + 3}
-    return {"dispatches": 1 + 17 * n_layer + 3, "tracked": 1 + 12 * n_layer + 3}
+        return {"dispatches": 1 + 5 * n_layer + 3, "tracked": 1 + 5 * n_layer + 3}
+    return {"dispatches": 1 + 16 * n_layer + 3, "tracked": 1 + 11 * n_layer + 3}
 
 
 def _decode_step_counters(model, tok, arm="tracked"):
@@ -318,7 +318,7 @@ def test_decode_step_plan_without_recording(llama):
     barrier_at = {n for n, c in zip(names, decisions) if c}
     for i in range(hp.n_layer):
         b = f"blk.{i}."
-        assert {b + "attn_norm", b + "attn_q", b + "rope_q", b + "attn_split", b + "attn",
+        assert {b + "attn_norm", b + "attn_q", b + "rope_q", b + "attn",
                 b + "attn_output",
                 b + "attn_residual", b + "ffn_norm", b + "ffn_gate", b + "ffn_silu_mul",
                 b + "ffn_down", b + "ffn_residual"} <= barrier_at
@@ -329,8 +329,26 @@ def test_decode_step_plan_without_recording(llama):
     assert sum(map(bool, decisions)) == stages(decisions) == want
 
 
+@pytest.mark.parametrize("replay", ["1", "0"], ids=["replay", "record"])
+def test_split_attention_tokens_exact(llama, counting, tok, stream_of, monkeypatch, replay):
+    """A cache past the one-dispatch attention's positions (kernels.DECODE_POSITIONS; forced
+    here by setting the limit to 0) decodes through attention_split + attention_combine
+    (their position-buffer variant when replayed): the same tokens, one dispatch more per
+    layer."""
+    from vkrt import config
+
+    monkeypatch.setattr(llama.k, "decode_positions", 0)
+    stream_of(2)            # a new stream: its recordings are captured with the split
+    prompt, expected = counting[0], counting[1][:16]
+    with config.REPLAY.override(replay):
+        assert generate(llama, prompt, 16).tokens == expected
+    names = [d.name for d in llama.step(llama.acts.token, 1, 10)]
+    assert "blk.0.attn_split" in names
+    assert len(names) == per_token(llama.hp.n_layer)["dispatches"] + llama.hp.n_layer
+
+
 def test_fused_decode_step_plan(llama):
-    """The fused decode step: each of a layer's 6 dispatches reads what the one before wrote
+    """The fused decode step: each of a layer's 5 dispatches reads what the one before wrote
     (a RAW barrier before every one, none other), and the fused dispatches read and write
     what the unfused chain did: Q/K/V's product reads the residual stream and writes the
     rotated query and the layer's K and V caches; the projections add into x."""
@@ -348,7 +366,7 @@ def test_fused_decode_step_plan(llama):
     assert {llama.k_cache[4].range, llama.v_cache[4].range} <= set(qkv.writes)
     for name in ("blk.4.attn_output", "blk.4.ffn_down"):
         assert a.x.range in by_name[name].reads and a.x.range in by_name[name].writes
-    assert a.attn.range in by_name["blk.4.attn"].writes              # the combine
+    assert a.attn.range in by_name["blk.4.attn"].writes              # the attention
     assert a.attn.range in by_name["blk.4.attn_output"].reads
     assert a.act.range in by_name["blk.4.ffn_glu"].writes
 

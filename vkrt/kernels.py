@@ -19,10 +19,18 @@ from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.tensor import Tensor
 
 ELEMENTWISE_BLOCK = 64   # workgroup size of elementwise kernels
-ARGMAX_BLOCK = 256
+# argmax's one workgroup: 1024 invocations on a GPU (17 -> 9.4 us per token on an H200,
+# bench/README.md), 256 on a CPU device (lavapipe).
+ARGMAX_BLOCK, ARGMAX_GPU_BLOCK = 256, 1024
 MATMUL_TOKENS = 8        # tokens per matmul workgroup (each W row read once per tile)
 F32, U32 = "float32", "uint32"
 ATTENTION_SPLITS = 32    # most splits of the KV cache per head at decode (attention_split)
+# Decode attention in one dispatch (attention_decode: a workgroup per head, its scores in
+# shared memory) while the cache holds at most DECODE_POSITIONS positions (fewer where the
+# device's shared memory is smaller); split attention past that. DECODE_THREADS: its
+# workgroup on a GPU (bench/README.md has the A/B); a CPU device runs 64.
+DECODE_POSITIONS = 4096
+DECODE_THREADS = 1024
 
 
 def attention_chunk(n_positions: int, head_dim: int) -> int:
@@ -56,6 +64,20 @@ WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
                   "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32)}
+
+
+def _decode_attention_size(limits, head_dim: int, gpu: bool) -> tuple[int, int]:
+    """(workgroup size, most positions) of attention_decode on a device with `limits`
+    (VkPhysicalDeviceLimits): threads a multiple of head_dim / 4 within
+    maxComputeWorkGroupInvocations, positions as many scores as maxComputeSharedMemorySize
+    holds beside the shader's other shared arrays (20 bytes per invocation, 16 per vec4 of
+    q), at most DECODE_POSITIONS; 0 positions when nothing fits."""
+    g = max(1, head_dim // 4)
+    cap = min(DECODE_THREADS if gpu else 64, limits.maxComputeWorkGroupInvocations,
+              limits.maxComputeWorkGroupSize[0])
+    threads = max(g, cap // g * g)
+    room = (limits.maxComputeSharedMemorySize - 20 * threads - 16 * g) // 4
+    return threads, max(0, min(DECODE_POSITIONS, room))
 
 
 def _groups(n: int, block: int) -> int:
@@ -94,15 +116,25 @@ class Kernels:
         self._silu_mul = Op(p("silu_mul", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
         self._add = Op(p("add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
-        self._argmax = Op(p("argmax", {0: ARGMAX_BLOCK}), (F32, U32))
+        self._argmax = Op(p("argmax", {0: ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK}), (F32, U32))
         # attention's workgroup is one head: local_size_x = head_dim.
         self._attention = self._attention_split = self._attention_combine = None
+        self.decode_threads = self.decode_positions = 0
         if head_dim:
             self._attention = Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
             self._attention_split = Op(p("attention_split", {0: head_dim}), (F32, F32, F32, F32))
             self._attention_split_pos = Op(p("attention_split_pos", {0: head_dim}),
                                            (F32, F32, F32, F32, U32))
             self._attention_combine = Op(p("attention_combine", {0: head_dim}), (F32, F32))
+            self.decode_threads, self.decode_positions = _decode_attention_size(
+                pipelines.device.limits, head_dim, gpu)
+            if self.decode_positions and head_dim % 4 == 0:
+                spec = {0: self.decode_threads, 1: head_dim, 2: self.decode_positions}
+                self._attention_decode = Op(p("attention_decode", spec), (F32, F32, F32, F32))
+                self._attention_decode_pos = Op(p("attention_decode_pos", spec),
+                                                (F32, F32, F32, F32, U32))
+            else:
+                self.decode_positions = 0
         # OPT (vkrt/models/opt.py): LayerNorm, ReLU, learned positions, sliced embeddings.
         self._layernorm = Op(p("layernorm", {0: sg}), (F32, F32, F32, F32))
         self._relu = Op(p("relu", {0: ELEMENTWISE_BLOCK}), (F32,))
@@ -260,10 +292,11 @@ class Kernels:
                   pos: Tensor | None = None) -> list[Dispatch]:
         """Causal grouped-query attention of n_tokens queries at positions pos0.. over the
         cache rows 0 .. pos0 + n_tokens - 1; q, out [tokens, n_heads * head_dim].
-        One token (decode) is split over the cache (`attention_split`: heads x splits of
-        `attention_chunk(pos0 + 1)` positions, partial states in `part`, f32
-        [n_heads * ATTENTION_SPLITS * (head_dim + 2)] at least) and merged
-        (`attention_combine`): two dispatches. More tokens (prefill) run one workgroup per
+        One token (decode) runs one workgroup per head (`attention_decode`, one dispatch)
+        while the positions it may see fit `decode_positions`; past that it is split over
+        the cache (`attention_split`: heads x splits of `attention_chunk(pos0 + 1)`
+        positions, partial states in `part`, f32 [n_heads * ATTENTION_SPLITS * (head_dim +
+        2)] at least) and merged (`attention_combine`): two dispatches. More tokens (prefill) run one workgroup per
         (head, token) (`attention`): one dispatch. `pos` ([1] u32, P at run time; one token):
         the query is at position pos0 + P (a replayed step), and the splits cover every row
         of the cache (those past the query do nothing)."""
@@ -273,11 +306,18 @@ class Kernels:
                 raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "
                                            "multiple of 4 (vec4 loads)")
             assert self._attention_split.pipeline.local_size[0] == head_dim, "built for head_dim"
-            # Replayed (`pos`): splits sized for the longest context the caches hold.
+            # Replayed (`pos`): sized for the longest context the caches hold.
             n_pos = pos0 + 1 if pos is None else k_cache.shape[0]
+            qn = n_heads * head_dim
+            if n_pos <= self.decode_positions:
+                op, extra = ((self._attention_decode, ()) if pos is None
+                             else (self._attention_decode_pos, (pos,)))
+                return [op(q, k_cache, v_cache, out, *extra, grid=(n_heads, 1, 1), name=name,
+                           need=(qn, kvn, kvn, qn) + (1,) * len(extra), n_heads=n_heads,
+                           n_kv_heads=n_kv_heads, pos0=pos0, scale=scale)]
             chunk = attention_chunk(n_pos, head_dim)
             splits = _groups(n_pos, chunk)
-            pn, qn = n_heads * splits * (head_dim + 2), n_heads * head_dim
+            pn = n_heads * splits * (head_dim + 2)
             op, extra = ((self._attention_split, ()) if pos is None
                          else (self._attention_split_pos, (pos,)))
             return [op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1),

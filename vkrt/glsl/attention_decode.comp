@@ -1,0 +1,91 @@
+#version 450
+// Decode attention in one dispatch: one query token at position pos0 attends to cache
+// positions 0 ..= pos0, one workgroup per query head, the whole softmax in shared memory.
+// Split attention (attention_split.comp + attention_combine.comp) takes two dependent
+// dispatches; this kernel takes one and fills each workgroup instead: every invocation scores
+// its own positions (a whole head_dim dot product, vec4 loads), then the workgroup weighs V
+// with (position lane, vec4 of dims) invocations and sums the lanes in a tree. It needs the
+// scores of every position in shared memory, so the host uses it only while the cache holds
+// at most MAX_POSITIONS positions, and the split kernels past that.
+// q: [n_heads, head_dim] f32 (after RoPE); k_cache, v_cache: [n_ctx, n_kv_heads, head_dim] f32;
+// out: [n_heads, head_dim] f32 = sum_p w_p v_p / sum_p w_p, w_p = exp(s_p - max_p s_p) with
+// the weight() of attention.comp (an all -inf row gives zeros, +inf scores share the weight).
+// Specialization constants: 0 = local_size_x (a multiple of head_dim / 4), 1 = HEAD_DIM (a
+// multiple of 4), 2 = MAX_POSITIONS (pos0 + 1 must not exceed it).
+// Dispatch: (n_heads, 1, 1). Push constants: n_heads, n_kv_heads, pos0 (u32), scale (f32).
+// Variant attention_decode_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay).
+#extension GL_GOOGLE_include_directive : require
+#include "reduce.glsl"
+layout(constant_id = 1) const uint HEAD_DIM = 64;
+layout(constant_id = 2) const uint MAX_POSITIONS = 4096;
+layout(set = 0, binding = 0) readonly buffer Q { vec4 q[]; };
+layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
+layout(set = 0, binding = 2) readonly buffer V { vec4 v_cache[]; };
+layout(set = 0, binding = 3) writeonly buffer Out { vec4 dst[]; };
+layout(push_constant) uniform Push { uint n_heads; uint n_kv_heads; uint pos0; float scale; } pc;
+#ifdef POS_BUFFER
+layout(set = 0, binding = 4) readonly buffer Pos { uint pos_buf[]; };
+#endif
+const uint T = gl_WorkGroupSize.x;
+const uint G = HEAD_DIM / 4;          // vec4s per row of a head
+const uint LANES = T / G;             // positions weighed at once in the V pass
+const uint UNROLL = 16;
+shared vec4 q_s[G];
+shared float w_s[MAX_POSITIONS];      // scores, then weights
+shared vec4 acc_s[T];
+
+const float NEG_INF = -1.0 / 0.0;
+
+float weight(float s, float mx) {
+    if (mx == NEG_INF) return 0.0;
+    return s == mx ? 1.0 : exp(s - mx);
+}
+
+void main() {
+    uint h = gl_WorkGroupID.x, t = gl_LocalInvocationID.x;
+    uint kvh = h / (pc.n_heads / pc.n_kv_heads);
+    uint row = pc.n_kv_heads * G, head = kvh * G;   // in vec4s
+#ifdef POS_BUFFER
+    uint n = pc.pos0 + pos_buf[0] + 1;
+#else
+    uint n = pc.pos0 + 1;
+#endif
+    if (t < G) q_s[t] = q[h * G + t] * pc.scale;
+    barrier();
+    float mx = NEG_INF;
+    for (uint p = t; p < n; p += T) {
+        float s = 0.0;
+        for (uint j = 0; j < G; ++j) s += dot(q_s[j], k_cache[p * row + head + j]);
+        w_s[p] = s;
+        mx = max(mx, s);
+    }
+    mx = workgroup_max(mx);
+    float l = 0.0;
+    for (uint p = t; p < n; p += T) {   // the positions this invocation scored
+        float e = weight(w_s[p], mx);
+        w_s[p] = e;
+        l += e;
+    }
+    l = workgroup_sum(l);
+    barrier();                          // every weight is in w_s
+    // V: invocation (lane, g) weighs rows lane, lane + LANES, ... of vec4 g. The inner loop
+    // runs to a constant, so the compiler unrolls it and UNROLL rows' loads are in flight
+    // together (a loop to n issued one dependent load per trip: 14 us per layer on an H200).
+    uint lane = t / G, g = t % G;
+    vec4 acc = vec4(0.0);
+    for (uint base = lane; base < n; base += LANES * UNROLL) {
+        for (uint u = 0; u < UNROLL; ++u) {
+            uint p = base + u * LANES;
+            if (p < n) acc += w_s[p] * v_cache[p * row + head + g];
+        }
+    }
+    acc_s[t] = acc;
+    barrier();
+    // Tree over the lanes, any count: each step folds the upper ceil-half onto the lower.
+    for (uint width = LANES; width > 1; width = (width + 1) / 2) {
+        uint half_width = (width + 1) / 2;
+        if (lane + half_width < width) acc_s[t] += acc_s[t + half_width * G];
+        barrier();
+    }
+    if (t < G) dst[h * G + t] = l > 0.0 ? acc_s[t] / l : vec4(0.0);
+}
