@@ -328,6 +328,26 @@ def test_matmul_any_workgroup(gpu, subgroups, n_cols):
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
+# matmul_tiled with tiles of every shape its constants allow: 1 invocation (4 x 4), 6 (8 rows
+# x 12 tokens), the GPU's 128 (32 x 64); 11 tokens and 37 rows divide no tile; 260 columns
+# (65 vec4) leave the last 32-column step one vec4 wide, 96 are three whole steps.
+@pytest.mark.parametrize("n_cols", [96, 260])
+@pytest.mark.parametrize("rows,tokens", [(4, 4), (8, 12), (32, 64)],
+                         ids=["4x4", "8x12", "32x64"])
+def test_matmul_tiled_any_tile(gpu, rows, tokens, n_cols):
+    r, n_tokens, n_rows = rng(33), 11, 37
+    w, x = randn(r, n_rows, n_cols), randn(r, n_tokens, n_cols)
+    bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_tokens * n_rows + 5)
+    gpu.run("matmul_tiled_f32", {0: rows * tokens // 16, 1: rows, 2: tokens}, (bw, bx, by),
+            (groups(n_rows, rows), groups(n_tokens, tokens), 1), push(n_cols, n_rows, n_tokens))
+    got = gpu.read(by)
+    terms = x.astype(np.float64)[:, None, :] * w.astype(np.float64)[None, :, :]
+    # A blocked sum (32 columns, then the blocks): each rounding is 2^-24 of a partial sum,
+    # so about 2^-24 of sum|terms| in all, as matmul's strided sums; bound as matmul's, 2e-7.
+    assert rel_err(got[:-5].reshape(n_tokens, n_rows), terms.sum(2), np.abs(terms).sum(2)) < 2e-7
+    np.testing.assert_array_equal(got[-5:], SENTINEL)
+
+
 def attention_reference(q, k_cache, v_cache, pos0, scale):
     """Causal softmax attention with grouped-query heads, float64.
     q: [T, H, D]; k_cache, v_cache: [n_ctx, H_kv, D] -> [T, H, D]."""
@@ -827,13 +847,17 @@ def kernels(gpu):
     return Kernels(gpu.cache)
 
 
-@pytest.mark.parametrize("n_tokens", [1, 7, 9])
+@pytest.mark.parametrize("n_tokens,tiled", [(1, False), (7, False), (9, False), (7, True),
+                                            (70, True)],
+                         ids=["1", "7", "9", "7-tiled", "70-tiled"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
-def test_linear_weights_as_stored(gpu, kernels, dtype, n_tokens):
+def test_linear_weights_as_stored(gpu, kernels, dtype, n_tokens, tiled):
     # n_rows = 37: not a multiple of any workgroup; n_cols = 96 = 32 * 3, an odd number of
     # blocks per row, so Q8_0 rows (102 bytes) start at every byte offset mod 4 the 2-byte
     # alignment allows and the tensor ends inside a word (111 blocks). Decode (1 token) reads
-    # x at row 2 of 3; prefill tiles 7 and 9 tokens by 8 (one partial tile, then two).
+    # x at row 2 of 3; prefill tiles 7 and 9 tokens by 8 (one partial tile, then two), or,
+    # tiled (matmul_tiled, a GPU's prefill), 7 and 70 tokens by 64 and 37 rows by 32.
+    kernels.tiled_matmul = tiled
     r, n_rows, n_cols = rng(40), 37, 96
     w = randn(r, n_rows, n_cols)
     tw, values = stored_weight(gpu, dtype, w)

@@ -147,13 +147,18 @@ def test_chat_greedy_exact(llama, reference, tok, default_gguf, stream_of, infli
     assert got == expected[:len(got)] and (len(got) == 24 or got[-1] == tok.eos_id)
 
 
-@pytest.mark.parametrize("text,chat", [
-    ("The capital of France is", False),
-    ("def fibonacci(n):", False),
-    ("What is the tallest mountain in the world?", True),
-    ("Write a haiku about the sea.", True),
+@pytest.mark.parametrize("text,chat,product", [
+    ("The capital of France is", False, "matmul"),
+    ("def fibonacci(n):", False, "matmul"),
+    ("What is the tallest mountain in the world?", True, "matmul"),
+    ("Write a haiku about the sea.", True, "matmul"),
+    ("Write a haiku about the sea.", True, "matmul_tiled"),
 ])
-def test_teacher_forced_logits(llama, reference, tok, default_gguf, text, chat):
+def test_teacher_forced_logits(llama, reference, tok, default_gguf, text, chat, product,
+                               monkeypatch):
+    """Every position's logits against transformers; prefill's products through either
+    kernel (kernels.linear: matmul_tiled on a GPU, matmul on a CPU device)."""
+    monkeypatch.setattr(llama.k, "tiled_matmul", product == "matmul_tiled")
     prompt = chat_ids(tok, default_gguf, text) if chat else tok.encode(text)
     ids = prompt + reference.greedy(prompt, 16)
     ref = reference.logits(ids)

@@ -23,6 +23,9 @@ ELEMENTWISE_BLOCK = 64   # workgroup size of elementwise kernels
 # bench/README.md), 256 on a CPU device (lavapipe).
 ARGMAX_BLOCK, ARGMAX_GPU_BLOCK = 256, 1024
 MATMUL_TOKENS = 8        # tokens per matmul workgroup (each W row read once per tile)
+# Prefill products on a GPU: matmul_tiled's tile of output rows x tokens (bench/README.md has
+# the A/B); a CPU device keeps matmul (lavapipe pays a coroutine switch per barrier).
+TILE_ROWS, TILE_TOKENS = 32, 64
 F32, U32 = "float32", "uint32"
 ATTENTION_SPLITS = 32    # most splits of the KV cache per head at decode (attention_split)
 # Decode attention in one dispatch (attention_decode: a workgroup per head, its scores in
@@ -62,6 +65,7 @@ FEW_ROWS = 8192
 # Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
 WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
+                  "matmul_tiled": ("W", F32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
                   "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32)}
 
@@ -102,10 +106,13 @@ class Kernels:
         self._pipelines, self._weight_ops = pipelines, {}
         self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
                              "matvec_add": {0: sg}, "matvec_glu": {0: sg}, "qkv_rope": {0: sg},
-                             "matmul": {0: sg, 1: MATMUL_TOKENS}}
+                             "matmul": {0: sg, 1: MATMUL_TOKENS},
+                             "matmul_tiled": {0: TILE_ROWS * TILE_TOKENS // 16,
+                                              1: TILE_ROWS, 2: TILE_TOKENS}}
         # Invocations per output row of a decode product with few rows (row_threads).
         gpu = pipelines.device.info.kind != "cpu"
         self._few_rows_threads = sg * (ROW_SUBGROUPS if gpu else 1)
+        self.tiled_matmul = gpu       # prefill products: matmul_tiled, else matmul
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
         self._rope = Op(p("rope", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
         self._copy_rows = Op(p("copy_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
@@ -190,8 +197,8 @@ class Kernels:
                name: str = "", accumulate: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
         of any `WEIGHTS` dtype (n_in % 4 == 0; % 32 for block types, which `Tensor` enforces),
-        x and y f32. One token is a matrix-vector product (decode), more a tiled matrix
-        product (prefill; x_row must be 0). `accumulate` (one token only): y += the product
+        x and y f32. One token is a matrix-vector product (decode), more a matrix product
+        (prefill; x_row must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU device. `accumulate` (one token only): y += the product
         instead (`matvec_add`: a residual add folded into the projection)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
@@ -201,11 +208,17 @@ class Kernels:
                 need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in, x_offset=x_row * n_in,
                 n_rows=n_out)
         assert x_row == 0 and not accumulate, "matmul reads x from row 0 and overwrites y"
+        need = (None, n_tokens * n_in, n_tokens * n_out)
+        if self.tiled_matmul:
+            x_groups, z_groups = spread(_groups(n_out, TILE_ROWS), self.limit)
+            grid = (x_groups, _groups(n_tokens, TILE_TOKENS), z_groups)
+            return self.weight_op("matmul_tiled", weight)(
+                weight, x, y, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
+                n_tokens=n_tokens)
         x_groups, z_groups = spread(n_out, self.limit)
         grid = (x_groups, _groups(n_tokens, MATMUL_TOKENS), z_groups)
         return self.weight_op("matmul", weight)(
-            weight, x, y, grid=grid, name=name,
-            need=(None, n_tokens * n_in, n_tokens * n_out), n_cols=n_in, n_rows=n_out,
+            weight, x, y, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
             n_tokens=n_tokens)
 
     def glu(self, x: Tensor, norm_weight: Tensor, gate: Tensor, up: Tensor, out: Tensor,
