@@ -135,7 +135,21 @@ FUSE: Switch[bool] = Switch(
     "VKRT_FUSE", _bool, True,
     "A Llama decode step runs fused kernels: RMSNorm, Q/K/V, RoPE and the cache writes in one "
     "dispatch, the gated MLP's norm, gate, up and SiLU in one, residual adds inside the output "
-    "products (6 dependent stages per layer instead of 12); 0 runs the unfused chain.")
+    "products (5 dependent stages per layer instead of 11); 0 runs the unfused chain.")
+
+
+
+def _flush(raw: str) -> int:
+    n = int(raw)
+    if n < 0:
+        raise ValueError(f"VKRT_PREFILL_FLUSH={raw!r}: expected an integer >= 0")
+    return n
+
+
+PREFILL_FLUSH: Switch[int] = Switch(
+    "VKRT_PREFILL_FLUSH", _flush, 32,
+    "A forward over several tokens (prefill) is submitted every this many dispatches, so the "
+    "GPU runs the first layers while the host records the rest; 0 submits it whole.")
 
 ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS, INFLIGHT, TIMESTAMPS,
-       REPLAY, FUSE)
+       REPLAY, FUSE, PREFILL_FLUSH)

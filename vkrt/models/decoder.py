@@ -24,11 +24,13 @@ class Decoder:
     def forward(self, ids, n_tokens: int, pos0: int, all_logits: bool = False,
                 token_out=None) -> None:
         """Record `step(...)` on the model's stream (the host time building the list is the
-        profiler's "build" phase). Nothing is submitted: read results through the stream."""
+        profiler's "build" phase). One token is recorded and not submitted; more (a prefill)
+        are submitted every `config.PREFILL_FLUSH` records but the last ones, so the GPU
+        starts while the host records. Read results through the stream."""
         t0 = time.perf_counter_ns()
         step = self.step(ids, n_tokens, pos0, all_logits, token_out)
         self.stream.profiler.add("build", t0)
-        self.stream.record(step)
+        self.stream.record(step, flush_every=config.PREFILL_FLUSH.value if n_tokens > 1 else 0)
 
     # -- decode replay (vkrt/runtime/replay.py) ---------------------------------------------
     def set_position(self, position: int) -> None:

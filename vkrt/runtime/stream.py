@@ -110,12 +110,22 @@ class Stream:
         else:
             slot.timing = False
 
-    def record(self, records: Iterable[Dispatch | Copy]) -> None:
+    def record(self, records: Iterable[Dispatch | Copy], flush_every: int = 0) -> None:
         """Record `records` in order, each behind a pipeline barrier when the tracker proves
-        a dependency on pending work. Nothing is submitted. The first record after a replay
-        gets a full barrier (the tracker did not see what the replay ran).
+        a dependency on pending work. Nothing is submitted, except with `flush_every`: then
+        every `flush_every` records (not after the last) the batch is submitted, so the GPU
+        runs the first records of a long list (a prefill) while the host records the rest.
+        The first record after a replay gets a full barrier (the tracker did not see what
+        the replay ran).
 
         Raises: ShaderInterfaceError when a view breaks a device limit (`Pipeline.bind`)."""
+        if flush_every:
+            records = list(records)
+            for i in range(0, len(records), flush_every):
+                if i:
+                    self.submit()
+                self.record(records[i:i + flush_every])
+            return
         t0 = time.perf_counter_ns()
         q = self.queue
         if self._replayed:
