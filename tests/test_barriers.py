@@ -22,6 +22,7 @@ from vkrt.runtime.barriers import Tracker, plan, stages
 from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
+from vkrt.runtime.queue import BARRIER, DISPATCH
 from vkrt.runtime.stream import Stream
 from vkrt.runtime.tensor import Tensor
 
@@ -156,6 +157,11 @@ def test_sequence_on_the_device_matches_plan_and_numpy(device, name, mode):
                        else k.copy_rows(view(a), view(b), 1, 0)
                        for kind, a, b in batch]
             stream.record(records)
+            # The command buffer holds each planned barrier right before its dispatch (the
+            # first batch also holds the uploads and the barrier above, before these).
+            logged = [c for d in expected[i] for c in (
+                [BARRIER] if d or mode == "always" else []) + [DISPATCH]]
+            assert stream.commands[-len(logged):] == logged
             if i + 1 < len(batches):
                 stream.submit()   # not waited for: the next batch may start while it runs
         stream.synchronize()  # validation messages raise here

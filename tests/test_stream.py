@@ -20,6 +20,7 @@ from vkrt.kernels import Kernels
 from vkrt.runtime.device import Device
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
+from vkrt.runtime.queue import BARRIER, DISPATCH, HOST_BARRIER
 from vkrt.runtime.stream import Stream
 from vkrt.runtime.tensor import Tensor
 from vkrt.runtime.vk import ffi
@@ -256,5 +257,57 @@ def test_timestamps_time_each_dispatch_by_name(device, kernels):
             k: v for k, v in stream.profiler.gpu_count.items() if k not in ("first", "second")}
         assert stream.profiler.gpu_count["first"] == 2
         assert all(v >= 0 for v in stream.profiler.gpu_ns.values())
+    finally:
+        stream.close()
+
+
+# -- command logs: the barriers around a replay (replay.py "Ordering") ---------------------
+def test_a_recording_begins_with_a_full_barrier(device, kernels):
+    """What the recording's command buffer holds, in order: the leading full barrier, then
+    the tracker's (none before the first add, RAW before the second)."""
+    stream = Stream(device, barriers="tracked", inflight=2)
+    try:
+        x, y = make(stream, 0, "x"), make(stream, 1, "y")
+        stream.synchronize()
+        before = stream.counters.snapshot()
+        rec = stream.capture([kernels.add(x, y, N), kernels.add(x, y, N)])
+        assert rec.commands == [BARRIER, DISPATCH, BARRIER, DISPATCH, HOST_BARRIER]
+        d = stream.counters.since(before)
+        assert rec.barriers == d["barriers"] == rec.commands.count(BARRIER) == 2
+        assert d["barriers_raw"] == 1 and rec.dispatches == 2
+        stream.replay(rec)
+        stream.replay(rec)
+        np.testing.assert_array_equal(stream.read(x), 4)
+        assert rec.commands[0] == BARRIER      # replays record nothing
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("replayed", [True, False], ids=["after-a-replay", "no-replay"])
+def test_the_batch_after_a_replay_begins_with_a_full_barrier(device, kernels, replayed):
+    """The replay writes x; the add after it reads x, but the stream's tracker never saw that
+    write (and has nothing pending): only the barrier after a replay orders the two. Without
+    a replay in between, the same add records no barrier."""
+    stream = Stream(device, barriers="tracked", inflight=2)
+    try:
+        x, y, z = make(stream, 0, "x"), make(stream, 1, "y"), make(stream, 10, "z")
+        stream.barrier()      # nothing pending: the tracker alone puts no barrier before z += x
+        stream.synchronize()
+        rec = stream.capture([kernels.add(x, y, N)])
+        before = stream.counters.snapshot()
+        if replayed:
+            stream.replay(rec)
+        stream.record([kernels.add(z, x, N)])
+        log = stream.commands
+        assert log == ([BARRIER, DISPATCH] if replayed else [DISPATCH])
+        d = stream.counters.since(before)
+        assert d["barriers"] == int(replayed)
+        assert d["barriers_raw"] == d["barriers_war"] == d["barriers_waw"] == 0
+        stream.submit()
+        assert log[-1] == HOST_BARRIER and stream.commands is log
+        # The next record of the same stream follows no new replay: no barrier of its own.
+        stream.record([kernels.add(y, y, N)])
+        assert stream.commands == [DISPATCH]
+        np.testing.assert_array_equal(stream.read(z), 11 if replayed else 10)
     finally:
         stream.close()

@@ -49,6 +49,8 @@ STAGING_MIN_BYTES = 1 << 20
 QUERIES_PER_SLOT = 4096    # timestamps of one submission: its start plus one per record
 _WORK_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
 UINT64_MAX = 2**64 - 1
+# Command log entries (stream.py): what a command buffer holds, in recording order.
+BARRIER, DISPATCH, COPY, HOST_BARRIER = "barrier", "dispatch", "copy", "host_barrier"
 
 
 def timeout_ns(timeout_s: float) -> int:
@@ -66,7 +68,9 @@ class Slot:
     never), `staging` (a host-visible Buffer), `staging_used` (bytes handed out in the batch
     being recorded), `readbacks` (Readbacks whose bytes sit in `staging`), `query_pool`,
     `timed` (names of the records timed in its last batch), `submit_ns` (host time of its
-    last submit)."""
+    last submit), `commands` (the command log of its batch being recorded, else of its last
+    one: "barrier", "dispatch", "copy" entries in recording order, then "host_barrier" once
+    ended; see stream.py; a new list per batch)."""
 
     def __init__(self, device, index: int):
         from vkrt.runtime.memory import Buffer  # memory imports device; avoid a cycle at load
@@ -77,6 +81,7 @@ class Slot:
         self.staging_used = 0
         self.readbacks: list = []
         self.timed: list[str] = []
+        self.commands: list[str] = []
         self.timing = False
         self.submit_ns = 0
         h = device.handle
@@ -254,6 +259,7 @@ class Submitter:
         slot.staging_used = 0
         check(lib.vkResetCommandPool(self.device.handle, slot.pool, 0), "vkResetCommandPool")
         check(lib.vkBeginCommandBuffer(slot.cmd, self._begin_info), "vkBeginCommandBuffer")
+        slot.commands = []        # its log restarts with its command buffer
         self.slot, self.recording = slot, True
         if self.on_begin is not None:
             self.on_begin(slot)
@@ -266,15 +272,17 @@ class Submitter:
             return self.submitted
         t = time.perf_counter_ns()
         slot = self.slot
-        self.end_commands(slot.cmd)
+        self.end_commands(slot.cmd, slot.commands)
         self.recording = False
         slot.value, slot.submit_ns = self.submitted + 1, t
         return self._queue_submit(slot.cmds, t)
 
-    def end_commands(self, cmd) -> None:
-        """End a command buffer with the barrier that makes its writes visible to the host."""
+    def end_commands(self, cmd, log: list) -> None:
+        """End a command buffer with the barrier that makes its writes visible to the host,
+        logged as "host_barrier" in `log` (its command log, stream.py)."""
         lib.vkCmdPipelineBarrier(cmd, _WORK_STAGES, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
                                  self._to_host, 0, NULL, 0, NULL)
+        log.append(HOST_BARRIER)
         check(lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
 
     def submit_recording(self, rec) -> int:

@@ -13,10 +13,13 @@ Ordering. A recording begins with a full pipeline barrier, so it runs after ever
 before it (Vulkan spec 7.6 "Pipeline Barriers": a barrier orders against all earlier commands
 in submission order), and inside it the barrier tracker decided each barrier at capture as it
 does for `Stream.record`. The stream records a full barrier before the first record that
-follows a replay (`Stream.record`). The host's waits see a replay like any submission: its
-byte ranges are marked read/written by the replay's timeline value (queue.py). A recording is
-not submitted again while pending (spec 6.4: without SIMULTANEOUS_USE), and a host read of its
-readback copy happens before its next submission overwrites the bytes.
+follows a replay (`Stream.record`). Both barriers are in the command logs (stream.py):
+`Recording.commands` begins with "barrier", and so does the log of the batch recorded after
+a replay (`Stream.commands`), whatever the tracker decides for its first record. The host's
+waits see a replay like any submission: its byte ranges are marked read/written by the
+replay's timeline value (queue.py). A recording is not submitted again while pending (spec
+6.4: without SIMULTANEOUS_USE), and a host read of its readback copy happens before its next
+submission overwrites the bytes.
 """
 from __future__ import annotations
 
@@ -28,7 +31,12 @@ class Recording:
     the capturer keyed it on), `writes` (byte ranges, deduplicated), `reads` (one range per
     buffer: the hull of the bytes read), `dispatches`, `barriers`, `stages` (counted at
     capture), `value` (its last submission, 0 if never), `staging` (host-visible Buffer for
-    its readback copy, or None), `readbacks` (Readbacks of its staging not yet collected)."""
+    its readback copy, or None), `readbacks` (Readbacks of its staging not yet collected),
+    `commands` (its command log, filled at capture: what its command buffer holds in order,
+    one entry per pipeline barrier, dispatch and copy, "barrier" / "dispatch" / "copy", and
+    "host_barrier" last; binds, push constants and timestamps are not logged; stream.py).
+    A capture's log begins with "barrier": the full barrier that orders it after everything
+    submitted before it."""
 
     def __init__(self, device, key=None):
         self.device, self.key = device, key
@@ -39,6 +47,7 @@ class Recording:
         self.dispatches = self.barriers = self.stages = 0
         self.staging = None
         self.readbacks: list = []
+        self.commands: list[str] = []
         info = new("VkCommandPoolCreateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             "queueFamilyIndex": device.queue_family})

@@ -13,6 +13,13 @@ With timestamps on (VKRT_TIMESTAMPS=1, or `start_trace()`), each slot's batch wr
 timestamp at its start and one after every record (`vkCmdWriteTimestamp`, Vulkan spec 17.5
 "Timestamp Queries"), so record i ran between timestamps i and i + 1 (a record that runs
 concurrently with the previous ones is charged only what it adds).
+
+Command log. Every pipeline barrier the stream records goes through `Stream._cmd_barrier`,
+which records it, logs it and counts it in one place; `_encode` logs each dispatch and copy
+next to its vkCmdDispatch / vkCmdCopyBuffer. A command buffer's log (`Slot.commands` for a
+batch, `Recording.commands` for a capture) is what it holds in order: BARRIER (the full
+compute/transfer barrier), DISPATCH, COPY, and HOST_BARRIER last (`Submitter.end_commands`).
+Binds, push constants, query resets and timestamp writes are not logged.
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.profiler import Counters, Profiler
-from vkrt.runtime.queue import QUERIES_PER_SLOT, Readback, Submitter
+from vkrt.runtime.queue import BARRIER, COPY, DISPATCH, QUERIES_PER_SLOT, Readback, Submitter
 from vkrt.runtime.replay import Recording
 from vkrt.runtime.tensor import Tensor
 from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
@@ -129,20 +136,37 @@ class Stream:
         t0 = time.perf_counter_ns()
         q = self.queue
         if self._replayed:
+            # The tracker never saw the replay's accesses: a full barrier orders everything
+            # submitted before (the replay included) before this batch (spec 7.6 "Pipeline
+            # Barriers": the first synchronization scope covers all earlier commands in
+            # submission order). It is the batch's first logged command (`commands`).
             self._replayed = False
             self.barrier()
         cmd = q.begin()
         slot = q.slot
-        self._encode(cmd, records, self.tracker, q.pending, q.writes_at, q.reads_at,
-                     slot.timed if slot.timing else None, slot.query_pool)
+        self._encode(cmd, slot.commands, records, self.tracker, q.pending, q.writes_at,
+                     q.reads_at, slot.timed if slot.timing else None, slot.query_pool)
         self.profiler.add("record", t0)
 
-    def _encode(self, cmd, records, tracker: Tracker, value: int, writes_at: dict,
+    def _cmd_barrier(self, cmd, log: list) -> None:
+        """Record the full barrier into `cmd` (every compute and transfer write before it
+        available and visible to every compute and transfer access after it: Vulkan spec 7.6
+        "Pipeline Barriers", 7.6.1 "Global Memory Barriers"), append BARRIER to `log` (that
+        command buffer's log) and count it in `counters.barriers`. The one place the stream
+        records a pipeline barrier, so the log and the counter cannot miss one."""
+        lib.vkCmdPipelineBarrier(cmd, _WORK_STAGES, _WORK_STAGES, 0, 1, self._full,
+                                 0, NULL, 0, NULL)
+        log.append(BARRIER)
+        self.counters.barriers += 1
+
+    def _encode(self, cmd, log: list, records, tracker: Tracker, value: int, writes_at: dict,
                 reads_at: dict, timed: list | None = None, query_pool=None) -> None:
         """Record into `cmd`: barriers as `tracker` decides, each record's byte ranges marked
-        with `value` in `writes_at` / `reads_at` (what host accesses wait for)."""
+        with `value` in `writes_at` / `reads_at` (what host accesses wait for); each barrier,
+        dispatch and copy appended to `log`, the command buffer's log."""
         counters = self.counters
         compute = vk.VK_PIPELINE_BIND_POINT_COMPUTE
+        log_append = log.append
         for r in records:
             if r.transfer:
                 self._copy.srcOffset, self._copy.dstOffset = r.src.offset, r.dst.offset
@@ -151,9 +175,7 @@ class Stream:
                 bound = r.pipeline.bind(r.tensors, counters)
             barrier, cause = tracker.before(r)
             if barrier:
-                lib.vkCmdPipelineBarrier(cmd, _WORK_STAGES, _WORK_STAGES, 0, 1, self._full,
-                                         0, NULL, 0, NULL)
-                counters.barriers += 1
+                self._cmd_barrier(cmd, log)
                 if cause is not None:
                     name = _CAUSE_COUNTER[cause]
                     setattr(counters, name, getattr(counters, name) + 1)
@@ -166,6 +188,7 @@ class Stream:
                 reads_at[rng] = value
             if r.transfer:
                 lib.vkCmdCopyBuffer(cmd, r.src.buffer.handle, r.dst.buffer.handle, 1, self._copy)
+                log_append(COPY)
                 counters.copies += 1
             else:
                 p = r.pipeline
@@ -179,11 +202,19 @@ class Stream:
                     lib.vkCmdPushConstants(cmd, p.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                            len(r.push), r.push_c)
                 lib.vkCmdDispatch(cmd, *r.grid)
+                log_append(DISPATCH)
                 counters.dispatches += 1
             if timed is not None and len(timed) + 1 < QUERIES_PER_SLOT:
                 timed.append(r.name)
                 lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
                                         query_pool, len(timed))
+
+    @property
+    def commands(self) -> list[str]:
+        """The command log of the batch being recorded, else of the last batch recorded
+        (`Slot.commands`; the module docstring says what it holds); [] before any batch."""
+        slot = self.queue.slot
+        return slot.commands if slot is not None else []
 
     # -- capture and replay (replay.py) ------------------------------------------------------
     def capture(self, records: list, readback: Tensor | None = None, key=None) -> Recording:
@@ -205,14 +236,16 @@ class Stream:
             info = new("VkCommandBufferBeginInfo*", {
                 "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO})
             check(lib.vkBeginCommandBuffer(rec.cmd, info), "vkBeginCommandBuffer")
-            lib.vkCmdPipelineBarrier(rec.cmd, _WORK_STAGES, _WORK_STAGES, 0, 1, self._full,
-                                     0, NULL, 0, NULL)
             before = self.counters.snapshot()
-            self.counters.barriers += 1
+            # First command: orders the whole recording after everything submitted before
+            # each of its submissions (spec 7.6: a barrier's first synchronization scope is
+            # every command earlier in submission order, across command buffers).
+            self._cmd_barrier(rec.cmd, rec.commands)
             self._new_batch = True
             writes, reads = {}, {}
-            self._encode(rec.cmd, records, Tracker(always=self.tracker.always), 0, writes, reads)
-            self.queue.end_commands(rec.cmd)
+            self._encode(rec.cmd, rec.commands, records, Tracker(always=self.tracker.always),
+                         0, writes, reads)
+            self.queue.end_commands(rec.cmd, rec.commands)
         except BaseException:
             rec.close()
             raise
@@ -257,10 +290,9 @@ class Stream:
         """Record a full pipeline barrier: everything recorded or submitted before it is
         ordered before everything after, and nothing is pending any more (counted in
         `counters.barriers`, under no cause)."""
-        cmd = self.queue.begin()
-        lib.vkCmdPipelineBarrier(cmd, _WORK_STAGES, _WORK_STAGES, 0, 1, self._full,
-                                 0, NULL, 0, NULL)
-        self.counters.barriers += 1
+        q = self.queue
+        cmd = q.begin()
+        self._cmd_barrier(cmd, q.slot.commands)
         self.tracker.clear()
 
     # -- submission ------------------------------------------------------------------------
