@@ -352,6 +352,26 @@ def test_split_attention_tokens_exact(llama, counting, tok, stream_of, monkeypat
     assert len(names) == per_token(llama.hp.n_layer)["dispatches"] + llama.hp.n_layer
 
 
+def test_prefill_is_submitted_every_prefill_flush_dispatches(llama, stream_of):
+    """A forward over several tokens is submitted every VKRT_PREFILL_FLUSH dispatches (the
+    GPU starts while the host records); one token's forward is recorded whole."""
+    from vkrt import config
+
+    s = stream_of(2)
+    llama.setup_caches(max(llama.max_seq, 64))
+    a = llama.activations(5)
+    for flush, n_tokens in (("32", 5), ("0", 5), ("32", 1)):
+        s.synchronize()
+        before = s.counters.snapshot()
+        with config.PREFILL_FLUSH.override(flush):
+            llama.forward(a.ids, n_tokens, 0)
+        d = s.counters.since(before)
+        n = len(llama.step(a.ids, n_tokens, 0))
+        assert d["dispatches"] == n
+        assert d["submits"] == ((n - 1) // 32 if flush == "32" and n_tokens > 1 else 0)
+        s.submit()
+
+
 def test_fused_decode_step_plan(llama):
     """The fused decode step: each of a layer's 5 dispatches reads what the one before wrote
     (a RAW barrier before every one, none other), and the fused dispatches read and write

@@ -311,3 +311,25 @@ def test_the_batch_after_a_replay_begins_with_a_full_barrier(device, kernels, re
         np.testing.assert_array_equal(stream.read(z), 11 if replayed else 10)
     finally:
         stream.close()
+
+
+@pytest.mark.parametrize("inflight", [1, 2])
+def test_a_long_record_is_submitted_every_flush_every_records(device, kernels, inflight):
+    """`record(records, flush_every=k)` submits after every k records but the last: a chain
+    of 7 dependent adds with k = 3 is three batches, the first two submitted by record, and
+    each batch after the first begins with the RAW barrier on the previous one's write."""
+    stream = Stream(device, barriers="tracked", inflight=inflight)
+    try:
+        x, y = make(stream, 0, "x"), make(stream, 1, "y")
+        stream.synchronize()
+        before = stream.counters.snapshot()
+        stream.record([kernels.add(x, y, N) for _ in range(7)], flush_every=3)
+        assert stream.counters.since(before)["submits"] == 2
+        assert stream.commands == [BARRIER, DISPATCH]     # the third batch: add 7, after its RAW
+        stream.submit()
+        d = stream.counters.since(before)
+        assert d["submits"] == 3 and d["dispatches"] == 7
+        assert d["barriers_raw"] == 6   # every add reads x, which the one before wrote
+        np.testing.assert_array_equal(stream.read(x), 7)
+    finally:
+        stream.close()
