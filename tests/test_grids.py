@@ -104,6 +104,7 @@ def test_row_kernels_spread_with_a_lowered_limit(gpu, monkeypatch):
     tokens into z: 9 rows and 5 tokens against limits of 4 and 2."""
     device, stream, k = gpu
     monkeypatch.setattr(k, "limit", (4, 2, 65535))
+    monkeypatch.setattr(k, "tiled_matmul", False)    # matmul_tiled: the next test
     r = np.random.default_rng(3)
     n_rows, n_cols, T = 9, 8, 5
     w = r.standard_normal((n_rows, n_cols)).astype(np.float32)
@@ -144,4 +145,30 @@ def test_row_kernels_spread_with_a_lowered_limit(gpu, monkeypatch):
     want = (p / p.sum(1, keepdims=True)) @ kv[1].astype(np.float64)
     np.testing.assert_allclose(stream.read(out), want, rtol=1e-5, atol=1e-5)
     for t in (tw, tx, tn, rows, normed, y1, yT, tq, tk, tv, out, part):
+        t.buffer.close()
+
+
+def test_matmul_tiled_spills_row_tiles_into_z(gpu, monkeypatch):
+    """matmul_tiled (a GPU's prefill product) spreads its tiles of TILE_ROWS rows over x and
+    z: 200 rows are 7 tiles of 32, against a limit of 4 a grid of (4, 1, 2), the last
+    workgroup past the rows."""
+    from vkrt.kernels import TILE_ROWS
+
+    device, stream, k = gpu
+    monkeypatch.setattr(k, "limit", (4, 2, 65535))
+    monkeypatch.setattr(k, "tiled_matmul", True)
+    r = np.random.default_rng(4)
+    n_rows, n_cols, T = 200, 8, 5
+    w = r.standard_normal((n_rows, n_cols)).astype(np.float32)
+    x = r.standard_normal((T, n_cols)).astype(np.float32)
+    tw, tx = stream.upload(w), stream.upload(x)
+    y = stream.upload(np.full(T * n_rows + 3, -7.0, np.float32))
+    d = k.linear(tx, tw, y, T)
+    assert d.grid == (4, 1, 2) and -(-n_rows // TILE_ROWS) == 7
+    stream.record([d])
+    got = stream.read(y)
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    np.testing.assert_allclose(got[:-3].reshape(T, n_rows), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[-3:], -7.0)
+    for t in (tw, tx, y):
         t.buffer.close()

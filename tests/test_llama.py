@@ -265,7 +265,9 @@ def test_stop_token_discards_the_steps_beyond(llama, tok, stream_of, replay):
 
     stream = stream_of(3)
     prompt = tok.encode("1, 2, 3,")
-    with config.REPLAY.override(replay):
+    # The prompt's forward in one submission (test_prefill_is_submitted_every_... covers
+    # the flush): the counts below are the decode steps'.
+    with config.REPLAY.override(replay), config.PREFILL_FLUSH.override("0"):
         plain = generate(llama, prompt, 6).tokens
         seen = []
         before = stream.counters.snapshot()
