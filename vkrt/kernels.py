@@ -135,7 +135,7 @@ class Kernels:
             self._attention_combine = Op(p("attention_combine", {0: head_dim}), (F32, F32))
             self.decode_threads, self.decode_positions = _decode_attention_size(
                 pipelines.device.limits, head_dim, gpu)
-            if self.decode_positions and head_dim % 4 == 0:
+            if self.decode_positions and head_dim % 4 == 0 and sg >= 4:
                 spec = {0: self.decode_threads, 1: head_dim, 2: self.decode_positions}
                 self._attention_decode = Op(p("attention_decode", spec), (F32, F32, F32, F32))
                 self._attention_decode_pos = Op(p("attention_decode_pos", spec),

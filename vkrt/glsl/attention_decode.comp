@@ -2,9 +2,10 @@
 // Decode attention in one dispatch: one query token at position pos0 attends to cache
 // positions 0 ..= pos0, one workgroup per query head, the whole softmax in shared memory.
 // Split attention (attention_split.comp + attention_combine.comp) takes two dependent
-// dispatches; this kernel takes one and fills each workgroup instead: every invocation scores
-// its own positions (a whole head_dim dot product, vec4 loads), then the workgroup weighs V
-// with (position lane, vec4 of dims) invocations and sums the lanes in a tree. It needs the
+// dispatches; this kernel takes one and fills each workgroup instead: groups of up to 4
+// invocations score a position (vec4 loads of one K row, added with subgroup shuffles), then
+// the workgroup weighs V with (position lane, vec4 of dims) invocations and sums the lanes in
+// a tree. Needs subgroups of at least 4 invocations (the host checks). It needs the
 // scores of every position in shared memory, so the host uses it only while the cache holds
 // at most MAX_POSITIONS positions, and the split kernels past that.
 // q: [n_heads, head_dim] f32 (after RoPE); k_cache, v_cache: [n_ctx, n_kv_heads, head_dim] f32;
@@ -16,6 +17,7 @@
 // Variant attention_decode_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay).
 #extension GL_GOOGLE_include_directive : require
 #include "reduce.glsl"
+#extension GL_KHR_shader_subgroup_shuffle : require
 layout(constant_id = 1) const uint HEAD_DIM = 64;
 layout(constant_id = 2) const uint MAX_POSITIONS = 4096;
 layout(set = 0, binding = 0) readonly buffer Q { vec4 q[]; };
@@ -30,6 +32,10 @@ const uint T = gl_WorkGroupSize.x;
 const uint G = HEAD_DIM / 4;          // vec4s per row of a head
 const uint LANES = T / G;             // positions weighed at once in the V pass
 const uint UNROLL = 16;
+const uint C = G % 4 == 0 ? 4 : (G % 2 == 0 ? 2 : 1);   // invocations per scored position
+const uint PER = G / C;               // vec4s of a K row per invocation
+const uint SLOTS = T / C;             // positions scored at once
+const uint K_UNROLL = 4;
 shared vec4 q_s[G];
 shared float w_s[MAX_POSITIONS];      // scores, then weights
 shared vec4 acc_s[T];
@@ -52,16 +58,32 @@ void main() {
 #endif
     if (t < G) q_s[t] = q[h * G + t] * pc.scale;
     barrier();
+    // Scores: C consecutive invocations share a position, each reading PER consecutive vec4
+    // of its K row (so a subgroup's loads cover whole rows), and add their parts with
+    // subgroup shuffles (the C are in one subgroup: subgroups hold whole aligned groups of
+    // at least 4). KV_UNROLL positions per invocation are in flight together.
+    uint slot = t / C, c = t % C;
     float mx = NEG_INF;
-    for (uint p = t; p < n; p += T) {
-        float s = 0.0;
-        for (uint j = 0; j < G; ++j) s += dot(q_s[j], k_cache[p * row + head + j]);
-        w_s[p] = s;
-        mx = max(mx, s);
+    for (uint base = slot; base < n; base += SLOTS * K_UNROLL) {
+        for (uint u = 0; u < K_UNROLL; ++u) {
+            uint p = base + u * SLOTS;
+            float s = 0.0;
+            if (p < n) {
+                for (uint j = c * PER; j < c * PER + PER; ++j)
+                    s += dot(q_s[j], k_cache[p * row + head + j]);
+            }
+            if (C >= 2) s += subgroupShuffleXor(s, 1);   // every invocation: uniform flow
+            if (C >= 4) s += subgroupShuffleXor(s, 2);
+            if (p < n) {
+                if (c == 0) w_s[p] = s;
+                mx = max(mx, s);
+            }
+        }
     }
     mx = workgroup_max(mx);
+    barrier();                          // every score is in w_s
     float l = 0.0;
-    for (uint p = t; p < n; p += T) {   // the positions this invocation scored
+    for (uint p = t; p < n; p += T) {
         float e = weight(w_s[p], mx);
         w_s[p] = e;
         l += e;
