@@ -30,9 +30,13 @@ F32, U32 = "float32", "uint32"
 ATTENTION_SPLITS = 32    # most splits of the KV cache per head at decode (attention_split)
 # Decode attention in one dispatch (attention_decode: a workgroup per head, its scores in
 # shared memory) while the cache holds at most DECODE_POSITIONS positions (fewer where the
-# device's shared memory is smaller); split attention past that. DECODE_THREADS: its
-# workgroup on a GPU (bench/README.md has the A/B); a CPU device runs 64.
-DECODE_POSITIONS = 4096
+# device's shared memory is smaller); split attention past that. One workgroup per head
+# reads the whole cache of its head, so its time grows with the context faster than the
+# split's: on the H200 (vkrt bench, prompts of 256 / 768 / 1536 / 3072 tokens + 128) one
+# dispatch decoded 1063 / 947 / 797 / 606 tok/s, split 963 / 945 / 893 / 767: even at a cache
+# of 1024 positions. DECODE_THREADS: its workgroup on a GPU (1024 against 512: 984 against
+# 953 tok/s, bench/README.md); a CPU device runs 64.
+DECODE_POSITIONS = 1024
 DECODE_THREADS = 1024
 
 

@@ -19,7 +19,7 @@
 #include "reduce.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 layout(constant_id = 1) const uint HEAD_DIM = 64;
-layout(constant_id = 2) const uint MAX_POSITIONS = 4096;
+layout(constant_id = 2) const uint MAX_POSITIONS = 1024;
 layout(set = 0, binding = 0) readonly buffer Q { vec4 q[]; };
 layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
 layout(set = 0, binding = 2) readonly buffer V { vec4 v_cache[]; };
