@@ -246,6 +246,39 @@ def test_matvec_with_x_offset(gpu, subgroups):
     np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
 
+@pytest.mark.parametrize("rows", [2, 3, 4])
+def test_matvec_rows_per_workgroup(gpu, rows):
+    # ROWS subgroups per workgroup, a row each (the logits on a GPU): 37 rows leave the last
+    # workgroup partial (its subgroups past the rows return); 260 columns as above.
+    r, n_rows, n_cols = rng(34), 37, 260
+    w, x = randn(r, n_rows, n_cols), randn(r, n_cols)
+    bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_rows + 3)
+    gpu.run("matvec_f32", {0: gpu.sg * rows, 1: rows}, (bw, bx, by),
+            (groups(n_rows, rows), 1, 1), push(n_cols, 0, n_rows))
+    got = gpu.read(by)
+    terms = w.astype(np.float64) * x.astype(np.float64)
+    assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
+    np.testing.assert_array_equal(got[n_rows:], SENTINEL)
+
+
+def test_linear_many_rows_per_workgroup(gpu, kernels):
+    """Kernels.linear over more than FEW_ROWS rows with many_rows_per_group (a GPU's 4):
+    the grid counts workgroups of 4 rows and every row is computed."""
+    from vkrt.kernels import FEW_ROWS
+
+    kernels.many_rows_per_group = 4
+    r, n_rows, n_cols = rng(35), FEW_ROWS + 3, 32
+    w, x = randn(r, n_rows, n_cols), randn(r, n_cols)
+    bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_rows + 3)
+    d = kernels.linear(bx, bw, by, 1)
+    assert d.grid[0] * d.grid[1] == -(-n_rows // 4)
+    gpu.stream.record([d])
+    got = gpu.read(by)
+    terms = w.astype(np.float64) * x.astype(np.float64)
+    assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
+    np.testing.assert_array_equal(got[n_rows:], SENTINEL)
+
+
 @pytest.mark.parametrize("subgroups,tokens,tokens_key", [(1, 8, 1), (4, 3, "TOKENS")],
                          ids=["one-subgroup-tokens8", "four-subgroups-tokens3-by-name"])
 def test_matmul_partial_token_tile(gpu, subgroups, tokens, tokens_key):

@@ -65,6 +65,9 @@ WEIGHTS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0
 # barrier between subgroups switches every invocation's coroutine (glsl/reduce.glsl).
 ROW_SUBGROUPS = 4
 FEW_ROWS = 8192
+# Past FEW_ROWS rows on a GPU, MANY_ROWS_PER_GROUP rows per matvec workgroup (one subgroup
+# each, matvec.comp's ROWS): the logits' 49,152 rows in a quarter of the workgroups.
+MANY_ROWS_PER_GROUP = 4
 
 # Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
 WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
@@ -116,6 +119,7 @@ class Kernels:
         # Invocations per output row of a decode product with few rows (row_threads).
         gpu = pipelines.device.info.kind != "cpu"
         self._few_rows_threads = sg * (ROW_SUBGROUPS if gpu else 1)
+        self.many_rows_per_group = MANY_ROWS_PER_GROUP if gpu else 1
         self.tiled_matmul = gpu       # prefill products: matmul_tiled, else matmul
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
         self._rope = Op(p("rope", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
@@ -159,22 +163,25 @@ class Kernels:
         rows are few (at most FEW_ROWS) and one subgroup per row would leave it mostly idle."""
         return self._few_rows_threads if n_rows <= FEW_ROWS else self._weight_spec["matvec"][0]
 
-    def weight_op(self, kernel: str, weight: Tensor, threads: int | None = None) -> Op:
+    def weight_op(self, kernel: str, weight: Tensor, threads: int | None = None,
+                  spec: dict | None = None) -> Op:
         """The op of `kernel` (a key of `WEIGHT_KERNELS`) for weights of `weight.dtype`: its
         variant `<kernel>_<WEIGHTS[dtype]>`, built on first use; `threads`: its workgroup size
-        (specialization constant 0) instead of the kernel's default. Raises
-        ShaderInterfaceError for a dtype no variant reads, naming the tensor."""
-        key = (kernel, weight.dtype, threads)
+        (specialization constant 0) instead of the kernel's default; `spec`: more
+        specialization constants. Raises ShaderInterfaceError for a dtype no variant reads,
+        naming the tensor."""
+        key = (kernel, weight.dtype, threads, tuple(sorted((spec or {}).items())))
         op = self._weight_ops.get(key)
         if op is None:
             if weight.dtype not in WEIGHTS:
                 raise ShaderInterfaceError(
                     f"{kernel}: no variant reads weights of {weight.dtype} (tensor "
                     f"{weight.name!r}); kernels read {', '.join(WEIGHTS)}")
-            spec = dict(self._weight_spec[kernel])
+            constants = {**self._weight_spec[kernel], **(spec or {})}
             if threads is not None:
-                spec[0] = threads
-            pipeline = self._pipelines.get_pipeline(f"{kernel}_{WEIGHTS[weight.dtype]}", spec)
+                constants[0] = threads
+            pipeline = self._pipelines.get_pipeline(f"{kernel}_{WEIGHTS[weight.dtype]}",
+                                                    constants)
             dtypes = tuple(weight.dtype if d == "W" else d for d in WEIGHT_KERNELS[kernel])
             op = self._weight_ops[key] = Op(pipeline, dtypes)
         return op
@@ -201,14 +208,19 @@ class Kernels:
                name: str = "", accumulate: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
         of any `WEIGHTS` dtype (n_in % 4 == 0; % 32 for block types, which `Tensor` enforces),
-        x and y f32. One token is a matrix-vector product (decode), more a matrix product
-        (prefill; x_row must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU device. `accumulate` (one token only): y += the product
-        instead (`matvec_add`: a residual add folded into the projection)."""
+        x and y f32. One token is a matrix-vector product (decode; past FEW_ROWS rows, on a
+        GPU, `many_rows_per_group` rows per workgroup), more a matrix product (prefill; x_row
+        must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU device. `accumulate` (one
+        token only): y += the product instead (`matvec_add`: a residual add folded into the
+        projection)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
-            return self.weight_op("matvec_add" if accumulate else "matvec", weight,
-                                  self.row_threads(n_out))(
-                weight, x, y, grid=(*spread(n_out, self.limit), 1), name=name,
+            rows = self.many_rows_per_group if n_out > FEW_ROWS else 1
+            threads = self.row_threads(n_out) * rows
+            op = self.weight_op("matvec_add" if accumulate else "matvec", weight, threads,
+                                {1: rows} if rows > 1 else None)
+            return op(
+                weight, x, y, grid=(*spread(_groups(n_out, rows), self.limit), 1), name=name,
                 need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in, x_offset=x_row * n_in,
                 n_rows=n_out)
         assert x_row == 0 and not accumulate, "matmul reads x from row 0 and overwrites y"
