@@ -308,6 +308,9 @@ MUTATIONS = [
     # (No mutation drops attention_decode's barrier after the scores: with several subgroups
     # workgroup_max's own barriers order the scores before the weights, and a workgroup of
     # one subgroup runs in lockstep on lavapipe, so no test here can see it missing.)
+    ("attention decode: every workgroup of a head weighs the first share of its dims",
+     "vkrt/glsl/attention_decode.comp", "g = gl_WorkGroupID.y * GV + t % GV;", "g = t % GV;",
+     ["tests/test_kernels.py::test_attention_decode_one_dispatch"]),
     ("attention decode: chosen past the positions its shared memory holds", "vkrt/kernels.py",
      "if n_pos <= self.decode_positions:", "if True:",
      ["tests/test_kernels.py::test_attention_decode_chosen_within_its_positions"]),

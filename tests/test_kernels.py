@@ -504,16 +504,18 @@ def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale):
 
 
 def run_attention_one_dispatch(gpu, q, k_cache, v_cache, pos0, scale, threads=64,
-                               max_positions=4096, pos_buffer=None):
+                               max_positions=4096, pos_buffer=None, dim_splits=1):
     """One query q [H, D] at position pos0 (plus `pos_buffer`, the replay variant's u32)
-    through attention_decode.comp, `threads` invocations per head; [H, D]."""
+    through attention_decode.comp, `threads` invocations per workgroup and `dim_splits`
+    workgroups per head; [H, D]."""
     n_heads, head_dim = q.shape
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     bo = gpu.filled(q.size + 3)
-    spec, name, bound = {0: threads, 1: head_dim, 2: max_positions}, "attention_decode", ()
+    spec = {0: threads, 1: head_dim, 2: max_positions, 3: dim_splits}
+    name, bound = "attention_decode", ()
     if pos_buffer is not None:
         name, bound = "attention_decode_pos", (gpu.upload(np.array([pos_buffer], np.uint32)),)
-    gpu.run(name, spec, (bq, bk, bv, bo, *bound), (n_heads, 1, 1),
+    gpu.run(name, spec, (bq, bk, bv, bo, *bound), (n_heads, dim_splits, 1),
             push(n_heads, k_cache.shape[1], pos0, float(scale)))
     got = gpu.read(bo)
     np.testing.assert_array_equal(got[-3:], SENTINEL)
@@ -536,7 +538,10 @@ def run_attention_one_dispatch(gpu, q, k_cache, v_cache, pos0, scale, threads=64
 ], ids=["one-position", "one-lane", "three-lanes", "five-lanes", "hd64", "25-lanes",
         "25-lanes-large-scores", "large-scores"])
 @pytest.mark.parametrize("use_pos", [False, True], ids=["pos0", "pos-buffer"])
-def test_attention_decode_one_dispatch(gpu, head_dim, pos0, threads, q_scale, atol, use_pos):
+@pytest.mark.parametrize("dim_splits", [1, 2, 4], ids=["1-workgroup", "2-workgroups",
+                                                       "4-workgroups"])
+def test_attention_decode_one_dispatch(gpu, head_dim, pos0, threads, q_scale, atol, use_pos,
+                                       dim_splits):
     r, n_heads, n_kv_heads = rng(24), 6, 2
     q = randn(r, 1, n_heads, head_dim) * np.float32(q_scale)
     k_cache = randn(r, pos0 + 5, n_kv_heads, head_dim)
@@ -547,7 +552,7 @@ def test_attention_decode_one_dispatch(gpu, head_dim, pos0, threads, q_scale, at
     # The replay variant gets pos0 - 3 as its push constant and 3 from the buffer.
     shift = min(pos0, 3) if use_pos else None
     got = run_attention_one_dispatch(gpu, q[0], k_cache, v_cache, pos0 - (shift or 0), scale,
-                                     threads, pos_buffer=shift)
+                                     threads, pos_buffer=shift, dim_splits=dim_splits)
     want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
 

@@ -38,6 +38,9 @@ ATTENTION_SPLITS = 32    # most splits of the KV cache per head at decode (atten
 # 953 tok/s, bench/README.md); a CPU device runs 64.
 DECODE_POSITIONS = 1024
 DECODE_THREADS = 1024
+# attention_decode's workgroups per head on a GPU (DIM_SPLITS, each weighing V for a share of
+# the head's dims; bench/README.md has the A/B); a CPU device runs 1.
+DECODE_DIM_SPLITS = 4
 
 
 def attention_chunk(n_positions: int, head_dim: int) -> int:
@@ -135,6 +138,7 @@ class Kernels:
         # attention's workgroup is one head: local_size_x = head_dim.
         self._attention = self._attention_split = self._attention_combine = None
         self.decode_threads = self.decode_positions = 0
+        self.decode_dim_splits = 1
         if head_dim:
             self._attention = Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
             self._attention_split = Op(p("attention_split", {0: head_dim}), (F32, F32, F32, F32))
@@ -143,8 +147,12 @@ class Kernels:
             self._attention_combine = Op(p("attention_combine", {0: head_dim}), (F32, F32))
             self.decode_threads, self.decode_positions = _decode_attention_size(
                 pipelines.device.limits, head_dim, gpu)
+            g = max(1, head_dim // 4)
+            self.decode_dim_splits = next(d for d in (DECODE_DIM_SPLITS if gpu else 1, 2, 1)
+                                          if g % d == 0)
             if self.decode_positions and head_dim % 4 == 0 and sg >= 4:
-                spec = {0: self.decode_threads, 1: head_dim, 2: self.decode_positions}
+                spec = {0: self.decode_threads, 1: head_dim, 2: self.decode_positions,
+                        3: self.decode_dim_splits}
                 self._attention_decode = Op(p("attention_decode", spec), (F32, F32, F32, F32))
                 self._attention_decode_pos = Op(p("attention_decode_pos", spec),
                                                 (F32, F32, F32, F32, U32))
@@ -341,7 +349,8 @@ class Kernels:
             if n_pos <= self.decode_positions:
                 op, extra = ((self._attention_decode, ()) if pos is None
                              else (self._attention_decode_pos, (pos,)))
-                return [op(q, k_cache, v_cache, out, *extra, grid=(n_heads, 1, 1), name=name,
+                return [op(q, k_cache, v_cache, out, *extra,
+                           grid=(n_heads, self.decode_dim_splits, 1), name=name,
                            need=(qn, kvn, kvn, qn) + (1,) * len(extra), n_heads=n_heads,
                            n_kv_heads=n_kv_heads, pos0=pos0, scale=scale)]
             chunk = attention_chunk(n_pos, head_dim)

@@ -12,14 +12,18 @@
 // out: [n_heads, head_dim] f32 = sum_p w_p v_p / sum_p w_p, w_p = exp(s_p - max_p s_p) with
 // the weight() of attention.comp (an all -inf row gives zeros, +inf scores share the weight).
 // Specialization constants: 0 = local_size_x (a multiple of head_dim / 4), 1 = HEAD_DIM (a
-// multiple of 4), 2 = MAX_POSITIONS (pos0 + 1 must not exceed it).
-// Dispatch: (n_heads, 1, 1). Push constants: n_heads, n_kv_heads, pos0 (u32), scale (f32).
+// multiple of 4), 2 = MAX_POSITIONS (pos0 + 1 must not exceed it), 3 = DIM_SPLITS (dividing
+// head_dim / 4; local_size_x a multiple of head_dim / 4 / DIM_SPLITS): the workgroups of a
+// head, each scoring every position and weighing V for its share of the head's dims (one
+// workgroup per head reads all of its cache through one SM; its time grew with the context).
+// Dispatch: (n_heads, DIM_SPLITS, 1). Push constants: n_heads, n_kv_heads, pos0 (u32), scale (f32).
 // Variant attention_decode_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay).
 #extension GL_GOOGLE_include_directive : require
 #include "reduce.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 layout(constant_id = 1) const uint HEAD_DIM = 64;
 layout(constant_id = 2) const uint MAX_POSITIONS = 1024;
+layout(constant_id = 3) const uint DIM_SPLITS = 1;
 layout(set = 0, binding = 0) readonly buffer Q { vec4 q[]; };
 layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
 layout(set = 0, binding = 2) readonly buffer V { vec4 v_cache[]; };
@@ -30,7 +34,8 @@ layout(set = 0, binding = 4) readonly buffer Pos { uint pos_buf[]; };
 #endif
 const uint T = gl_WorkGroupSize.x;
 const uint G = HEAD_DIM / 4;          // vec4s per row of a head
-const uint LANES = T / G;             // positions weighed at once in the V pass
+const uint GV = G / DIM_SPLITS;       // vec4s of a V row this workgroup weighs
+const uint LANES = T / GV;            // positions weighed at once in the V pass
 const uint UNROLL = 16;
 const uint C = G % 4 == 0 ? 4 : (G % 2 == 0 ? 2 : 1);   // invocations per scored position
 const uint PER = G / C;               // vec4s of a K row per invocation
@@ -90,10 +95,11 @@ void main() {
     }
     l = workgroup_sum(l);
     barrier();                          // every weight is in w_s
-    // V: invocation (lane, g) weighs rows lane, lane + LANES, ... of vec4 g. The inner loop
-    // runs to a constant, so the compiler unrolls it and UNROLL rows' loads are in flight
-    // together (a loop to n issued one dependent load per trip: 14 us per layer on an H200).
-    uint lane = t / G, g = t % G;
+    // V: invocation (lane, g) weighs rows lane, lane + LANES, ... of vec4 g of the
+    // workgroup's part of the head. The inner loop runs to a constant, so the compiler
+    // unrolls it and UNROLL rows' loads are in flight together (a loop to n issued one
+    // dependent load per trip: 14 us per layer on an H200).
+    uint lane = t / GV, g = gl_WorkGroupID.y * GV + t % GV;
     vec4 acc = vec4(0.0);
     for (uint base = lane; base < n; base += LANES * UNROLL) {
         for (uint u = 0; u < UNROLL; ++u) {
@@ -106,8 +112,8 @@ void main() {
     // Tree over the lanes, any count: each step folds the upper ceil-half onto the lower.
     for (uint width = LANES; width > 1; width = (width + 1) / 2) {
         uint half_width = (width + 1) / 2;
-        if (lane + half_width < width) acc_s[t] += acc_s[t + half_width * G];
+        if (lane + half_width < width) acc_s[t] += acc_s[t + half_width * GV];
         barrier();
     }
-    if (t < G) dst[h * G + t] = l > 0.0 ? acc_s[t] / l : vec4(0.0);
+    if (t < GV) dst[h * G + g] = l > 0.0 ? acc_s[t] / l : vec4(0.0);
 }
