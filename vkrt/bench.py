@@ -5,7 +5,9 @@ Method (the same for every arm, arms alternating repeat by repeat on one loaded 
 ratios are side by side):
 - The prompt is `prompt_tokens` ids drawn from the vocabulary by numpy's PCG64 seeded with 0
   (ids 100 .. min(n_vocab, 40000)), prefilled in chunks of `batch_size` tokens.
-- Warm-up: one short generation per arm (pipelines built, descriptor sets written).
+- Warm-up: one generation per arm of the timed shape (pipelines built, activations, KV
+  cache and descriptor sets allocated and written, decode steps captured), as llama-bench's
+  warm-up run; a user's first generation of a new shape pays those once.
 - Each repeat: one greedy generation of `tokens` tokens (no stop token). Prefill tok/s =
   prompt tokens / time to the first token; decode tok/s = (tokens - 1) / time from the first
   token to the last; TPOT = its inverse. Reported as median, min and max over repeats.
@@ -193,7 +195,7 @@ def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
     try:
         for arm in arms:
             _use(lm, arm)
-            generate(lm, prompt[:8], 4, batch_size=batch_size)          # warm-up
+            generate(lm, prompt, tokens, batch_size=batch_size)        # warm-up
         for _ in range(repeat):
             for arm in arms:
                 _use(lm, arm)
