@@ -506,12 +506,15 @@ def test_fence_timeout_is_a_clear_error():
     (the CLI prints it as one line), not a bare TimeoutError."""
     with Device() as dev:
         stream, cache = Stream(dev), PipelineCache(dev)
-        rows, cols = 4096, 4096                               # 64 MiB of weights: ~tens of ms
+        rows, cols = 4096, 4096            # 64 MiB of weights: tens of ms on lavapipe
         w = stream.upload(np.ones((rows, cols), np.float32))
         x = stream.upload(np.ones(cols, np.float32))
         y = Tensor.of(Buffer(dev, rows * 4), "float32")
+        # An H200 reads the weights in ~15 us, less than the host takes to reach its wait:
+        # a GPU gets 500 products (milliseconds) so that the submission is still running.
+        repeats = 1 if dev.info.kind == "cpu" else 500
         stream.record([matvec_op(dev, cache)(w, x, y, grid=(rows, 1, 1), n_cols=cols,
-                                             x_offset=0, n_rows=rows)])
+                                             x_offset=0, n_rows=rows)] * repeats)
         with config.FENCE_TIMEOUT_S.override("1e-9"):
             with pytest.raises(VkrtError, match=r"did not finish within 1e-09 s \(VKRT_FENCE_TIMEOUT_S\)"):
                 stream.finish()
