@@ -109,16 +109,21 @@ BARRIERS: Switch[str] = Switch(
     "work (RAW, WAW, WAR on byte ranges); `always`: one before every dispatch and copy.")
 
 
-
-def _inflight(raw: str) -> int:
-    n = int(raw)
-    if n < 1:
-        raise ValueError(f"VKRT_INFLIGHT={raw!r}: expected an integer >= 1")
-    return n
+def _int_at_least(low: int):
+    """A parser of integers >= `low` (the switch names the variable in its error)."""
+    def parse(raw: str) -> int:
+        try:
+            n = int(raw)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise ValueError(f"an integer >= {low}")
+        return n
+    return parse
 
 
 INFLIGHT: Switch[int] = Switch(
-    "VKRT_INFLIGHT", _inflight, 2,
+    "VKRT_INFLIGHT", _int_at_least(1), 2,
     "Submissions in flight: the host records the next one while the GPU runs earlier ones "
     "(a slot each: command buffer, staging, queries); 1: submit and wait.")
 TIMESTAMPS: Switch[bool] = Switch(
@@ -137,17 +142,8 @@ FUSE: Switch[bool] = Switch(
     "dispatch, the gated MLP's norm, gate, up and SiLU in one, residual adds inside the output "
     "products (5 dependent stages per layer instead of 11); 0 runs the unfused chain.")
 
-
-
-def _flush(raw: str) -> int:
-    n = int(raw)
-    if n < 0:
-        raise ValueError(f"VKRT_PREFILL_FLUSH={raw!r}: expected an integer >= 0")
-    return n
-
-
 PREFILL_FLUSH: Switch[int] = Switch(
-    "VKRT_PREFILL_FLUSH", _flush, 32,
+    "VKRT_PREFILL_FLUSH", _int_at_least(0), 32,
     "A forward over several tokens (prefill) is submitted every this many dispatches, so the "
     "GPU runs the first layers while the host records the rest; 0 submits it whole.")
 
