@@ -24,7 +24,8 @@ ELEMENTWISE_BLOCK = 64   # workgroup size of elementwise kernels
 ARGMAX_BLOCK, ARGMAX_GPU_BLOCK = 256, 1024
 MATMUL_TOKENS = 8        # tokens per matmul workgroup (each W row read once per tile)
 # Prefill products on a GPU: matmul_tiled's tile of output rows x tokens (bench/README.md has
-# the A/B); a CPU device keeps matmul (lavapipe pays a coroutine switch per barrier).
+# the A/B); a CPU device keeps matmul (on lavapipe the tiled kernel was no faster: teacher-
+# forced logits of test_llama took 64-68 s against 40-80 s, while other jobs shared the box).
 TILE_ROWS, TILE_TOKENS = 32, 64
 F32, U32 = "float32", "uint32"
 ATTENTION_SPLITS = 32    # most splits of the KV cache per head at decode (attention_split)
@@ -134,7 +135,8 @@ class Kernels:
         self._silu_mul = Op(p("silu_mul", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
         self._add = Op(p("add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
-        self._argmax = Op(p("argmax", {0: ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK}), (F32, U32))
+        self._argmax = Op(p("argmax", {0: ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK}),
+                          (F32, U32))
         # attention's workgroup is one head: local_size_x = head_dim.
         self._attention = self._attention_split = self._attention_combine = None
         self.decode_threads = self.decode_positions = 0
@@ -329,12 +331,13 @@ class Kernels:
                   pos: Tensor | None = None) -> list[Dispatch]:
         """Causal grouped-query attention of n_tokens queries at positions pos0.. over the
         cache rows 0 .. pos0 + n_tokens - 1; q, out [tokens, n_heads * head_dim].
-        One token (decode) runs one workgroup per head (`attention_decode`, one dispatch)
-        while the positions it may see fit `decode_positions`; past that it is split over
-        the cache (`attention_split`: heads x splits of `attention_chunk(pos0 + 1)`
-        positions, partial states in `part`, f32 [n_heads * ATTENTION_SPLITS * (head_dim +
-        2)] at least) and merged (`attention_combine`): two dispatches. More tokens (prefill) run one workgroup per
-        (head, token) (`attention`): one dispatch. `pos` ([1] u32, P at run time; one token):
+        One token (decode) runs `decode_dim_splits` workgroups per head (`attention_decode`,
+        one dispatch) while the positions it may see fit `decode_positions`; past that it
+        is split over the cache (`attention_split`: heads x splits of
+        `attention_chunk(pos0 + 1)` positions, partial states in `part`, f32 [n_heads *
+        ATTENTION_SPLITS * (head_dim + 2)] at least) and merged (`attention_combine`): two
+        dispatches. More tokens (prefill) run one workgroup per (head, token) (`attention`):
+        one dispatch. `pos` ([1] u32, P at run time; one token):
         the query is at position pos0 + P (a replayed step), and the splits cover every row
         of the cache (those past the query do nothing)."""
         kvn = (pos0 + n_tokens) * n_kv_heads * head_dim

@@ -1,22 +1,22 @@
 #version 450
 // Decode attention in one dispatch: one query token at position pos0 attends to cache
-// positions 0 ..= pos0, one workgroup per query head, the whole softmax in shared memory.
-// Split attention (attention_split.comp + attention_combine.comp) takes two dependent
-// dispatches; this kernel takes one and fills each workgroup instead: groups of up to 4
-// invocations score a position (vec4 loads of one K row, added with subgroup shuffles), then
-// the workgroup weighs V with (position lane, vec4 of dims) invocations and sums the lanes in
-// a tree. Needs subgroups of at least 4 invocations (the host checks). It needs the
-// scores of every position in shared memory, so the host uses it only while the cache holds
-// at most MAX_POSITIONS positions, and the split kernels past that.
+// positions 0 ..= pos0, DIM_SPLITS workgroups per query head, the whole softmax in shared
+// memory. Split attention (attention_split.comp + attention_combine.comp) takes two
+// dependent dispatches; this kernel takes one and fills each workgroup instead: groups of up
+// to 4 invocations score a position (vec4 loads of one K row, added with subgroup shuffles),
+// then the workgroup weighs V with (position lane, vec4 of dims) invocations and sums the
+// lanes in a tree. Every workgroup of a head scores all of its positions and weighs V for
+// its share of the head's dims: one workgroup reads all of a head's cache through one SM, so
+// its time grows with the context; the split spreads it. Needs subgroups of at least 4
+// invocations and the scores of every position in shared memory: the host uses it only then,
+// and while the cache holds at most MAX_POSITIONS positions (vkrt/kernels.py: the crossover).
 // q: [n_heads, head_dim] f32 (after RoPE); k_cache, v_cache: [n_ctx, n_kv_heads, head_dim] f32;
 // out: [n_heads, head_dim] f32 = sum_p w_p v_p / sum_p w_p, w_p = exp(s_p - max_p s_p) with
 // the weight() of attention.comp (an all -inf row gives zeros, +inf scores share the weight).
 // Specialization constants: 0 = local_size_x (a multiple of head_dim / 4), 1 = HEAD_DIM (a
 // multiple of 4), 2 = MAX_POSITIONS (pos0 + 1 must not exceed it), 3 = DIM_SPLITS (dividing
-// head_dim / 4; local_size_x a multiple of head_dim / 4 / DIM_SPLITS): the workgroups of a
-// head, each scoring every position and weighing V for its share of the head's dims (one
-// workgroup per head reads all of its cache through one SM; its time grew with the context).
-// Dispatch: (n_heads, DIM_SPLITS, 1). Push constants: n_heads, n_kv_heads, pos0 (u32), scale (f32).
+// head_dim / 4). Dispatch: (n_heads, DIM_SPLITS, 1).
+// Push constants: n_heads, n_kv_heads, pos0 (u32), scale (f32).
 // Variant attention_decode_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay).
 #extension GL_GOOGLE_include_directive : require
 #include "reduce.glsl"
