@@ -336,19 +336,15 @@ def test_decode_step_plan_without_recording(llama):
     assert sum(map(bool, decisions)) == stages(decisions) == want
 
 
-@pytest.mark.parametrize("replay", ["1", "0"], ids=["replay", "record"])
-def test_split_attention_tokens_exact(llama, counting, tok, stream_of, monkeypatch, replay):
+def test_split_attention_tokens_exact(llama, counting, tok, stream_of, monkeypatch):
     """A cache past the one-dispatch attention's positions (kernels.DECODE_POSITIONS; forced
-    here by setting the limit to 0) decodes through attention_split + attention_combine
-    (their position-buffer variant when replayed): the same tokens, one dispatch more per
-    layer."""
-    from vkrt import config
-
+    here by setting the limit to 0) decodes through attention_split + attention_combine,
+    replayed (their position-buffer variant; the recorded one is checked against numpy in
+    test_kernels.py): the same tokens, one dispatch more per layer."""
     monkeypatch.setattr(llama.k, "decode_positions", 0)
     stream_of(2)            # a new stream: its recordings are captured with the split
     prompt, expected = counting[0], counting[1][:16]
-    with config.REPLAY.override(replay):
-        assert generate(llama, prompt, 16).tokens == expected
+    assert generate(llama, prompt, 16).tokens == expected
     names = [d.name for d in llama.step(llama.acts.token, 1, 10)]
     assert "blk.0.attn_split" in names
     assert len(names) == per_token(llama.hp.n_layer)["dispatches"] + llama.hp.n_layer
