@@ -180,7 +180,9 @@ class Kernels:
         (specialization constant 0) instead of the kernel's default; `spec`: more
         specialization constants. Raises ShaderInterfaceError for a dtype no variant reads,
         naming the tensor."""
-        key = (kernel, weight.dtype, threads, tuple(sorted((spec or {}).items())))
+        key = (kernel, weight.dtype, threads)      # built per dispatch: kept cheap
+        if spec:
+            key += tuple(sorted(spec.items()))
         op = self._weight_ops.get(key)
         if op is None:
             if weight.dtype not in WEIGHTS:
