@@ -536,3 +536,53 @@ def test_infinite_fence_timeout_waits(rt):
         np.testing.assert_array_equal(stream.read(x), 2)
     x.buffer.close()
     y.buffer.close()
+
+
+INF_MODULES = ("argmax", "attention", "attention_combine", "attention_decode",
+               "attention_split", "rmsnorm", "matvec_glu_f32", "qkv_rope_f32")
+
+
+def test_modules_relying_on_infinities_declare_them_kept():
+    """Kernels that compare with -inf or test for overflow (inf.glsl) carry the execution
+    mode SignedZeroInfNanPreserve 32, as the reflection reports it and as spirv-dis (the
+    independent disassembler) shows it; a kernel that does not include inf.glsl has none."""
+    from vkrt.gen.metadata import load_modules
+
+    modules = load_modules()
+    dis = next(Path(sys.prefix).glob("lib/python*/site-packages/cmeel.prefix/bin/spirv-dis"))
+    for name in INF_MODULES + ("add", "matvec_f32"):
+        spv = REPO / "vkrt" / "spirv" / f"{name}.spv"
+        text = subprocess.run([dis, spv], capture_output=True, text=True, check=True,
+                              env={**os.environ, "LD_LIBRARY_PATH": str(dis.parent.parent / "lib")}
+                              ).stdout
+        declared = "OpExecutionMode %main SignedZeroInfNanPreserve 32" in text
+        assert declared == (name in INF_MODULES), name
+        assert modules[name].signed_zero_inf_nan_preserve == ((32,) if declared else ()), name
+
+
+def test_pipeline_refuses_a_device_that_does_not_keep_infinities(rt):
+    device, _, _ = rt
+    kept = device.inf_nan_preserve
+    device.inf_nan_preserve = {**kept, 32: False}
+    try:
+        with pytest.raises(ShaderInterfaceError, match=r"^argmax: keeps IEEE infinities and "
+                           r"NaNs of 32-bit floats .* \(shaderSignedZeroInfNanPreserveFloat32\)$"):
+            PipelineCache(device).get_pipeline("argmax", {0: 64})
+        PipelineCache(device).get_pipeline("add", {0: 64})   # declares nothing: built
+    finally:
+        device.inf_nan_preserve = kept
+
+
+def test_workgroup_past_the_device_limits_refused_before_the_pipeline(rt):
+    """attention runs one invocation per head dimension (local_size_x = head_dim): a head
+    size past maxComputeWorkGroupSize or maxComputeWorkGroupInvocations is refused in one
+    line naming the module and the numbers, and so is a model needing it (its Kernels)."""
+    device, _, cache = rt
+    lim = device.limits
+    too_many = min(lim.maxComputeWorkGroupInvocations, lim.maxComputeWorkGroupSize[0]) + 4
+    with pytest.raises(ShaderInterfaceError, match=rf"^attention: workgroup {too_many}x1x1 "
+                       rf"\({too_many} invocations\) is past .*maxComputeWorkGroupInvocations "
+                       rf"{lim.maxComputeWorkGroupInvocations}$"):
+        cache.get_pipeline("attention", {0: too_many})
+    with pytest.raises(ShaderInterfaceError, match="^attention: workgroup"):
+        Kernels(cache, head_dim=too_many)
