@@ -426,3 +426,20 @@ def test_device_lost_names_the_work_and_refuses_further_use():
                 use()
         stream.release()
         stream.close()
+
+
+def test_a_host_read_looks_only_at_its_own_buffers_ranges(device, kernels):
+    """The last-use tables are kept by buffer: reading x after 40 other buffers were written
+    looks at x's one range, however many ranges the stream ever bound (they grow with every
+    view and staging slice: a decode step read them all, every token)."""
+    stream = Stream(device, inflight=2)
+    try:
+        x, y = make(stream, 0, "x"), make(stream, 1, "y")
+        others = [make(stream, i, f"o{i}") for i in range(40)]
+        stream.record([kernels.add(o, y, N) for o in others] + [kernels.add(x, y, N)])
+        stream.synchronize()
+        before = stream.queue.ranges_scanned
+        np.testing.assert_array_equal(stream.read(x), 1)
+        assert stream.queue.ranges_scanned - before <= 2
+    finally:
+        stream.close()

@@ -20,7 +20,8 @@ for right after it is made: the plain submit-and-wait path.
 What waits for what (the host side; device-to-device ordering is the barrier tracker's job,
 barriers.py). The stream records, per byte range `(buffer serial, start, end)` it ever bound,
 the value of the last submission that wrote it and of the last that read it (`writes_at`,
-`reads_at`, updated as records are recorded, with the value the recording batch will signal).
+`reads_at`, updated as records are recorded, with the value the recording batch will signal;
+kept by buffer, so that a host access looks at its own buffer's ranges only).
 - a host read of a tensor waits for the last writer of an overlapping range;
 - a host write into mapped memory waits for the last reader or writer;
 - a buffer's free waits for its last use: it is deferred until that value signals (spec,
@@ -54,6 +55,19 @@ UINT64_MAX = 2**64 - 1
 WAIT_SLICE_S = 0.05
 # Command log entries (stream.py): what a command buffer holds, in recording order.
 BARRIER, DISPATCH, COPY, HOST_BARRIER = "barrier", "dispatch", "copy", "host_barrier"
+
+
+_NONE: dict = {}
+
+
+def mark(table: dict, ranges, value: int) -> None:
+    """Record `value` as the last use of each (serial, start, end) of `ranges` in `table`
+    (`Submitter.writes_at` / `reads_at`: serial -> {range: value})."""
+    for rng in ranges:
+        try:
+            table[rng[0]][rng] = value
+        except KeyError:
+            table[rng[0]] = {rng: value}
 
 
 def timeout_ns(timeout_s: float) -> int:
@@ -192,8 +206,11 @@ class Submitter:
         self.waited = 0           # last value the host waited for (synchronized with)
         self.recording = False
         self.slot: Slot | None = None
-        self.writes_at: dict[tuple, int] = {}   # (serial, start, end) -> last writing value
-        self.reads_at: dict[tuple, int] = {}    # ... -> last reading value
+        # serial -> {(serial, start, end): value}: the last value writing / reading each range,
+        # by buffer, so that a host access scans only the ranges of its own buffer.
+        self.writes_at: dict[int, dict[tuple, int]] = {}
+        self.reads_at: dict[int, dict[tuple, int]] = {}
+        self.ranges_scanned = 0   # ranges host accesses looked at (tests: no scan of others)
         self.deferred: list[tuple[int, object]] = []   # (value, buffer) to free once signalled
         self.labels: dict[int, tuple] = {}   # value -> (log, first, last record name)
         self.on_complete = None   # called with each slot whose value signalled (timestamps)
@@ -313,12 +330,13 @@ class Submitter:
         rec.readbacks = []
         t = time.perf_counter_ns()
         value = rec.value = self.submitted + 1
-        writes_at, reads_at = self.writes_at, self.reads_at
-        for rng in rec.writes:
-            writes_at[rng] = value
-        for rng in rec.reads:
-            reads_at[rng] = value
-        self.counters.replays += 1
+        mark(self.writes_at, rec.writes, value)
+        mark(self.reads_at, rec.reads, value)
+        c = self.counters
+        c.replays += 1
+        c.replayed_dispatches += rec.dispatches
+        c.replayed_barriers += rec.barriers
+        c.replayed_stages += rec.stages
         return self._queue_submit(rec.cmds, t, (rec.commands, "a replay", rec.last_name))
 
     def _queue_submit(self, cmds, t: int, label: tuple) -> int:
@@ -462,12 +480,13 @@ class Submitter:
         self.wait(self.pending if self.recording else self.submitted)
 
     # -- host-access bookkeeping -----------------------------------------------------------
-    @staticmethod
-    def _last(table: dict, rng: tuple) -> int:
+    def _last(self, table: dict, rng: tuple) -> int:
         serial, start, end = rng
+        ranges = table.get(serial, _NONE)
+        self.ranges_scanned += len(ranges)
         best = 0
-        for r, v in table.items():
-            if r[0] == serial and r[1] < end and start < r[2] and v > best:
+        for r, v in ranges.items():
+            if r[1] < end and start < r[2] and v > best:
                 best = v
         return best
 
@@ -482,13 +501,12 @@ class Submitter:
 
     def last_use_of(self, serial: int) -> int:
         """The last value that read or wrote any byte of buffer `serial` (0: none)."""
-        return max([v for r, v in self.writes_at.items() if r[0] == serial]
-                   + [v for r, v in self.reads_at.items() if r[0] == serial] + [0])
+        return max([*self.writes_at.get(serial, _NONE).values(),
+                    *self.reads_at.get(serial, _NONE).values(), 0])
 
     def forget(self, serial: int) -> None:
-        for table in (self.writes_at, self.reads_at):
-            for r in [r for r in table if r[0] == serial]:
-                del table[r]
+        self.writes_at.pop(serial, None)
+        self.reads_at.pop(serial, None)
 
     def defer_free(self, buffer, value: int) -> None:
         """Destroy `buffer` once `value` has signalled (now if it has)."""

@@ -164,7 +164,8 @@ class Stream:
     def _encode(self, cmd, log: list, records, tracker: Tracker, value: int, writes_at: dict,
                 reads_at: dict, timed: list | None = None, query_pool=None) -> None:
         """Record into `cmd`: barriers as `tracker` decides, each record's byte ranges marked
-        with `value` in `writes_at` / `reads_at` (what host accesses wait for); each barrier,
+        with `value` in `writes_at` / `reads_at` (serial -> {range: value}, what host accesses
+        wait for; the loop inlines `queue.mark`); each barrier,
         dispatch and copy appended to `log`, the command buffer's log. Returns the names of
         the first and last record ("" when none)."""
         counters = self.counters
@@ -187,9 +188,15 @@ class Stream:
                 counters.stages += 1
                 self._new_batch = False
             for rng in r.writes:          # what a host access will wait for (queue.py)
-                writes_at[rng] = value
+                try:
+                    writes_at[rng[0]][rng] = value
+                except KeyError:
+                    writes_at[rng[0]] = {rng: value}
             for rng in r.reads:
-                reads_at[rng] = value
+                try:
+                    reads_at[rng[0]][rng] = value
+                except KeyError:
+                    reads_at[rng[0]] = {rng: value}
             if r.transfer:
                 lib.vkCmdCopyBuffer(cmd, r.src.buffer.handle, r.dst.buffer.handle, 1, self._copy)
                 log_append(COPY)
@@ -266,7 +273,8 @@ class Stream:
         # kept as one hull per buffer (the weights' hundreds of views become one range): a
         # host write then waits for every replay that read any byte of that buffer, which
         # can only wait longer, and each replay marks a few ranges instead of hundreds.
-        rec.writes, rec.reads = list(writes), _hulls(reads)
+        rec.writes = [rng for ranges in writes.values() for rng in ranges]
+        rec.reads = _hulls(rng for ranges in reads.values() for rng in ranges)
         rec.buffers = list({id(t.buffer): t.buffer for r in records
                             for t in ((r.src, r.dst) if r.transfer else r.tensors)}.values())
         self.counters.captures += 1
