@@ -1,24 +1,32 @@
 """Mutation gate: break one mechanism at a time and prove the suite notices.
 
-    python tests/mutations.py            # every mutation (several minutes on 2 cores)
+    python tests/mutations.py            # every mutation (CI runs this after the tests)
     python tests/mutations.py -k barrier # those whose name contains "barrier"
+    python tests/mutations.py -j 1       # one at a time (default: one per CPU)
 
 Each mutation copies the work tree to a temporary folder, replaces one exact snippet (it must
 occur exactly once), regenerates the SPIR-V when a shader changed, and runs the tests that
 guard the mechanism with `python -m pytest -x` in the copy (`-m` puts the copy first on
 sys.path, so the mutated package is the one imported). A mutation is CAUGHT when pytest fails.
-Exit status 1 if any mutation is MISSED or no longer applies. Not part of CI (it reruns the
-model tests once per mutation); run it after changing a mechanism or its tests.
+Exit status 1 if any mutation is MISSED or no longer applies; `.ci/run` runs the gate after
+the test suite, so a surviving mutation fails CI. transformers' answers about the default
+model are kept in $VKRT_ORACLE_CACHE (default `.cache/oracle`, tests/reference.py): the
+mutated tree never touches the oracle, so it is asked once, not once per mutation. Each line
+gives the mutation's time; the slowest come last in the summary.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+from reference import ORACLE_CACHE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN_TESTS = ["tests/test_gen_cli.py", "tests/test_gen_reflect.py", "tests/test_gen_fixtures.py",
@@ -598,7 +606,9 @@ MUTATIONS = [
 ]
 
 
-def run(name: str, file: str, old: str, new: str, tests: list[str]) -> bool:
+def run(name: str, file: str, old: str, new: str, tests: list[str]) -> tuple[bool, str]:
+    """Apply one mutation in a copy of the tree and run its tests: (caught, report line)."""
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vkrt-mut-") as tmp:
         work = Path(tmp) / "work"
         shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(
@@ -606,30 +616,40 @@ def run(name: str, file: str, old: str, new: str, tests: list[str]) -> bool:
         path = work / file
         text = path.read_text()
         if text.count(old) != 1:
-            print(f"STALE   {name}: snippet found {text.count(old)} times in {file}")
-            return False
+            return False, f"STALE   {name}: snippet found {text.count(old)} times in {file}"
         path.write_text(text.replace(old, new))
         env = dict(os.environ, XDG_CACHE_HOME=str(Path(tmp) / "cache"))
+        env.setdefault(ORACLE_CACHE_ENV, str(ROOT / ".cache" / "oracle"))
         if file.startswith("vkrt/glsl/"):
             gen = subprocess.run([sys.executable, "-m", "vkrt.gen.cli"], cwd=work, env=env,
                                  capture_output=True, text=True)
             if gen.returncode:
-                print(f"STALE   {name}: the mutated shader does not compile: {gen.stderr[-200:]}")
-                return False
+                return False, (f"STALE   {name}: the mutated shader does not compile: "
+                               f"{gen.stderr[-200:]}")
         r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                             *tests], cwd=work, env=env, capture_output=True, text=True)
         tail = (r.stdout.strip().splitlines() or [r.stderr[-200:]])[-1]
         caught = r.returncode != 0
-        print(f"{'CAUGHT' if caught else 'MISSED'}  {name}: {tail}", flush=True)
-        return caught
+        line = (f"{'CAUGHT' if caught else 'MISSED'}  {name}: {tail} "
+                f"[{time.monotonic() - t0:.0f} s]")
+        return caught, line
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-k", default="", help="run the mutations whose name contains this")
+    ap.add_argument("-j", type=int, default=os.cpu_count() or 1,
+                    help="mutations run at once (default: one per CPU)")
     args = ap.parse_args()
-    results = [run(*m) for m in MUTATIONS if args.k in m[0]]
-    print(f"{sum(results)}/{len(results)} mutations caught")
+    chosen = [m for m in MUTATIONS if args.k in m[0]]
+    t0 = time.monotonic()
+    results = []
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.j)) as pool:
+        for caught, line in pool.map(lambda m: run(*m), chosen):
+            print(line, flush=True)
+            results.append(caught)
+    print(f"{sum(results)}/{len(results)} mutations caught in {time.monotonic() - t0:.0f} s "
+          f"({args.j} at once)")
     return 0 if all(results) else 1
 
 
