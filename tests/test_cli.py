@@ -238,7 +238,10 @@ def test_prompt_from_stdin_into_a_closed_pipe(default_model_path):
 
 
 def test_ctrl_c_during_prefill(default_model_path):
-    # A 600-token prompt on stdin (`-`); SIGINT while the first chunk runs on the GPU.
+    # A 600-token prompt on stdin (`-`); SIGINT while the first chunks run: one line, status
+    # 130, no traceback, soon. That the host wait itself takes the interrupt while the GPU
+    # provably still works is test_stream.py's
+    # test_ctrl_c_interrupts_a_host_wait_while_the_gpu_is_held (here the GPU may be fast).
     # SIGINT back to its default in the child: a shell running this suite in the background
     # (`cmd &` without job control) starts it ignored, and Python then installs no handler.
     proc = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "generate", "-", "--max-tokens",

@@ -5,7 +5,7 @@ waits for, deferred frees, timestamps. On lavapipe, which runs submissions on it
 the GPU provably has not started, so a host access that does not wait for its writer reads
 stale bytes, a wait that should not happen blocks (and times out after VKRT_FENCE_TIMEOUT_S,
 set short here), and a buffer freed too early is visibly gone. `release_after(s)` signals from
-a timer thread while the test's host blocks on the submission.
+another thread once the test's host blocks on the submission.
 """
 from __future__ import annotations
 
@@ -48,10 +48,26 @@ def make(stream, value, name=""):
     return stream.upload(np.full(N, value, np.float32), name=name)
 
 
-def release_after(stream, seconds=0.3):
-    timer = threading.Timer(seconds, stream.release)
-    timer.start()
-    return timer
+def release_after(stream):
+    """Release the held submissions from another thread once the host has blocked in a wait
+    for them (in `vkWaitSemaphores`, whatever the machine's speed or load); returns the
+    thread (join it)."""
+    q, entered = stream.queue, threading.Event()
+    real = q.wait_semaphores
+
+    def wait(*args):
+        entered.set()
+        return real(*args)
+
+    def release():
+        entered.wait(60)
+        q.wait_semaphores = real
+        stream.release()
+
+    q.wait_semaphores = wait
+    thread = threading.Thread(target=release)
+    thread.start()
+    return thread
 
 
 def test_timeline_semaphore_feature_is_enabled(device):
