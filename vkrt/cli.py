@@ -8,6 +8,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 
 from vkrt import __version__, config
 from vkrt.errors import ConfigError, VkrtError
@@ -265,6 +266,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _in_worker(fn):
+    """Run `fn()` in a worker thread while the main thread waits in short joins: Python runs
+    signal handlers only in the main thread and only between bytecodes, so a main thread
+    blocked in any long C call (a driver compiling a pipeline, a read of the weights) would
+    take Ctrl-C only when it returns; this way KeyboardInterrupt arrives at once (the worker
+    is abandoned; see `main`). Host waits for the GPU take it on their own (in slices,
+    vkrt/runtime/queue.py), which is what Python callers of `generate()` rely on."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # re-raised in the main thread
+            box["error"] = e
+
+    worker = threading.Thread(target=target, name="vkrt", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.05)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 def _die_like_sigpipe() -> None:
     """End the process as SIGPIPE ends `cat` or `yes` writing into `head`: killed by the
     signal, status 141 in a shell (Python docs, signal module: "Note on SIGPIPE")."""
@@ -282,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for switch in config.ALL:   # a malformed VKRT_* variable fails now, not after loading
             switch.value
-        return args.run(args)
+        return _in_worker(lambda: args.run(args))
     except VkrtError as e:
         print(f"vkrt: error: {e}", file=sys.stderr)
         return 1
@@ -295,9 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, AttributeError):
             pass
         print("\nvkrt: interrupted", file=sys.stderr, flush=True)
-        # Submitted GPU work may still run (a host wait takes Ctrl-C within one slice,
-        # vkrt/runtime/queue.py `Submitter._block`): leave without running finalizers that
-        # would destroy buffers it still uses.
+        # The worker may be inside a driver call holding Vulkan objects, and submitted GPU
+        # work may still run: leave without running finalizers that would destroy them.
         os._exit(130)
 
 

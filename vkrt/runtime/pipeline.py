@@ -64,7 +64,6 @@ class Pipeline:
                 f"{meta.name}: push constants of {self.push_constant_size} bytes exceed the "
                 f"device's maxPushConstantsSize {dev.max_push_constants_size}")
         values = self._specialize(spec)
-        self._check_device(dev)
 
         code = new("uint32_t[]", len(spirv) // 4)
         ffi.memmove(code, spirv, len(spirv))
@@ -110,6 +109,7 @@ class Pipeline:
                 raise ShaderInterfaceError(
                     f"{meta.name}: specialization constant {sc.name or sc.id} is {sc.type}; "
                     f"cannot take {value!r}") from None
+        self._check_device(dev)   # after the values are known to fit their types
         map_entries = new("VkSpecializationMapEntry[]", entries or 1)
         spec_data = new("char[]", data or b"\0")
         spec_info = new("VkSpecializationInfo*", {
@@ -128,7 +128,7 @@ class Pipeline:
         self.handle = out[0]
 
     def _check_device(self, dev: Device) -> None:
-        """Refuse, before any Vulkan object is made, a specialized workgroup past the
+        """Refuse, before the pipeline is made, a specialized workgroup past the
         device's maxComputeWorkGroupSize / maxComputeWorkGroupInvocations (e.g. attention's
         one invocation per head dimension), and a module declaring SignedZeroInfNanPreserve
         (it relies on IEEE infinities) for a float width the device does not preserve
