@@ -29,6 +29,7 @@ from pathlib import Path
 from reference import ORACLE_CACHE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 600   # one mutation's tests; a hang counts as caught, and CI keeps going
 GEN_TESTS = ["tests/test_gen_cli.py", "tests/test_gen_reflect.py", "tests/test_gen_fixtures.py",
              "tests/test_gen_variants.py", "tests/test_gen_property.py", "tests/test_gen_corpus.py"]
 
@@ -635,10 +636,14 @@ def run(name: str, file: str, old: str, new: str, tests: list[str]) -> tuple[boo
             if gen.returncode:
                 return False, (f"STALE   {name}: the mutated shader does not compile: "
                                f"{gen.stderr[-200:]}")
-        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                            *tests], cwd=work, env=env, capture_output=True, text=True)
-        tail = (r.stdout.strip().splitlines() or [r.stderr[-200:]])[-1]
-        caught = r.returncode != 0
+        try:
+            r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
+                                "no:cacheprovider", *tests], cwd=work, env=env,
+                               capture_output=True, text=True, timeout=TIMEOUT_S)
+            tail = (r.stdout.strip().splitlines() or [r.stderr[-200:]])[-1]
+            caught = r.returncode != 0
+        except subprocess.TimeoutExpired:   # the mutated tree hangs its tests: they fail
+            tail, caught = f"the tests did not finish within {TIMEOUT_S} s", True
         line = (f"{'CAUGHT' if caught else 'MISSED'}  {name}: {tail} "
                 f"[{time.monotonic() - t0:.0f} s]")
         return caught, line

@@ -425,23 +425,25 @@ def test_device_lost_names_the_work_and_refuses_further_use():
     with Device() as device:
         ks = Kernels(PipelineCache(device))
         stream = Stream(device, inflight=2)
-        x, y = make(stream, 0, "x"), make(stream, 1, "y")
-        stream.synchronize()
-        stream.hold()
-        stream.record([ks.add(x, y, N, name="blk.7.attn_output")])
-        value = stream.submit()
-        stream.queue.wait_semaphores = lambda *args: vk.VK_ERROR_DEVICE_LOST
-        with pytest.raises(DeviceLostError) as e:
-            stream.read(x)
-        msg = str(e.value)
-        assert "\n" not in msg and "VK_ERROR_DEVICE_LOST" in msg, msg
-        assert f"submission {value} of {value}" in msg and "blk.7.attn_output" in msg, msg
-        for use in (lambda: stream.record([ks.add(x, y, N)]), lambda: stream.read(y),
-                    lambda: Stream(device).record([ks.add(y, y, N)])):
-            with pytest.raises(DeviceLostError, match="device lost .* load the model again"):
-                use()
-        stream.release()
-        stream.close()
+        try:
+            x, y = make(stream, 0, "x"), make(stream, 1, "y")
+            stream.synchronize()
+            stream.hold()
+            stream.record([ks.add(x, y, N, name="blk.7.attn_output")])
+            value = stream.submit()
+            stream.queue.wait_semaphores = lambda *args: vk.VK_ERROR_DEVICE_LOST
+            with pytest.raises(DeviceLostError) as e:
+                stream.read(x)
+            msg = str(e.value)
+            assert "\n" not in msg and "VK_ERROR_DEVICE_LOST" in msg, msg
+            assert f"submission {value} of {value}" in msg and "blk.7.attn_output" in msg, msg
+            for use in (lambda: stream.record([ks.add(x, y, N)]), lambda: stream.read(y),
+                        lambda: Stream(device).record([ks.add(y, y, N)])):
+                with pytest.raises(DeviceLostError, match="device lost .* load the model again"):
+                    use()
+        finally:
+            stream.release()     # the held work runs, so that closing does not wait forever
+            stream.close()
 
 
 def test_a_host_read_looks_only_at_its_own_buffers_ranges(device, kernels):
