@@ -1,0 +1,100 @@
+"""Bytes per second each weight type's decode product reads: `matvec` over one matrix of
+every type in `vkrt.weight_types.TYPES`, side by side in one process.
+
+    python bench/matvec_types.py [--rows 4096] [--cols 14336] [--repeat 50] [--json]
+
+Each type's matrix ([rows, cols], the shape of a 7B model's ffn_down by default) holds random
+bytes: the values do not change what the kernel reads, only the product (a NaN in it costs the
+same). Per type, `--repeat` products are recorded back to back in one submission, each
+writing the same output (so every one waits for the one before: the tracker's WAW barrier)
+and each timed by timestamp queries (`VKRT_TIMESTAMPS`' mechanism, vkrt/runtime/stream.py);
+the report gives the median product's GPU time and the matrix's bytes over it (GB/s). The
+types alternate round by round (`--rounds`), so drift affects them alike. A copy of a buffer
+of the same size (vkCmdCopyBuffer: reads and writes it) gives the device's own streaming rate
+beside them. Absolute figures only from a real GPU; compare types within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vkrt.kernels import Kernels
+    from vkrt.runtime.device import Device
+    from vkrt.runtime.dispatch import Copy
+    from vkrt.runtime.memory import Buffer
+    from vkrt.runtime.pipeline import PipelineCache
+    from vkrt.runtime.stream import Stream
+    from vkrt.runtime.tensor import Tensor
+    from vkrt.weight_types import TYPES
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--cols", type=int, default=14336)
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--types", default="", help="comma-separated dtypes (default: all)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    chosen = [t for t in TYPES if not args.types or t.dtype in args.types.split(",")]
+    rng = np.random.default_rng(0)
+    with Device() as dev:
+        stream = Stream(dev, timestamps=True)
+        if not stream.timing:
+            print("matvec_types: this device has no timestamps", file=sys.stderr)
+            return 1
+        k = Kernels(PipelineCache(dev))
+        x = stream.upload(rng.standard_normal(args.cols).astype(np.float32), "x")
+        y = stream.upload(np.zeros(args.rows, np.float32), "y")
+        weights = {}
+        for t in chosen:
+            nbytes = args.rows * args.cols // t.block * t.block_bytes
+            w = Tensor(Buffer(dev, nbytes, name=t.dtype), 0, nbytes, t.dtype,
+                       (args.rows, args.cols), t.dtype)
+            raw = rng.integers(0, 256, nbytes, dtype=np.uint8)
+            stream.write(Tensor(w.buffer, 0, nbytes, "uint8", (nbytes,)), raw)
+            weights[t.dtype] = w
+        big = max(w.nbytes for w in weights.values())
+        src, dst = (Tensor(Buffer(dev, big, name=n), 0, big, "uint8", (big,)) for n in "ab")
+        stream.synchronize()
+        times: dict[str, list[float]] = {name: [] for name in [*weights, "copy"]}
+        for _ in range(args.rounds):
+            for name in times:
+                stream.profiler.gpu_ns.clear()
+                stream.profiler.gpu_count.clear()
+                if name == "copy":
+                    records = [Copy(src, dst, "copy")] * args.repeat
+                else:
+                    records = [k.linear(x, weights[name], y, 1, name=name)] * args.repeat
+                stream.record(records)
+                stream.synchronize()
+                times[name].append(stream.profiler.gpu_ns[name] / stream.profiler.gpu_count[name])
+        report = {"device": dev.name, "driver": f"{dev.driver_name} {dev.driver_info}",
+                  "rows": args.rows, "cols": args.cols, "repeat": args.repeat, "types": {}}
+        for name, ts in times.items():
+            nbytes = big if name == "copy" else weights[name].nbytes
+            us = statistics.median(ts) / 1e3
+            # A copy reads and writes its bytes; a product reads the matrix (x and y are small).
+            moved = 2 * nbytes if name == "copy" else nbytes
+            report["types"][name] = {"bytes": nbytes, "us": round(us, 2),
+                                     "gb_s": round(moved / us / 1e3, 1)}
+        stream.close()
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"{report['device']} ({report['driver']}): [{args.rows}, {args.cols}] per type, "
+              f"median of {args.rounds} rounds x {args.repeat} products")
+        copy = report["types"]["copy"]["gb_s"]
+        for name, r in report["types"].items():
+            print(f"  {name:<8} {r['bytes'] / 2**20:8.1f} MiB  {r['us']:9.2f} us  "
+                  f"{r['gb_s']:8.1f} GB/s  ({r['gb_s'] / copy:.2f} of a copy)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
