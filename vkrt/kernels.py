@@ -4,14 +4,16 @@ that keep the shader inside its views). Models call these and never count workgr
 bytes; the shader's header comment is the contract each method follows.
 
 All tensors are float32 except token ids (uint32) and the weights of `linear` and `embed`,
-which are read as the GGUF stores them: float32, float16, bfloat16, q8_0 or q4_1 (`WEIGHTS`:
-the shader variant of each, vkrt/glsl/variants.json). Shapes are `[tokens, width]` row-major;
-a tensor may hold more rows than a call uses (activations are sized for the longest forward).
+which are read as the GGUF stores them: float32, float16, bfloat16 or a GGUF block type
+(q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k ... q6_k, iq4_xs; `WEIGHTS`: the shader variant
+of each, vkrt/weight_types.py and vkrt/glsl/variants.json). Shapes are `[tokens, width]`
+row-major; a tensor may hold more rows than a call uses (activations are sized for the longest forward).
 Every method raises `ShaderInterfaceError` (module, binding, numbers) when a tensor has the
 wrong dtype or is too small for the call.
 """
 from __future__ import annotations
 
+from vkrt import weight_types
 from vkrt.errors import ShaderInterfaceError
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.op import Op
@@ -56,9 +58,9 @@ def attention_partials(n_heads: int, head_dim: int) -> int:
     return n_heads * ATTENTION_SPLITS * (head_dim + 2)
 
 # Weight dtype (vkrt.runtime.tensor) -> the suffix of its shader variants (embed_*, matvec_*,
-# matmul_*); block types need rows of whole 32-element blocks.
-WEIGHTS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0",
-           "q4_1": "q4_1"}
+# matmul_*), from the type table (vkrt/weight_types.py); block types need rows of whole
+# blocks (32 elements, 256 for the K-quants and IQ4_XS).
+WEIGHTS = weight_types.WEIGHTS
 
 
 # Decode products over few rows (a layer's: 576 to 1536 for SmolLM2) run ROW_SUBGROUPS
@@ -219,8 +221,8 @@ class Kernels:
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
                name: str = "", accumulate: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
-        of any `WEIGHTS` dtype (n_in % 4 == 0; % 32 for block types, which `Tensor` enforces),
-        x and y f32. One token is a matrix-vector product (decode; past FEW_ROWS rows, on a
+        of any `WEIGHTS` dtype (n_in % 4 == 0; a multiple of the block for block types, which
+        `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; past FEW_ROWS rows, on a
         GPU, `many_rows_per_group` rows per workgroup), more a matrix product (prefill; x_row
         must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU device. `accumulate` (one
         token only): y += the product instead (`matvec_add`: a residual add folded into the

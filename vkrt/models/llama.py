@@ -6,10 +6,11 @@ after the GGUF tensors: `token_embd`, `blk.N.attn_q`, ...) that the stream recor
 names are the GGUF's, so the loader needs no rename table. Shapes: `[tokens, hidden]`.
 
 Weights stay as the GGUF stores them: matrices (and the embedding table) are uploaded as
-their raw bytes, F32, F16, BF16, Q8_0 or Q4_1, and the kernels read those types (see
-vkrt/kernels.py `WEIGHTS`); 1-D tensors (norms, biases) become f32. All weights are views
-of a few large device-local buffers (`WeightArena`). Activations (views of one buffer) and
-the KV cache (views of another) are f32.
+their raw bytes, in any type of vkrt/weight_types.py (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), and the kernels read those
+types (see vkrt/kernels.py `WEIGHTS`); 1-D tensors (norms, biases) become f32. All weights
+are views of a few large device-local buffers (`WeightArena`). Activations (views of one
+buffer) and the KV cache (views of another) are f32.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vkrt import config
+from vkrt import config, weight_types
 from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
@@ -58,9 +59,9 @@ def rope_table(head_dim: int, theta: float, n_positions: int, scale: float = 1.0
     return np.stack([np.cos(angle), np.sin(angle)], axis=-1).astype(np.float32)
 
 
-# GGUF tensor type -> the dtype the kernels read it as (matrices are kept as stored).
-WEIGHT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "Q8_0": "q8_0",
-                 "Q4_1": "q4_1"}
+# GGUF tensor type -> the dtype the kernels read it as (matrices are kept as stored): the
+# type table's (vkrt/weight_types.py).
+WEIGHT_DTYPES = weight_types.GGUF_DTYPES
 # 1-D tensors (norms, biases) of these types are converted to f32 on the host (they are small).
 VECTOR_TYPES = ("F32", "F16", "BF16")
 CHUNK_LIMIT = 1 << 30  # largest weight allocation: min(this, maxMemoryAllocationSize)
@@ -203,8 +204,8 @@ class Llama(Decoder):
     @classmethod
     def from_gguf(cls, device: Device, gguf: GGUFFile, progress: bool = False) -> "Llama":
         """Upload every tensor of `gguf` to `device` as the kernels read it: matrices as their
-        stored bytes (F32, F16, BF16, Q8_0, Q4_1; no f32 copy), 1-D tensors (norms, biases)
-        as f32, all suballocated from a few buffers (`WeightArena`). Bytes are read from the
+        stored bytes (the types of vkrt/weight_types.py; no f32 copy), 1-D tensors (norms,
+        biases) as f32, all suballocated from a few buffers (`WeightArena`). Bytes are read from the
         file straight into mapped device memory, or through one scratch array of the largest
         tensor's size and the stream's staging when the device memory is not mappable: no
         second copy of the file in host memory (nothing of it is memory-mapped). The file's
@@ -214,7 +215,9 @@ class Llama(Decoder):
         check runs before the first allocation.
         Raises: ModelFormatError (one line naming the file: unsupported architecture or
         metadata key; a missing, misshapen or unknown tensor; a tensor type the kernels do not
-        read, e.g. Q4_K; a tensor larger than the device's maxStorageBufferRange as stored),
+        read, e.g. IQ2_XS, or a matrix whose rows are not whole blocks of its type or whose
+        stored size does not match its type and shape; a tensor larger than the device's
+        maxStorageBufferRange as stored),
         DeviceMemoryError when the weights do not fit.
         """
         from tqdm import tqdm
@@ -250,8 +253,13 @@ class Llama(Decoder):
                     f"kernels do not read (supported: {', '.join(supported)})")
             if dtype in BLOCKS and shape[-1] % BLOCKS[dtype][0]:
                 raise ModelFormatError(f"{gguf.path}: tensor {name!r} {list(shape)} {gtype}: "
-                                       f"rows of {shape[-1]} are not whole blocks of 32")
+                                       f"rows of {shape[-1]} are not whole blocks of "
+                                       f"{BLOCKS[dtype][0]}")
             nbytes = nbytes_of(dtype, shape, name)
+            if len(shape) == 2 and info.nbytes != _stored_bytes(dtype, shape):
+                raise ModelFormatError(
+                    f"{gguf.path}: tensor {name!r} {list(shape)} {gtype} holds {info.nbytes} "
+                    f"bytes in the file, {_stored_bytes(dtype, shape)} by vkrt's type table")
             if nbytes > limit:
                 raise ModelFormatError(
                     f"{gguf.path}: tensor {name!r} {list(shape)} {gtype} is {nbytes} bytes, more "
@@ -434,6 +442,12 @@ class Llama(Decoder):
             b.close()  # each weight buffer once (the arena's hold many views)
         self._close_caches()
         self.stream.close()
+
+
+def _stored_bytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a matrix of `dtype` as the file stores it (no padding), by the type table."""
+    t = weight_types.BY_DTYPE[dtype]
+    return shape[0] * shape[1] // t.block * t.block_bytes
 
 
 ROPE_FREQS = "rope_freqs.weight"  # llama3 RoPE frequency factors, [head_dim / 2]
