@@ -129,9 +129,10 @@ def llama3_factors(config) -> np.ndarray:
 
 
 def write_gguf(path, model, qtype: str = "F32", keys: dict | None = None,
-               tensors: dict | None = None):
+               tensors: dict | None = None, raw: dict | None = None):
     """The GGUF convert_hf_to_gguf.py writes for `model` (metadata order as it writes it);
-    `keys` adds or replaces metadata (None removes), `tensors` adds tensors."""
+    `keys` adds or replaces metadata (None removes), `tensors` adds tensors, `raw` (name ->
+    (uint8 blocks [rows, bytes per row], GGUF type name)) stores those tensors as given."""
     c = model.config
     rp = c.rope_parameters
     meta = {"llama.block_count": c.num_hidden_layers,
@@ -196,7 +197,10 @@ def write_gguf(path, model, qtype: str = "F32", keys: dict | None = None,
     out["output.weight"] = sd["lm_head.weight"]
     out.update(tensors or {})
     for name, a in out.items():
-        if qtype != "F32" and a.ndim == 2:
+        if name in (raw or {}):
+            blocks, gtype = raw[name]
+            w.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType[gtype])
+        elif qtype != "F32" and a.ndim == 2:
             t = gguf.GGMLQuantizationType[qtype]
             w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
         else:
