@@ -107,3 +107,106 @@ def test_type_matches_transformers(gguf_type, device, tmp_path):
     finally:
         vk.close()
         g.close()
+
+
+# -- bad input: one line naming the tensor, its type and the numbers, before any upload -------
+def retype(path, name: str, gguf_type: str) -> None:
+    """Overwrite the type of tensor `name` in the GGUF header at `path` (its tensor info: name,
+    n_dims u32, dims u64 each, type u32, offset u64), leaving its bytes as they are."""
+    import gguf
+
+    data = bytearray(path.read_bytes())
+    key = len(name).to_bytes(8, "little") + name.encode()
+    at = data.index(key) + len(key)
+    n_dims = int.from_bytes(data[at:at + 4], "little")
+    at += 4 + 8 * n_dims
+    data[at:at + 4] = int(gguf.GGMLQuantizationType[gguf_type]).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+
+
+def refused(device, path, message: str, load_fails: bool = False) -> None:
+    """Loading `path` raises ModelFormatError: one line starting with the path and holding
+    `message`; no device memory is left in use."""
+    from vkrt.errors import ModelFormatError
+
+    before = device.bytes_in_use
+    with pytest.raises(ModelFormatError) as info:
+        g = load_gguf(path)
+        assert not load_fails, "load_gguf accepted the file"
+        try:
+            Llama.from_gguf(device, g)
+        finally:
+            g.close()
+    text = str(info.value)
+    assert text.startswith(str(path)) and message in text and "\n" not in text, text
+    assert device.bytes_in_use == before
+
+
+@pytest.mark.parametrize("gguf_type", ["IQ2_XXS", "MXFP4", "TQ2_0", "Q8_K"])
+def test_type_the_kernels_do_not_read_refused_by_name(gguf_type, device, tmp_path):
+    """A matrix in a type without a weights.glsl reader (IQ1/IQ2/IQ3, TQ, MXFP4, ...) is
+    refused naming the tensor and its type, whatever its bytes."""
+    import gguf
+
+    model, raw = blocks_model("Q4_K")
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[gguf_type]]
+    rows, n_cols = N_FF, HIDDEN
+    raw["blk.0.ffn_up.weight"] = (np.random.default_rng(3).integers(
+        0, 256, (rows, n_cols // block * nbytes), dtype=np.uint8), gguf_type)
+    path = write_gguf(tmp_path / f"{gguf_type}.gguf", model, raw=raw)
+    supported = ", ".join(t.gguf for t in weight_types.TYPES)
+    refused(device, path, f"tensor 'blk.0.ffn_up.weight' [{rows}, {n_cols}] has type "
+                          f"{gguf_type}, which vkrt's kernels do not read (supported: "
+                          f"{supported})")
+
+
+def test_rows_not_whole_blocks_refused(device, tmp_path):
+    """Rows of 96 elements read as Q4_K (blocks of 256): the file is refused naming the
+    tensor, its type and both numbers (the file written as Q8_0, its header retyped)."""
+    from test_llama_variants import hf_model
+
+    path = write_gguf(tmp_path / "rows.gguf", hf_model(head_dim=24), qtype="Q8_0")
+    retype(path, "blk.0.attn_q.weight", "Q4_K")
+    refused(device, path, "tensor 'blk.0.attn_q.weight' [96, 64] Q4_K: row length 64 is not "
+                          "a multiple of the Q4_K block size 256", load_fails=True)
+
+
+def test_size_that_does_not_match_type_and_shape_refused(device, tmp_path):
+    """blk.0.attn_q's bytes are Q4_K's (36,864), its header says Q6_K (53,760 for its shape):
+    it would overlap the next tensor, and the file is refused with the numbers."""
+    model, raw = blocks_model("Q4_K")
+    path = write_gguf(tmp_path / "size.gguf", model, raw=raw)
+    retype(path, "blk.0.attn_q.weight", "Q6_K")
+    refused(device, path, f"tensor 'blk.0.attn_q.weight' [{HIDDEN}, {HIDDEN}] Q6_K is 53760 "
+                          "bytes, but tensor 'blk.0.attn_k.weight' starts 36864 bytes after "
+                          "it", load_fails=True)
+
+
+def test_truncated_last_block_refused(device, tmp_path):
+    """A file cut inside the last block of its last tensor (output.weight, Q6_K) is refused
+    naming the tensor, its type, its size and the file's."""
+    model, raw = blocks_model("Q6_K")
+    path = write_gguf(tmp_path / "cut.gguf", model, raw=raw)
+    g = load_gguf(path)
+    info = g.tensor_info("output.weight")
+    g.close()
+    assert info.offset + info.nbytes == max(
+        g.tensor_info(n).offset + g.tensor_info(n).nbytes for n in g.tensor_names)
+    cut = info.offset + info.nbytes - 100           # 100 bytes short: inside the last block
+    path.write_bytes(path.read_bytes()[:cut])
+    refused(device, path, f"tensor 'output.weight' [{N_VOCAB}, {HIDDEN}] Q6_K is 63000 bytes "
+                          f"({N_VOCAB} blocks of 210) and ends at byte {cut + 100}, past the "
+                          f"end of the {cut}-byte file", load_fails=True)
+
+
+def test_table_row_that_disagrees_with_the_file_refused(device, tmp_path, monkeypatch):
+    """Should the type table give a type other sizes than the file's (gguf-py's), the loader
+    refuses the tensor with both sizes rather than read it wrongly."""
+    import dataclasses
+
+    model, raw = blocks_model("Q6_K")
+    path = write_gguf(tmp_path / "table.gguf", model, raw=raw)
+    wrong = dataclasses.replace(weight_types.BY_DTYPE["q6_k"], block_bytes=208)
+    monkeypatch.setitem(weight_types.BY_DTYPE, "q6_k", wrong)
+    refused(device, path, f"tensor 'token_embd.weight' [{N_VOCAB}, {HIDDEN}] Q6_K holds 63000 "
+                          "bytes in the file, 62400 by vkrt's type table")

@@ -339,21 +339,6 @@ def test_weight_past_the_storage_range_refused_before_upload(plain_model, device
     Llama.from_gguf(device, load_gguf(path)).close()
 
 
-def test_weight_type_the_kernels_do_not_read_refused_before_upload(plain_model, device,
-                                                                  tmp_path):
-    """A matrix stored in a type no kernel reads (Q5_0 here; Q4_K alike) is refused in one
-    line naming the tensor and its type, before anything is allocated."""
-    path = write_gguf(tmp_path / "q5_0.gguf", plain_model, qtype="Q5_0")
-    before = device.bytes_in_use
-    with pytest.raises(ModelFormatError) as info:
-        Llama.from_gguf(device, load_gguf(path))
-    text = str(info.value)
-    assert text.startswith(str(path)) and "\n" not in text, text
-    assert (f"tensor 'token_embd.weight' [{N_VOCAB}, {HIDDEN}] has type Q5_0, which vkrt's "
-            "kernels do not read (supported: F32, F16, BF16, Q8_0, Q4_1)") in text
-    assert device.bytes_in_use == before
-
-
 def test_weights_are_views_of_one_buffer_as_stored(plain_model, device, tmp_path,
                                                     monkeypatch):
     """Every weight is a view of one device buffer at an aligned offset, matrices in their
