@@ -820,24 +820,26 @@ def test_add_rows_adds_table_rows_from_row0(gpu):
     np.testing.assert_array_equal(got[n_tokens:], x[n_tokens:])
 
 
-def test_embed_range_writes_only_its_ids(gpu):
+@pytest.mark.parametrize("dtype", ["float32", "q8_0", "q6_k"])
+def test_embed_range_writes_only_its_ids(gpu, kernels, dtype):
     # Two slices of a 37-row table (rows 0..19, 20..36) in two dispatches cover every id;
-    # one slice alone leaves the other ids' rows untouched (sentinel).
-    r, n_vocab, n_embd, split = rng(43), 37, 70, 20
-    table = randn(r, n_vocab, n_embd)
+    # one slice alone leaves the other ids' rows untouched (sentinel). The table as stored:
+    # f32 (OPT's slices), Q8_0 and Q6_K (a Llama embedding past one binding), 70 columns or
+    # 3 blocks.
+    r, n_vocab, split = rng(43), 37, 20
+    n_embd = 70 if dtype == "float32" else cols(dtype)
+    raw, table = weight_bytes(dtype, randn(r, n_vocab, n_embd), seed=43)
     ids = np.array([5, 0, 36, 20, 19, 5], np.uint32)
     bi = gpu.upload(ids)
-    lo, hi = gpu.upload(table[:split]), gpu.upload(table[split:])
+    lo = upload_weight(gpu, dtype, raw[:split], (split, n_embd))
+    hi = upload_weight(gpu, dtype, raw[split:], (n_vocab - split, n_embd))
     out = gpu.filled(len(ids) * n_embd + 3)
-    grid = (groups(n_embd, ELEMENTWISE), len(ids) + 1, 1)
-    gpu.run("embed_range", {0: ELEMENTWISE}, (hi, bi, out), grid,
-            push(n_embd, split, n_vocab - split, len(ids)))
+    gpu.stream.record([kernels.embed_range(hi, split, bi, out, len(ids))])
     got = gpu.read(out)[:-3].reshape(len(ids), n_embd)
     mine = ids >= split
     np.testing.assert_array_equal(got[mine], table[ids[mine]])
     np.testing.assert_array_equal(got[~mine], SENTINEL)
-    gpu.run("embed_range", {0: ELEMENTWISE}, (lo, bi, out), grid,
-            push(n_embd, 0, split, len(ids)))
+    gpu.stream.record([kernels.embed_range(lo, 0, bi, out, len(ids))])
     got = gpu.read(out)
     np.testing.assert_array_equal(got[:-3].reshape(len(ids), n_embd), table[ids])
     np.testing.assert_array_equal(got[-3:], SENTINEL)
@@ -871,25 +873,36 @@ def cols(dtype: str) -> int:
     return 3 * max(32, weight_types.BY_DTYPE[dtype].block)
 
 
-def stored_weight(gpu, dtype: str, w: np.ndarray, seed: int = 0) -> tuple[Tensor, np.ndarray]:
-    """A weight of `w`'s shape stored as `dtype` on the device (a view of exactly
-    `nbytes_of(dtype, shape)` bytes: block types padded to whole words) and its values as
-    gguf-py dequantizes those bytes, float64: `w` itself rounded for F32/F16/BF16, random
-    blocks of `w`'s standard deviation (rng `seed`) for a block type."""
+def weight_bytes(dtype: str, w: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(raw, values): a weight of `w`'s shape as `dtype` stores it, uint8 [rows, bytes per
+    row], and its values as gguf-py dequantizes those bytes, float64: `w` itself rounded for
+    F32/F16/BF16, random blocks of `w`'s standard deviation (rng `seed`) for a block type."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[WEIGHT_TYPES[dtype]]
     if weight_types.BY_DTYPE[dtype].quantized:
-        raw, values = random_blocks(rng(seed), WEIGHT_TYPES[dtype], *w.shape, float(w.std()))
-    else:
-        raw = np.ascontiguousarray(gguf.quants.quantize(w, qtype))
-        values = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(w.shape)
-    nbytes = nbytes_of(dtype, w.shape)
+        return random_blocks(rng(seed), WEIGHT_TYPES[dtype], *w.shape, float(w.std()))
+    raw = np.ascontiguousarray(gguf.quants.quantize(w, qtype))
+    values = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(w.shape)
+    return raw.view(np.uint8).reshape(w.shape[0], -1), values
+
+
+def upload_weight(gpu, dtype: str, raw: np.ndarray, shape: tuple[int, int]) -> Tensor:
+    """`raw` (weight_bytes) on the device as a `dtype` view of exactly
+    `nbytes_of(dtype, shape)` bytes (block types padded to whole words)."""
+    nbytes = nbytes_of(dtype, shape)
     buf = Buffer(gpu.device, nbytes, name=dtype)
     gpu.buffers.append(buf)
     gpu.stream.write(Tensor(buf, 0, nbytes, "uint8", (nbytes,)),
-                     np.ascontiguousarray(raw).view(np.uint8).reshape(-1))
-    return Tensor(buf, 0, nbytes, dtype, w.shape, name=dtype), values
+                     np.ascontiguousarray(raw).reshape(-1))
+    return Tensor(buf, 0, nbytes, dtype, shape, name=dtype)
+
+
+def stored_weight(gpu, dtype: str, w: np.ndarray, seed: int = 0) -> tuple[Tensor, np.ndarray]:
+    """A weight of `w`'s shape stored as `dtype` on the device and its values, float64
+    (weight_bytes, upload_weight)."""
+    raw, values = weight_bytes(dtype, w, seed)
+    return upload_weight(gpu, dtype, raw, w.shape), values
 
 
 @pytest.fixture

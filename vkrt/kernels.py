@@ -76,7 +76,8 @@ FEW_ROWS = 8192
 MANY_ROWS_PER_GROUP = 4
 
 # Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
-WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
+WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
+                  "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
                   "matmul_tiled": ("W", F32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
@@ -117,7 +118,8 @@ class Kernels:
         p, sg = pipelines.get_pipeline, pipelines.device.subgroup_size
         self.limit = pipelines.device.max_compute_work_group_count
         self._pipelines, self._weight_ops = pipelines, {}
-        self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
+        self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK},
+                             "embed_range": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
                              "matvec_add": {0: sg}, "matvec_glu": {0: sg}, "qkv_rope": {0: sg},
                              "matmul": {0: sg, 1: MATMUL_TOKENS},
                              "matmul_tiled": {0: TILE_ROWS * TILE_TOKENS // 16,
@@ -166,7 +168,6 @@ class Kernels:
         self._layernorm = Op(p("layernorm", {0: sg}), (F32, F32, F32, F32))
         self._relu = Op(p("relu", {0: ELEMENTWISE_BLOCK}), (F32,))
         self._add_rows = Op(p("add_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
-        self._embed_range = Op(p("embed_range", {0: ELEMENTWISE_BLOCK}), (F32, U32, F32))
         self._copy_block = Op(p("copy_block", {0: ELEMENTWISE_BLOCK}), (F32, F32))
 
     def row_threads(self, n_rows: int) -> int:
@@ -435,14 +436,16 @@ class Kernels:
 
     def embed_range(self, table: Tensor, row0: int, ids: Tensor, out: Tensor, n_tokens: int,
                     name: str = "") -> Dispatch:
-        """out[t] = table[ids[t] - row0] for the t < n_tokens whose id lies in row0 ..
-        row0 + rows - 1 (other rows of out untouched); table [rows, n_embd] is the slice of
-        an embedding from row row0 (a table larger than one binding, uploaded in slices)."""
+        """out[t] = table[ids[t] - row0] dequantized to f32 for the t < n_tokens whose id lies
+        in row0 .. row0 + rows - 1 (other rows of out untouched); table [rows, n_embd] of any
+        `WEIGHTS` dtype is the slice of an embedding from row row0 (a table larger than one
+        binding, bound in slices); out f32."""
         n_rows, n_embd = table.shape
-        return self._embed_range(table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK),
-                                                        *spread(n_tokens, self.limit[1:])),
-                                 name=name, need=(None, n_tokens, n_tokens * n_embd),
-                                 n_embd=n_embd, row0=row0, n_rows=n_rows, n_tokens=n_tokens)
+        return self.weight_op("embed_range", table)(
+            table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK),
+                                   *spread(n_tokens, self.limit[1:])),
+            name=name, need=(None, n_tokens, n_tokens * n_embd), n_embd=n_embd, row0=row0,
+            n_rows=n_rows, n_tokens=n_tokens)
 
     def copy_block(self, src: Tensor, dst: Tensor, n_tokens: int, width: int, col0: int,
                    name: str = "") -> Dispatch:

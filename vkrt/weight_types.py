@@ -84,6 +84,7 @@ BLOCKS = {t.dtype: (t.block, t.block_bytes) for t in TYPES if t.quantized}
 # The kernels built once per weight type: module prefix -> (source, other defines).
 KERNEL_SOURCES = {
     "embed": ("embed.comp", {}),
+    "embed_range": ("embed_range.comp", {}),
     "matmul": ("matmul.comp", {}),
     "matmul_tiled": ("matmul_tiled.comp", {}),
     "matvec": ("matvec.comp", {}),
