@@ -42,14 +42,14 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-def blocks_model(gguf_type: str, seed: int = 0):
+def blocks_model(gguf_type: str, seed: int = 0, n_vocab: int = N_VOCAB):
     """(model, raw): a random fp32 LlamaForCausalLM whose matrices are gguf-py's values of
     random `gguf_type` blocks, and those blocks by GGUF tensor name (GGUF row order, as
     `write_gguf`'s `raw` takes them)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=N_VOCAB, hidden_size=HIDDEN, intermediate_size=N_FF,
+    config = LlamaConfig(vocab_size=n_vocab, hidden_size=HIDDEN, intermediate_size=N_FF,
                          num_hidden_layers=1, num_attention_heads=N_HEAD,
                          num_key_value_heads=N_HEAD_KV, max_position_embeddings=512,
                          rms_norm_eps=1e-5, tie_word_embeddings=False)
@@ -107,6 +107,88 @@ def test_type_matches_transformers(gguf_type, device, tmp_path):
     finally:
         vk.close()
         g.close()
+
+
+# -- tables larger than one binding: split over rows ----------------------------------------
+SPLIT_VOCAB = 3000
+
+
+# The binding limit of the split tests (128 KiB + 20 rows of 144 bytes) and, by type, (row
+# bytes, rows per slice at alignment 256). Q3_K's 110-byte rows (2 mod 4) start aligned
+# every 128 rows, which also aligns the logits' columns; Q4_K's 144-byte rows every 16 rows
+# (930 would fit), but the logits' f32 columns only every 64.
+LIMIT = (1 << 17) + 20 * 144
+SPLITS = {"Q3_K": (110, 1152), "Q4_K": (144, 896)}
+
+
+@pytest.fixture(scope="module")
+def split_files(tmp_path_factory):
+    """Models with a vocabulary of 3000 (token_embd and output: 330,000 bytes each as Q3_K,
+    432,000 as Q4_K), by type."""
+    out = {}
+    for gguf_type in SPLITS:
+        model, raw = blocks_model(gguf_type, seed=5, n_vocab=SPLIT_VOCAB)
+        out[gguf_type] = write_gguf(tmp_path_factory.mktemp("split") / f"{gguf_type}.gguf",
+                                    model, raw=raw)
+    return out
+
+
+@pytest.mark.parametrize("gguf_type", SPLITS)
+def test_tables_past_one_binding_split_over_rows(split_files, gguf_type, device, monkeypatch):
+    """token_embd and output larger than maxStorageBufferRange (lowered to LIMIT, which the
+    other matrices, the RoPE table and the KV cache views fit) are bound in slices of rows
+    whose starts are aligned for the weights' and the logits' views (alignment raised to
+    256; SPLITS): the embedding read slice by slice (`embed_range`), the logits slice by
+    slice (one-row views at decode, `head` and copy_block teacher-forced). Logits and greedy
+    tokens equal the model bound whole, bit for bit (each row's product is the same
+    arithmetic), and transformers' within LOGIT_ATOL."""
+    path, (row, rows) = split_files[gguf_type], SPLITS[gguf_type]
+    starts = list(range(0, SPLIT_VOCAB, rows))
+    edges = [0, SPLIT_VOCAB - 1] + [i for r in starts[1:] for i in (r - 1, r)]
+    # Every slice edge; 7 positions per forward (11 rows of 3000 logits fit LIMIT).
+    prompts = [edges[i:i + 7] + [5] * (7 - len(edges[i:i + 7]))
+               for i in range(0, len(edges), 7)]
+    prompts.append([2998, 1000, 2000, 3, 1, 1153, 2305])
+    g = load_gguf(path)
+    whole = Llama.from_gguf(device, g)
+    try:
+        assert not whole.slices
+        want = [whole.logits(ids) for ids in prompts]
+        want_tokens = [generate(whole, ids, GREEDY).tokens for ids in prompts]
+    finally:
+        whole.close()
+    monkeypatch.setattr(device, "max_storage_buffer_range", LIMIT)
+    monkeypatch.setattr(device, "min_storage_buffer_offset_alignment", 256)
+    model = Llama.from_gguf(device, g)
+    try:
+        for name in ("token_embd.weight", "output.weight"):
+            slices = model.slices[name]
+            assert [(r, t.shape[0]) for r, t in slices] == [
+                (r, min(rows, SPLIT_VOCAB - r)) for r in starts], name
+            assert all(t.offset % 256 == 0 and t.nbytes <= LIMIT for _, t in slices)
+        oracle = TransformersReference(str(path))
+        for ids, logits, tokens in zip(prompts, want, want_tokens):
+            got = model.logits(ids)
+            np.testing.assert_array_equal(got, logits)
+            assert generate(model, ids, GREEDY).tokens == tokens
+            ref = oracle.logits(ids)
+            assert np.abs(got - ref).max() < LOGIT_ATOL
+            np.testing.assert_array_equal(got.argmax(1), ref.argmax(1))
+    finally:
+        model.close()
+        g.close()
+
+
+def test_table_that_cannot_be_split_refused(split_files, device, monkeypatch):
+    """A table whose smallest aligned slice (128 rows of 110 bytes at alignment 256) is
+    past the binding limit cannot be split: refused with the numbers before any upload."""
+    monkeypatch.setattr(device, "max_storage_buffer_range", 14000)
+    monkeypatch.setattr(device, "min_storage_buffer_offset_alignment", 256)
+    refused(device, split_files["Q3_K"], f"tensor 'token_embd.weight' [{SPLIT_VOCAB}, {HIDDEN}] Q3_K is "
+                                "330000 bytes, more than the device's maxStorageBufferRange of "
+                                "14000 bytes, and it cannot be split: its slices start at "
+                                "multiples of 128 rows (minStorageBufferOffsetAlignment 256), "
+                                "and 128 rows are 14080 bytes")
 
 
 # -- bad input: one line naming the tensor, its type and the numbers, before any upload -------

@@ -322,21 +322,25 @@ def test_plain_file_loads(plain_model, device, tmp_path):
 
 def test_weight_past_the_storage_range_refused_before_upload(plain_model, device, tmp_path,
                                                              monkeypatch):
-    """A weight bigger as stored than maxStorageBufferRange (lavapipe: 128 MiB; a 128k-token
-    vocabulary at hidden 2048 as Q8_0 is 278 MB) is refused with the numbers before any
-    upload. The limit is lowered to one byte under token_embd's Q8_0 size (300 rows of 2
-    blocks of 34 bytes)."""
+    """A matrix other than token_embd and output (which are split over rows,
+    tests/test_llama_types.py) bigger as stored than maxStorageBufferRange (lavapipe: 128
+    MiB) is refused with the numbers before any upload. The limit is lowered to one byte
+    under ffn_gate's Q8_0 size (128 rows of 2 blocks of 34 bytes); token_embd (300 such
+    rows) is split."""
     path = write_gguf(tmp_path / "big.gguf", plain_model, qtype="Q8_0")
-    nbytes = N_VOCAB * HIDDEN // 32 * 34
+    nbytes = N_FF * HIDDEN // 32 * 34
     monkeypatch.setattr(device, "max_storage_buffer_range", nbytes - 1)
     before = device.bytes_in_use
     with pytest.raises(ModelFormatError) as info:
         Llama.from_gguf(device, load_gguf(path))
-    assert (f"tensor 'token_embd.weight' [{N_VOCAB}, {HIDDEN}] Q8_0 is {nbytes} bytes, more "
-            f"than the device's maxStorageBufferRange of {nbytes - 1} bytes") in str(info.value)
+    assert (f"tensor 'blk.0.ffn_gate.weight' [{N_FF}, {HIDDEN}] Q8_0 is {nbytes} bytes, more "
+            f"than the device's maxStorageBufferRange of {nbytes - 1} bytes (only "
+            "token_embd.weight and output.weight are split over rows") in str(info.value)
     assert device.bytes_in_use == before
     monkeypatch.setattr(device, "max_storage_buffer_range", nbytes)   # exactly fits: loads
-    Llama.from_gguf(device, load_gguf(path)).close()
+    model = Llama.from_gguf(device, load_gguf(path))
+    assert set(model.slices) == {"token_embd.weight", "output.weight"}
+    model.close()
 
 
 def test_weights_are_views_of_one_buffer_as_stored(plain_model, device, tmp_path,

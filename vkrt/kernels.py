@@ -7,7 +7,8 @@ All tensors are float32 except token ids (uint32) and the weights of `linear` an
 which are read as the GGUF stores them: float32, float16, bfloat16 or a GGUF block type
 (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k ... q6_k, iq4_xs; `WEIGHTS`: the shader variant
 of each, vkrt/weight_types.py and vkrt/glsl/variants.json). Shapes are `[tokens, width]`
-row-major; a tensor may hold more rows than a call uses (activations are sized for the longest forward).
+row-major; a tensor may hold more rows than a call uses (activations are sized for the
+longest forward).
 Every method raises `ShaderInterfaceError` (module, binding, numbers) when a tensor has the
 wrong dtype or is too small for the call.
 """
@@ -223,9 +224,9 @@ class Kernels:
                name: str = "", accumulate: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
         of any `WEIGHTS` dtype (n_in % 4 == 0; a multiple of the block for block types, which
-        `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; past FEW_ROWS rows, on a
-        GPU, `many_rows_per_group` rows per workgroup), more a matrix product (prefill; x_row
-        must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU device. `accumulate` (one
+        `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; past
+        FEW_ROWS rows, on a GPU, `many_rows_per_group` rows per workgroup), more a matrix
+        product (prefill; x_row must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU device. `accumulate` (one
         token only): y += the product instead (`matvec_add`: a residual add folded into the
         projection)."""
         n_out, n_in = weight.shape
