@@ -184,11 +184,11 @@ def test_table_that_cannot_be_split_refused(split_files, device, monkeypatch):
     past the binding limit cannot be split: refused with the numbers before any upload."""
     monkeypatch.setattr(device, "max_storage_buffer_range", 14000)
     monkeypatch.setattr(device, "min_storage_buffer_offset_alignment", 256)
-    refused(device, split_files["Q3_K"], f"tensor 'token_embd.weight' [{SPLIT_VOCAB}, {HIDDEN}] Q3_K is "
-                                "330000 bytes, more than the device's maxStorageBufferRange of "
-                                "14000 bytes, and it cannot be split: its slices start at "
-                                "multiples of 128 rows (minStorageBufferOffsetAlignment 256), "
-                                "and 128 rows are 14080 bytes")
+    refused(device, split_files["Q3_K"],
+            f"tensor 'token_embd.weight' [{SPLIT_VOCAB}, {HIDDEN}] Q3_K is 330000 bytes, more "
+            "than the device's maxStorageBufferRange of 14000 bytes, and it cannot be split: "
+            "its slices start at multiples of 128 rows (minStorageBufferOffsetAlignment 256), "
+            "and 128 rows are 14080 bytes")
 
 
 # -- bad input: one line naming the tensor, its type and the numbers, before any upload -------

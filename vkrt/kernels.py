@@ -226,9 +226,9 @@ class Kernels:
         of any `WEIGHTS` dtype (n_in % 4 == 0; a multiple of the block for block types, which
         `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; past
         FEW_ROWS rows, on a GPU, `many_rows_per_group` rows per workgroup), more a matrix
-        product (prefill; x_row must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU device. `accumulate` (one
-        token only): y += the product instead (`matvec_add`: a residual add folded into the
-        projection)."""
+        product (prefill; x_row must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU
+        device. `accumulate` (one token only): y += the product instead (`matvec_add`: a
+        residual add folded into the projection)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
             rows = self.many_rows_per_group if n_out > FEW_ROWS else 1
