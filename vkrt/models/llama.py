@@ -213,19 +213,22 @@ class Llama(Decoder):
     def from_gguf(cls, device: Device, gguf: GGUFFile, progress: bool = False) -> "Llama":
         """Upload every tensor of `gguf` to `device` as the kernels read it: matrices as their
         stored bytes (the types of vkrt/weight_types.py; no f32 copy), 1-D tensors (norms,
-        biases) as f32, all suballocated from a few buffers (`WeightArena`). Bytes are read from the
-        file straight into mapped device memory, or through one scratch array of the largest
-        tensor's size and the stream's staging when the device memory is not mappable: no
-        second copy of the file in host memory (nothing of it is memory-mapped). The file's
-        descriptor stays open: `gguf.close()` releases it.
+        biases) as f32, all suballocated from a few buffers (`WeightArena`). Bytes are read
+        from the file straight into mapped device memory, or through one scratch array of the
+        largest tensor's size and the stream's staging when the device memory is not
+        mappable: no second copy of the file in host memory (nothing of it is memory-mapped).
+        The file's descriptor stays open: `gguf.close()` releases it. token_embd and output
+        larger than the device's maxStorageBufferRange are bound as slices of rows
+        (`slices`, `slice_rows`).
 
         Every tensor of the file is read by the forward or the file is refused, and every
         check runs before the first allocation.
         Raises: ModelFormatError (one line naming the file: unsupported architecture or
         metadata key; a missing, misshapen or unknown tensor; a tensor type the kernels do not
         read, e.g. IQ2_XS, or a matrix whose rows are not whole blocks of its type or whose
-        stored size does not match its type and shape; a tensor larger than the device's
-        maxStorageBufferRange as stored),
+        stored size does not match its type and shape; another matrix larger than the
+        device's maxStorageBufferRange as stored, or a table whose smallest aligned slice
+        is),
         DeviceMemoryError when the weights do not fit.
         """
         from tqdm import tqdm
