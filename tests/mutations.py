@@ -401,7 +401,7 @@ MUTATIONS = [
     ("quant: Q2_K min term dropped", "vkrt/glsl/weights.glsl",
      " * vec4(q) - W_(f16_at)(o + 82) * float(sc >> 4);", " * vec4(q);", LINEAR),
     ("quant: IQ4 non-linear table off in its last level", "vkrt/glsl/weights.glsl",
-     "38, 53, 69, 89, 113);", "38, 53, 69, 89, 112);", LINEAR),
+     "uvec4(0x71594535u)", "uvec4(0x70594535u)", LINEAR),
     ("quant: IQ4_XS scales' high bits ignored", "vkrt/glsl/weights.glsl",
      "\n              | ((W_(half_at)(o + 2) >> (2 * b)) & 3u) << 4;", ";", LINEAR),
     ("quant: Q4_0 offset of 8 dropped", "vkrt/glsl/weights.glsl",
