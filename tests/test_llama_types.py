@@ -42,15 +42,16 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-def blocks_model(gguf_type: str, seed: int = 0, n_vocab: int = N_VOCAB):
+def blocks_model(gguf_type, seed: int = 0, n_vocab: int = N_VOCAB, n_layer: int = 1):
     """(model, raw): a random fp32 LlamaForCausalLM whose matrices are gguf-py's values of
-    random `gguf_type` blocks, and those blocks by GGUF tensor name (GGUF row order, as
+    random blocks of `gguf_type` (a GGUF type name, or a function of the GGUF tensor name
+    giving its type), and those blocks by GGUF tensor name (GGUF row order, as
     `write_gguf`'s `raw` takes them)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=n_vocab, hidden_size=HIDDEN, intermediate_size=N_FF,
-                         num_hidden_layers=1, num_attention_heads=N_HEAD,
+                         num_hidden_layers=n_layer, num_attention_heads=N_HEAD,
                          num_key_value_heads=N_HEAD_KV, max_position_embeddings=512,
                          rms_norm_eps=1e-5, tie_word_embeddings=False)
     torch.manual_seed(seed)
@@ -63,8 +64,9 @@ def blocks_model(gguf_type: str, seed: int = 0, n_vocab: int = N_VOCAB):
              "self_attn.v_proj": ("attn_v", None), "self_attn.o_proj": ("attn_output", None),
              "mlp.gate_proj": ("ffn_gate", None), "mlp.up_proj": ("ffn_up", None),
              "mlp.down_proj": ("ffn_down", None)}
-    hf.update({f"model.layers.0.{k}.weight": (f"blk.0.{v}.weight", heads)
-               for k, (v, heads) in names.items()})
+    hf.update({f"model.layers.{i}.{k}.weight": (f"blk.{i}.{v}.weight", heads)
+               for k, (v, heads) in names.items() for i in range(n_layer)})
+    type_of = gguf_type if callable(gguf_type) else lambda name: gguf_type
     raw = {}
     with torch.no_grad():
         params = dict(model.named_parameters())
@@ -72,8 +74,8 @@ def blocks_model(gguf_type: str, seed: int = 0, n_vocab: int = N_VOCAB):
             if name in hf:
                 gname, heads = hf[name]
                 std = 1.0 if "embed" in name else 1 / math.sqrt(p.shape[1])
-                blocks, values = random_blocks(r, gguf_type, *p.shape, std)
-                raw[gname] = (blocks, gguf_type)
+                blocks, values = random_blocks(r, type_of(gname), *p.shape, std)
+                raw[gname] = (blocks, type_of(gname))
                 values = values if heads is None else unpermute(values, heads)
                 p.copy_(torch.from_numpy(values.astype(np.float32)))
             else:
@@ -101,6 +103,39 @@ def test_type_matches_transformers(gguf_type, device, tmp_path):
         print(f"{gguf_type}: max |dlogit| {err:.2e} over {LOGIT_LEN} positions, logits in "
               f"[{want.min():.1f}, {want.max():.1f}]")
         assert err < LOGIT_ATOL, f"{gguf_type}: max |logit diff| {err:.2e}"
+        np.testing.assert_array_equal(got.argmax(1), want.argmax(1))
+        prompt = ids[:PROMPT_LEN]
+        assert generate(vk, prompt, GREEDY).tokens == ref.greedy(prompt, GREEDY)
+    finally:
+        vk.close()
+        g.close()
+
+
+# llama.cpp's Q4_K_M mix (llama-quant.cpp: Q6_K for output and for attn_v / ffn_down in some
+# layers, Q4_K elsewhere; Q5_0 or Q8_0 where a row is not a multiple of 256, here given to
+# two matrices whose rows are): layer 0's Q/K/V differ in type, so its decode step runs
+# unfused; layer 1's do not, so it runs the fused kernels, its projections' residual adds
+# (matvec_add) reading Q5_0 and Q8_0.
+Q4_K_M = {"output.weight": "Q6_K", "blk.0.attn_v.weight": "Q6_K",
+          "blk.0.ffn_down.weight": "Q6_K", "blk.1.attn_output.weight": "Q5_0",
+          "blk.1.ffn_down.weight": "Q8_0"}
+
+
+def test_q4_k_m_mix_matches_transformers(device, tmp_path):
+    """A file of several block types, as llama.cpp's presets write them: the same gate."""
+    model, raw = blocks_model(lambda name: Q4_K_M.get(name, "Q4_K"), seed=7, n_layer=2)
+    path = write_gguf(tmp_path / "q4_k_m.gguf", model, raw=raw)
+    ref = TransformersReference(str(path))
+    ids = [int(i) for i in np.random.default_rng(8).integers(0, N_VOCAB, LOGIT_LEN)]
+    want = ref.logits(ids)
+    g = load_gguf(path)
+    vk = Llama.from_gguf(device, g)
+    try:
+        assert {t.dtype for t in vk.w.values()} == {"float32", "q4_k", "q6_k", "q5_0", "q8_0"}
+        assert [vk.fusable(i) for i in range(2)] == [False, True]
+        got = vk.logits(ids)
+        print(f"Q4_K_M: max |dlogit| {np.abs(got - want).max():.2e}")
+        assert np.abs(got - want).max() < LOGIT_ATOL
         np.testing.assert_array_equal(got.argmax(1), want.argmax(1))
         prompt = ids[:PROMPT_LEN]
         assert generate(vk, prompt, GREEDY).tokens == ref.greedy(prompt, GREEDY)
