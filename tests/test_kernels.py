@@ -820,12 +820,12 @@ def test_add_rows_adds_table_rows_from_row0(gpu):
     np.testing.assert_array_equal(got[n_tokens:], x[n_tokens:])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "q8_0", "q6_k"])
+@pytest.mark.parametrize("dtype", [t.dtype for t in weight_types.TYPES])
 def test_embed_range_writes_only_its_ids(gpu, kernels, dtype):
     # Two slices of a 37-row table (rows 0..19, 20..36) in two dispatches cover every id;
     # one slice alone leaves the other ids' rows untouched (sentinel). The table as stored:
-    # f32 (OPT's slices), Q8_0 and Q6_K (a Llama embedding past one binding), 70 columns or
-    # 3 blocks.
+    # f32 (OPT's slices) or any weight type (a Llama embedding past one binding), 70 columns
+    # or 3 blocks.
     r, n_vocab, split = rng(43), 37, 20
     n_embd = 70 if dtype == "float32" else cols(dtype)
     raw, table = weight_bytes(dtype, randn(r, n_vocab, n_embd), seed=43)
