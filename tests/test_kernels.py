@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vkrt import weight_types
 from vkrt.errors import ShaderInterfaceError, VkrtError
 from vkrt.kernels import Kernels
 from vkrt.models.llama import rope_table
@@ -29,6 +30,7 @@ from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.stream import Stream
 from vkrt.runtime.tensor import Tensor, nbytes_of
+from weight_blocks import random_blocks
 
 ELEMENTWISE = 64   # elementwise kernels' workgroup size, as in llama.py
 F32 = 4
@@ -839,24 +841,26 @@ def test_add_rows_adds_table_rows_from_row0(gpu):
     np.testing.assert_array_equal(got[n_tokens:], x[n_tokens:])
 
 
-def test_embed_range_writes_only_its_ids(gpu):
+@pytest.mark.parametrize("dtype", [t.dtype for t in weight_types.TYPES])
+def test_embed_range_writes_only_its_ids(gpu, kernels, dtype):
     # Two slices of a 37-row table (rows 0..19, 20..36) in two dispatches cover every id;
-    # one slice alone leaves the other ids' rows untouched (sentinel).
-    r, n_vocab, n_embd, split = rng(43), 37, 70, 20
-    table = randn(r, n_vocab, n_embd)
+    # one slice alone leaves the other ids' rows untouched (sentinel). The table as stored:
+    # f32 (OPT's slices) or any weight type (a Llama embedding past one binding), 70 columns
+    # or 3 blocks.
+    r, n_vocab, split = rng(43), 37, 20
+    n_embd = 70 if dtype == "float32" else cols(dtype)
+    raw, table = weight_bytes(dtype, randn(r, n_vocab, n_embd), seed=43)
     ids = np.array([5, 0, 36, 20, 19, 5], np.uint32)
     bi = gpu.upload(ids)
-    lo, hi = gpu.upload(table[:split]), gpu.upload(table[split:])
+    lo = upload_weight(gpu, dtype, raw[:split], (split, n_embd))
+    hi = upload_weight(gpu, dtype, raw[split:], (n_vocab - split, n_embd))
     out = gpu.filled(len(ids) * n_embd + 3)
-    grid = (groups(n_embd, ELEMENTWISE), len(ids) + 1, 1)
-    gpu.run("embed_range", {0: ELEMENTWISE}, (hi, bi, out), grid,
-            push(n_embd, split, n_vocab - split, len(ids)))
+    gpu.stream.record([kernels.embed_range(hi, split, bi, out, len(ids))])
     got = gpu.read(out)[:-3].reshape(len(ids), n_embd)
     mine = ids >= split
     np.testing.assert_array_equal(got[mine], table[ids[mine]])
     np.testing.assert_array_equal(got[~mine], SENTINEL)
-    gpu.run("embed_range", {0: ELEMENTWISE}, (lo, bi, out), grid,
-            push(n_embd, 0, split, len(ids)))
+    gpu.stream.record([kernels.embed_range(lo, 0, bi, out, len(ids))])
     got = gpu.read(out)
     np.testing.assert_array_equal(got[:-3].reshape(len(ids), n_embd), table[ids])
     np.testing.assert_array_equal(got[-3:], SENTINEL)
@@ -876,29 +880,50 @@ def test_copy_block_into_wider_rows(gpu):
 
 
 # -- weights as the GGUF stores them (embed_*, matvec_*, matmul_* variants) ------------------
-# Each weight type is quantized by gguf-py (`gguf.quants.quantize`: ggml's reference
-# quantizers for Q8_0 and Q4_1, rounding casts for F16 and BF16) and the kernels are compared
-# with `gguf.quants.dequantize` of the same bytes, so the layout the shaders read is the one
-# gguf-py and ggml define. The ops come from `Kernels`, which picks the variant from the
-# weight tensor's dtype.
-WEIGHT_TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "q8_0": "Q8_0",
-                "q4_1": "Q4_1"}
+# Every type of vkrt/weight_types.py. F16 and BF16 are quantized by gguf-py (rounding casts);
+# a block type is random blocks (tests/weight_blocks.py: every bit random, f16 scales finite),
+# and the kernels are compared with `gguf.quants.dequantize` of the same bytes, so the layout
+# the shaders read is the one gguf-py and ggml define. The ops come from `Kernels`, which
+# picks the variant from the weight tensor's dtype. Rows are 96 elements (3 blocks of 32) or
+# 768 (3 blocks of 256), so rows of 2-byte-aligned blocks start at both offsets mod 4.
+WEIGHT_TYPES = {t.dtype: t.gguf for t in weight_types.TYPES}
 
 
-def stored_weight(gpu, dtype: str, w: np.ndarray) -> tuple[Tensor, np.ndarray]:
-    """`w` [rows, cols] f32 stored as `dtype` on the device (a view of exactly
-    `nbytes_of(dtype, shape)` bytes: block types padded to whole words) and its values as
-    gguf-py dequantizes those bytes, float64."""
+def cols(dtype: str) -> int:
+    """Columns of a test matrix: 3 blocks of the type (96 for scalar types)."""
+    return 3 * max(32, weight_types.BY_DTYPE[dtype].block)
+
+
+def weight_bytes(dtype: str, w: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(raw, values): a weight of `w`'s shape as `dtype` stores it, uint8 [rows, bytes per
+    row], and its values as gguf-py dequantizes those bytes, float64: `w` itself rounded for
+    F32/F16/BF16, random blocks of `w`'s standard deviation (rng `seed`) for a block type."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[WEIGHT_TYPES[dtype]]
+    if weight_types.BY_DTYPE[dtype].quantized:
+        return random_blocks(rng(seed), WEIGHT_TYPES[dtype], *w.shape, float(w.std()))
     raw = np.ascontiguousarray(gguf.quants.quantize(w, qtype))
     values = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(w.shape)
-    nbytes = nbytes_of(dtype, w.shape)
+    return raw.view(np.uint8).reshape(w.shape[0], -1), values
+
+
+def upload_weight(gpu, dtype: str, raw: np.ndarray, shape: tuple[int, int]) -> Tensor:
+    """`raw` (weight_bytes) on the device as a `dtype` view of exactly
+    `nbytes_of(dtype, shape)` bytes (block types padded to whole words)."""
+    nbytes = nbytes_of(dtype, shape)
     buf = Buffer(gpu.device, nbytes, name=dtype)
     gpu.buffers.append(buf)
-    gpu.stream.write(Tensor(buf, 0, nbytes, "uint8", (nbytes,)), raw.view(np.uint8))
-    return Tensor(buf, 0, nbytes, dtype, w.shape, name=dtype), values
+    gpu.stream.write(Tensor(buf, 0, nbytes, "uint8", (nbytes,)),
+                     np.ascontiguousarray(raw).reshape(-1))
+    return Tensor(buf, 0, nbytes, dtype, shape, name=dtype)
+
+
+def stored_weight(gpu, dtype: str, w: np.ndarray, seed: int = 0) -> tuple[Tensor, np.ndarray]:
+    """A weight of `w`'s shape stored as `dtype` on the device and its values, float64
+    (weight_bytes, upload_weight)."""
+    raw, values = weight_bytes(dtype, w, seed)
+    return upload_weight(gpu, dtype, raw, w.shape), values
 
 
 @pytest.fixture
@@ -911,27 +936,29 @@ def kernels(gpu):
                          ids=["1", "7", "9", "7-tiled", "70-tiled"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
 def test_linear_weights_as_stored(gpu, kernels, dtype, n_tokens, tiled):
-    # n_rows = 37: not a multiple of any workgroup; n_cols = 96 = 32 * 3, an odd number of
-    # blocks per row, so Q8_0 rows (102 bytes) start at every byte offset mod 4 the 2-byte
-    # alignment allows and the tensor ends inside a word (111 blocks). Decode (1 token) reads
+    # n_rows = 37: not a multiple of any workgroup; n_cols = 3 blocks (96, or 768 for blocks of
+    # 256), an odd number of blocks per row, so rows of 2-byte-aligned blocks (Q8_0's 102
+    # bytes, Q6_K's 630) start at every byte offset mod 4 the alignment allows and the tensor
+    # ends inside a word (111 blocks). Decode (1 token) reads
     # x at row 2 of 3; prefill tiles 7 and 9 tokens by 8 (one partial tile, then two), or,
     # tiled (matmul_tiled, a GPU's prefill), 7 and 70 tokens by 64 and 37 rows by 32.
     kernels.tiled_matmul = tiled
-    r, n_rows, n_cols = rng(40), 37, 96
+    r, n_rows, n_cols = rng(40), 37, cols(dtype)
     w = randn(r, n_rows, n_cols)
-    tw, values = stored_weight(gpu, dtype, w)
+    tw, values = stored_weight(gpu, dtype, w, seed=40)
     x_row = 2 if n_tokens == 1 else 0
     x = randn(r, x_row + n_tokens, n_cols)
     tx, ty = gpu.upload(x), gpu.filled(n_tokens * n_rows + 5)
     gpu.stream.record([kernels.linear(tx, tw, ty, n_tokens, x_row=x_row)])
     got = gpu.read(ty)
     terms = x[x_row:].astype(np.float64)[:, None, :] * values[None, :, :]   # [T, N, K]
-    # The shader dequantizes each weight exactly as gguf-py does in f32 (d * q is exact: an
-    # 11-bit f16 scale times an integer of at most 8 bits; Q4_1's "+ m" is one f32 rounding,
-    # one more if the compiler fuses it into an fma, 2^-24 |w| at most) and sums in f32, so
-    # the bound of test_matvec_with_x_offset holds: 2e-7 relative to sum|w*x| (about sqrt(96)
-    # * 2^-24 = 6e-7 in the worst random case, 2^-24 typical; measured below 1e-7 for every
-    # type, at most 5.2e-8). A wrong block, scale, nibble or min is off by ~1 in these units.
+    # The shader dequantizes each weight exactly as gguf-py does in f32 (d * scale * q is
+    # exact: an 11-bit f16 scale times integers of at most 7 + 5 bits; a min term "+ m" or
+    # "- dmin * m" is one f32 rounding of exact terms, fused into an fma or not) and sums in
+    # f32, so the bound of test_matvec_with_x_offset holds: 2e-7 relative to sum|w*x| (about
+    # sqrt(96) * 2^-24 = 6e-7 in the worst random case, 2^-24 typical; measured at most
+    # 1.1e-7, BF16 tiled over 70 tokens, and 8.5e-8 for every block type).
+    # A wrong block, scale, nibble, high bit or min is off by ~1e-2 or more in these units.
     err = rel_err(got[:-5].reshape(n_tokens, n_rows), terms.sum(2), np.abs(terms).sum(2))
     assert err < 2e-7, err
     np.testing.assert_array_equal(got[-5:], SENTINEL)
@@ -939,38 +966,59 @@ def test_linear_weights_as_stored(gpu, kernels, dtype, n_tokens, tiled):
 
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
 def test_embed_weights_as_stored(gpu, kernels, dtype):
-    # n_embd = 160 = 32 * 5: three workgroups of 64 per token, the last one partial; 37 rows
-    # of Q8_0 end inside a word.
-    r, n_vocab, n_embd = rng(41), 37, 160
-    table, values = stored_weight(gpu, dtype, randn(r, n_vocab, n_embd))
+    # n_embd = 160 = 32 * 5: three workgroups of 64 per token, the last one partial (768 = 3
+    # blocks of 256 for the K-quants and IQ4_XS); 37 rows of Q8_0 end inside a word.
+    r, n_vocab = rng(41), 37
+    n_embd = 160 if weight_types.BY_DTYPE[dtype].block <= 32 else 768
+    table, values = stored_weight(gpu, dtype, randn(r, n_vocab, n_embd), seed=41)
     ids = np.array([5, 0, 36, 5, 17], np.uint32)  # a repeat, the first and the last row
     bi, bo = gpu.upload(ids), gpu.filled(len(ids) * n_embd + 3)
     gpu.stream.record([kernels.embed(table, bi, bo, len(ids))])
     got = gpu.read(bo)
-    # A copy of each dequantized value: exact, except that Q4_1's d * q + m may be fused into
-    # one fma (one rounding instead of gguf-py's two): within one f32 ulp of the value.
-    want = values[ids]
-    np.testing.assert_allclose(got[:-3].reshape(len(ids), n_embd), want, rtol=0,
-                               atol=float(np.spacing(np.float32(np.abs(want).max()))))
-    if dtype != "q4_1":
-        np.testing.assert_array_equal(got[:-3].reshape(len(ids), n_embd), want)
+    # A copy of each dequantized value, bit-exact: the products of scales and integers are
+    # exact in f32 and a min term is the one rounding gguf-py makes too (fused or not).
+    np.testing.assert_array_equal(got[:-3].reshape(len(ids), n_embd), values[ids])
     np.testing.assert_array_equal(got[-3:], SENTINEL)
 
 
 def test_weight_types_the_kernels_do_not_read_are_refused(gpu, kernels):
-    # A view of a dtype with no variant (Q4_K) is refused naming the tensor; rows of a block
-    # type must be whole blocks.
-    buf = gpu.filled(64).buffer
-    x, y = gpu.filled(32), gpu.filled(4)
-    with pytest.raises(ShaderInterfaceError, match=r"matvec: no variant reads weights of q4_k "
+    # A view of a dtype with no variant (IQ2_XS) is refused naming the tensor; rows of a block
+    # type must be whole blocks of its type (256 for Q4_K), and a view's bytes must be those
+    # of its type and shape (Q6_K: 210 bytes per 256, padded to a word).
+    buf = gpu.filled(256).buffer
+    x, y = gpu.filled(256), gpu.filled(4)
+    with pytest.raises(ShaderInterfaceError, match=r"matvec: no variant reads weights of iq2_xs "
                                                    r"\(tensor 'w'\)"):
-        kernels.linear(x, Tensor(buf, 0, 144, "q4_k", (1, 256), name="w"), y, 1)
+        kernels.linear(x, Tensor(buf, 0, 74, "iq2_xs", (1, 256), name="w"), y, 1)
     with pytest.raises(VkrtError, match=r"q8_0 rows of 48 elements are not whole blocks of 32"):
         Tensor.of(buf, "q8_0", (1, 48))
+    with pytest.raises(VkrtError, match=r"'w': q4_k rows of 96 elements are not whole blocks "
+                                        r"of 256"):
+        Tensor.of(buf, "q4_k", (1, 96), name="w")
+    with pytest.raises(VkrtError, match=r"tensor 'w': shape \(1, 256\) of q6_k is 212 bytes, "
+                                        r"the view has 210"):
+        Tensor(buf, 0, 210, "q6_k", (1, 256), name="w")
     with pytest.raises(ShaderInterfaceError, match=r"binding 0 \(Wt\) takes q8_0, got q4_1"):
         kernels.weight_op("matvec", Tensor.of(buf, "q8_0", (2, 32)))(
             Tensor.of(buf, "q4_1", (2, 32)), x, y, grid=(2, 1, 1), n_cols=32, x_offset=0,
             n_rows=2)
+
+
+@pytest.mark.parametrize("dtype", [t.dtype for t in weight_types.TYPES if t.quantized])
+def test_matvec_rows_per_workgroup_weights_as_stored(gpu, kernels, dtype):
+    # 3 rows per workgroup (matvec.comp's ROWS, a GPU's logits) over 37 rows of each block
+    # type: the last workgroup is partial and the sentinels past the last row stay.
+    r, n_rows, n_cols, rows = rng(42), 37, cols(dtype), 3
+    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=42)
+    x = randn(r, n_cols)
+    tx, ty = gpu.upload(x), gpu.filled(n_rows + 3)
+    op = kernels.weight_op("matvec", tw, gpu.sg * rows, {1: rows})
+    gpu.stream.record([op(tw, tx, ty, grid=(groups(n_rows, rows), 1, 1), n_cols=n_cols,
+                          x_offset=0, n_rows=n_rows)])
+    got = gpu.read(ty)
+    terms = values * x.astype(np.float64)
+    assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
+    np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
 
 # -- fused decode kernels ------------------------------------------------------------------
@@ -997,8 +1045,8 @@ def rms_reference(x: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:
 def test_matvec_add_accumulates_into_y(gpu, row_kernels, dtype):
     # y += W x: the residual add folded into the projection; rows past n_rows keep their
     # values (sentinels).
-    r, n_rows, n_cols = rng(60), 37, 96
-    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols))
+    r, n_rows, n_cols = rng(60), 37, cols(dtype)
+    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=60)
     x, y0 = randn(r, n_cols), randn(r, n_rows)
     tx, ty = gpu.upload(x), gpu.upload(np.concatenate([y0, np.full(5, SENTINEL, np.float32)]))
     gpu.stream.record([row_kernels.linear(tx, tw, ty, 1, accumulate=True)])
@@ -1012,9 +1060,9 @@ def test_matvec_add_accumulates_into_y(gpu, row_kernels, dtype):
 
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
 def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype):
-    r, n_ff, n_embd, eps = rng(61), 37, 96, 1e-5
-    tg, g_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd))
-    tu, u_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd))
+    r, n_ff, n_embd, eps = rng(61), 37, cols(dtype), 1e-5
+    tg, g_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd), seed=61)
+    tu, u_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd), seed=62)
     x, norm_w = randn(r, n_embd) * 3, randn(r, n_embd)
     tx, tn, to = gpu.upload(x), gpu.upload(norm_w), gpu.filled(n_ff + 5)
     gpu.stream.record([row_kernels.glu(tx, tn, tg, tu, to, eps)])
@@ -1061,12 +1109,12 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos):
     # 3 query heads and 1 KV head of 32: 80 row pairs; position 5 as pos0 = 5, or as pos0 = 3
     # plus 2 from the position buffer (a replayed step). Cache rows other than 5 keep their
     # sentinels.
-    r, n_embd, head_dim, n_heads, n_kv, rows, eps = rng(62), 96, 32, 3, 1, 8, 1e-5
+    r, n_embd, head_dim, n_heads, n_kv, rows, eps = rng(62), cols(dtype), 32, 3, 1, 8, 1e-5
     pos0, shift = (3, 2) if use_pos else (5, 7)  # the buffer's 7 must be ignored without use_pos
     p = pos0 + (shift if use_pos else 0)
-    wq = stored_weight(gpu, dtype, randn(r, n_heads * head_dim, n_embd))
-    wk = stored_weight(gpu, dtype, randn(r, n_kv * head_dim, n_embd))
-    wv = stored_weight(gpu, dtype, randn(r, n_kv * head_dim, n_embd))
+    wq = stored_weight(gpu, dtype, randn(r, n_heads * head_dim, n_embd), seed=63)
+    wk = stored_weight(gpu, dtype, randn(r, n_kv * head_dim, n_embd), seed=64)
+    wv = stored_weight(gpu, dtype, randn(r, n_kv * head_dim, n_embd), seed=65)
     x, norm_w = randn(r, n_embd), randn(r, n_embd)
     table = rope_table(head_dim, 10000.0, rows)
     tx, tn, tcs = gpu.upload(x), gpu.upload(norm_w), gpu.upload(table)

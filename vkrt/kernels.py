@@ -4,14 +4,17 @@ that keep the shader inside its views). Models call these and never count workgr
 bytes; the shader's header comment is the contract each method follows.
 
 All tensors are float32 except token ids (uint32) and the weights of `linear` and `embed`,
-which are read as the GGUF stores them: float32, float16, bfloat16, q8_0 or q4_1 (`WEIGHTS`:
-the shader variant of each, vkrt/glsl/variants.json). Shapes are `[tokens, width]` row-major;
-a tensor may hold more rows than a call uses (activations are sized for the longest forward).
+which are read as the GGUF stores them: float32, float16, bfloat16 or a GGUF block type
+(q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k ... q6_k, iq4_xs; `WEIGHTS`: the shader variant
+of each, vkrt/weight_types.py and vkrt/glsl/variants.json). Shapes are `[tokens, width]`
+row-major; a tensor may hold more rows than a call uses (activations are sized for the
+longest forward).
 Every method raises `ShaderInterfaceError` (module, binding, numbers) when a tensor has the
 wrong dtype or is too small for the call.
 """
 from __future__ import annotations
 
+from vkrt import weight_types
 from vkrt.errors import ShaderInterfaceError
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.op import Op
@@ -56,9 +59,9 @@ def attention_partials(n_heads: int, head_dim: int) -> int:
     return n_heads * ATTENTION_SPLITS * (head_dim + 2)
 
 # Weight dtype (vkrt.runtime.tensor) -> the suffix of its shader variants (embed_*, matvec_*,
-# matmul_*); block types need rows of whole 32-element blocks.
-WEIGHTS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0",
-           "q4_1": "q4_1"}
+# matmul_*), from the type table (vkrt/weight_types.py); block types need rows of whole
+# blocks (32 elements, 256 for the K-quants and IQ4_XS).
+WEIGHTS = weight_types.WEIGHTS
 
 
 # Decode products over few rows (a layer's: 576 to 1536 for SmolLM2) run ROW_SUBGROUPS
@@ -74,7 +77,8 @@ FEW_ROWS = 8192
 MANY_ROWS_PER_GROUP = 4
 
 # Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
-WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
+WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
+                  "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
                   "matmul_tiled": ("W", F32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
@@ -115,7 +119,8 @@ class Kernels:
         p, sg = pipelines.get_pipeline, pipelines.device.subgroup_size
         self.limit = pipelines.device.max_compute_work_group_count
         self._pipelines, self._weight_ops = pipelines, {}
-        self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
+        self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK},
+                             "embed_range": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
                              "matvec_add": {0: sg}, "matvec_glu": {0: sg}, "qkv_rope": {0: sg},
                              "matmul": {0: sg, 1: MATMUL_TOKENS},
                              "matmul_tiled": {0: TILE_ROWS * TILE_TOKENS // 16,
@@ -164,7 +169,6 @@ class Kernels:
         self._layernorm = Op(p("layernorm", {0: sg}), (F32, F32, F32, F32))
         self._relu = Op(p("relu", {0: ELEMENTWISE_BLOCK}), (F32,))
         self._add_rows = Op(p("add_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
-        self._embed_range = Op(p("embed_range", {0: ELEMENTWISE_BLOCK}), (F32, U32, F32))
         self._copy_block = Op(p("copy_block", {0: ELEMENTWISE_BLOCK}), (F32, F32))
 
     def row_threads(self, n_rows: int) -> int:
@@ -219,12 +223,12 @@ class Kernels:
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
                name: str = "", accumulate: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
-        of any `WEIGHTS` dtype (n_in % 4 == 0; % 32 for block types, which `Tensor` enforces),
-        x and y f32. One token is a matrix-vector product (decode; past FEW_ROWS rows, on a
-        GPU, `many_rows_per_group` rows per workgroup), more a matrix product (prefill; x_row
-        must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU device. `accumulate` (one
-        token only): y += the product instead (`matvec_add`: a residual add folded into the
-        projection)."""
+        of any `WEIGHTS` dtype (n_in % 4 == 0; a multiple of the block for block types, which
+        `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; past
+        FEW_ROWS rows, on a GPU, `many_rows_per_group` rows per workgroup), more a matrix
+        product (prefill; x_row must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU
+        device. `accumulate` (one token only): y += the product instead (`matvec_add`: a
+        residual add folded into the projection)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
             rows = self.many_rows_per_group if n_out > FEW_ROWS else 1
@@ -433,14 +437,16 @@ class Kernels:
 
     def embed_range(self, table: Tensor, row0: int, ids: Tensor, out: Tensor, n_tokens: int,
                     name: str = "") -> Dispatch:
-        """out[t] = table[ids[t] - row0] for the t < n_tokens whose id lies in row0 ..
-        row0 + rows - 1 (other rows of out untouched); table [rows, n_embd] is the slice of
-        an embedding from row row0 (a table larger than one binding, uploaded in slices)."""
+        """out[t] = table[ids[t] - row0] dequantized to f32 for the t < n_tokens whose id lies
+        in row0 .. row0 + rows - 1 (other rows of out untouched); table [rows, n_embd] of any
+        `WEIGHTS` dtype is the slice of an embedding from row row0 (a table larger than one
+        binding, bound in slices); out f32."""
         n_rows, n_embd = table.shape
-        return self._embed_range(table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK),
-                                                        *spread(n_tokens, self.limit[1:])),
-                                 name=name, need=(None, n_tokens, n_tokens * n_embd),
-                                 n_embd=n_embd, row0=row0, n_rows=n_rows, n_tokens=n_tokens)
+        return self.weight_op("embed_range", table)(
+            table, ids, out, grid=(_groups(n_embd, ELEMENTWISE_BLOCK),
+                                   *spread(n_tokens, self.limit[1:])),
+            name=name, need=(None, n_tokens, n_tokens * n_embd), n_embd=n_embd, row0=row0,
+            n_rows=n_rows, n_tokens=n_tokens)
 
     def copy_block(self, src: Tensor, dst: Tensor, n_tokens: int, width: int, col0: int,
                    name: str = "") -> Dispatch:

@@ -3,19 +3,20 @@
 // defining before each include WEIGHT_BINDING and W_(name), the spelling of every name
 // declared here (e.g. `#define W_(name) name##_up` declares weight4_up reading binding
 // WEIGHT_BINDING), then #undef-ing both; with neither defined the names are as written.
-// One of these defines picks the type (vkrt/glsl/variants.json builds each):
+// One define picks the type (vkrt/glsl/variants.json builds each, generated from the table
+// in vkrt/weight_types.py, which also passes a block type's WEIGHT_BLOCK and
+// WEIGHT_BLOCK_BYTES):
 //   WEIGHT_F32   f32, row-major
 //   WEIGHT_F16   IEEE half, row-major
 //   WEIGHT_BF16  bfloat16 (the upper 16 bits of an f32), row-major
-//   WEIGHT_Q8_0  ggml block_q8_0: 34 bytes per 32 elements = f16 d, then 32 int8 q;
-//                element i = d * q[i]
-//   WEIGHT_Q4_1  ggml block_q4_1: 20 bytes per 32 elements = f16 d, f16 m, then 16 bytes qs;
-//                element i < 16 = d * (qs[i] & 15) + m, element i + 16 = d * (qs[i] >> 4) + m
+//   WEIGHT_Q8_0, WEIGHT_Q4_0, WEIGHT_Q4_1, WEIGHT_Q5_0, WEIGHT_Q5_1, WEIGHT_IQ4_NL (blocks of
+//   32), WEIGHT_Q2_K, WEIGHT_Q3_K, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K, WEIGHT_IQ4_XS
+//   (blocks of 256): ggml's block_* structs, each described at its block4 below
 // (block layouts: ggml-common.h, as gguf-py's quants.py dequantizes them). Rows of a block
-// type hold n_cols / 32 blocks back to back (n_cols % 32 == 0); rows follow each other.
-// Blocks are bound as uint32 words (little-endian) and fields extracted by byte offset: a
-// Q8_0 block is 2-byte aligned only, so no wider load fits it; this needs no 8- or 16-bit
-// storage feature.
+// type hold n_cols / WEIGHT_BLOCK blocks back to back (n_cols % WEIGHT_BLOCK == 0); rows
+// follow each other. Blocks are bound as uint32 words (little-endian) and fields extracted by
+// byte offset: most blocks are 2-byte aligned only, so no wider load fits them; this needs
+// no 8- or 16-bit storage feature. Values are dequantized as gguf-py does, in f32.
 // weight4(row, q, n_cols): elements 4q .. 4q + 3 of `row` (n_cols % 4 == 0).
 // weight1(row, k, n_cols): element k of `row`.
 #ifndef WEIGHT_BINDING
@@ -43,47 +44,163 @@ float W_(weight1)(uint row, uint k, uint n_cols) {
     uint i = row * n_cols + k;
     return W_(pair)(W_(w)[i / 2])[i % 2];
 }
-#elif defined(WEIGHT_Q8_0) || defined(WEIGHT_Q4_1)
+#elif defined(WEIGHT_BLOCK)
+// Block types: WEIGHT_BLOCK elements in WEIGHT_BLOCK_BYTES bytes per block (the variant's
+// defines, from vkrt/weight_types.py). Each type defines block4(o, e): elements e .. e + 3
+// (e % 4 == 0) of the block at byte o. Four consecutive elements always share one scale
+// and sit in four consecutive bytes (the same nibble or bit field of each), so block4 reads
+// a handful of words.
 layout(set = 0, binding = WEIGHT_BINDING) readonly buffer W_(Wt) { uint W_(w)[]; };
-// The 16 bits at an even byte offset, and the 32 bits at an even byte offset (straddling two
-// words when the offset is 2 mod 4).
+// The byte at any offset; the 16 bits at an even byte offset; the 32 bits at any byte offset
+// (straddling two words when it is not a multiple of 4: blocks of 18, 22, 34, 110 and 210
+// bytes are only 2-byte aligned, and no wider or unaligned load is assumed).
+uint W_(byte_at)(uint byte) { return (W_(w)[byte / 4] >> (8 * (byte % 4))) & 0xFFu; }
 uint W_(half_at)(uint byte) { return (W_(w)[byte / 4] >> (8 * (byte % 4))) & 0xFFFFu; }
 uint W_(word_at)(uint byte) {
-    uint i = byte / 4;
-    return byte % 4 == 0 ? W_(w)[i] : (W_(w)[i] >> 16) | (W_(w)[i + 1] << 16);
+    uint i = byte / 4, s = 8 * (byte % 4);
+    return s == 0 ? W_(w)[i] : (W_(w)[i] >> s) | (W_(w)[i + 1] << (32 - s));
 }
+float W_(f16_at)(uint byte) { return unpackHalf2x16(W_(half_at)(byte)).x; }
+// The four bytes of v shifted right by `shift`, each masked to `mask`.
+uvec4 W_(fields)(uint v, uint shift, uint mask) {
+    v >>= shift;
+    return uvec4(v, v >> 8, v >> 16, v >> 24) & mask;
+}
+// kvalues_iq4nl (ggml-common.h): IQ4_NL's and IQ4_XS's non-linear 4-bit levels -127, -104,
+// -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113, as int8 bytes of four words
+// (selects and shifts: a const array, indexed at run time, took lavapipe 3x longer to build
+// and run: test_kernels -k iq4 cold, 17 s against 6 s).
+#if defined(WEIGHT_IQ4_NL) || defined(WEIGHT_IQ4_XS)
+vec4 W_(levels)(uvec4 n) {
+    uvec4 v = mix(mix(uvec4(0xBFAD9881u), uvec4(0xF6EADDCFu), greaterThan(n, uvec4(3u))),
+                  mix(uvec4(0x26190D01u), uvec4(0x71594535u), greaterThan(n, uvec4(11u))),
+                  greaterThan(n, uvec4(7u)));
+    return vec4(ivec4(v << (24u - 8u * (n & 3u))) >> 24);   // byte n % 4, sign-extended
+}
+#endif
 #if defined(WEIGHT_Q8_0)
-const uint W_(BLOCK_BYTES) = 34;
-vec4 W_(weight4)(uint row, uint q, uint n_cols) {
-    uint block = (row * (n_cols / 32) + q / 8) * W_(BLOCK_BYTES);
-    float d = unpackHalf2x16(W_(half_at)(block)).x;
-    int v = int(W_(word_at)(block + 2 + 4 * (q % 8)));
+// block_q8_0 (34 bytes): f16 d, int8 qs[32]; x = d * qs[e].
+vec4 W_(block4)(uint o, uint e) {
+    float d = W_(f16_at)(o);
+    int v = int(W_(word_at)(o + 2 + e));
     return d * vec4(bitfieldExtract(v, 0, 8), bitfieldExtract(v, 8, 8),
                     bitfieldExtract(v, 16, 8), bitfieldExtract(v, 24, 8));
 }
-float W_(weight1)(uint row, uint k, uint n_cols) {
-    uint block = (row * (n_cols / 32) + k / 32) * W_(BLOCK_BYTES), i = 2 + k % 32;
-    float d = unpackHalf2x16(W_(half_at)(block)).x;
-    int v = int(W_(word_at)(block + (i & ~1u)));
-    return d * float(bitfieldExtract(v, 8 * int(i & 1u), 8));
-}
-#else
-const uint W_(BLOCK_WORDS) = 5;  // 20 bytes: blocks stay word-aligned
-vec4 W_(weight4)(uint row, uint q, uint n_cols) {
-    uint block = (row * (n_cols / 32) + q / 8) * W_(BLOCK_WORDS), j = q % 8;
-    vec2 dm = unpackHalf2x16(W_(w)[block]);                 // (d, m)
-    uint v = W_(w)[block + 1 + j % 4] >> (j / 4 * 4);       // high nibbles for elements 16..31
-    uvec4 n = uvec4(v, v >> 8, v >> 16, v >> 24) & 15u;
+#elif defined(WEIGHT_Q4_1)
+// block_q4_1 (20 bytes): f16 d, f16 m, qs[16]; element e < 16 = d * (qs[e] & 15) + m,
+// element e + 16 = d * (qs[e] >> 4) + m.
+vec4 W_(block4)(uint o, uint e) {
+    vec2 dm = unpackHalf2x16(W_(word_at)(o));                  // (d, m)
+    uvec4 n = W_(fields)(W_(word_at)(o + 4 + e % 16), e / 16 * 4, 15u);
     return dm.x * vec4(n) + dm.y;
 }
-float W_(weight1)(uint row, uint k, uint n_cols) {
-    uint block = (row * (n_cols / 32) + k / 32) * W_(BLOCK_WORDS), i = k % 32;
-    vec2 dm = unpackHalf2x16(W_(w)[block]);
-    uint byte = i % 16;
-    uint n = (W_(w)[block + 1 + byte / 4] >> (8 * (byte % 4) + i / 16 * 4)) & 15u;
-    return dm.x * float(n) + dm.y;
+#elif defined(WEIGHT_Q4_0)
+// block_q4_0 (18 bytes): f16 d, qs[16]; x = d * (nibble - 8), nibbles as Q4_1's.
+vec4 W_(block4)(uint o, uint e) {
+    uvec4 n = W_(fields)(W_(word_at)(o + 2 + e % 16), e / 16 * 4, 15u);
+    return W_(f16_at)(o) * (vec4(n) - 8.0);
 }
+#elif defined(WEIGHT_Q5_0) || defined(WEIGHT_Q5_1)
+// block_q5_0 (22 bytes): f16 d, u32 qh, qs[16]; block_q5_1 (24 bytes): f16 d, f16 m, u32 qh,
+// qs[16]. q = nibble (as Q4_1's) | bit e of qh << 4; Q5_0: x = d * (q - 16), Q5_1: d * q + m.
+#if defined(WEIGHT_Q5_0)
+const uint W_(QH) = 2;
+#else
+const uint W_(QH) = 4;
 #endif
+vec4 W_(block4)(uint o, uint e) {
+    uvec4 h = (uvec4(W_(word_at)(o + W_(QH))) >> (e + uvec4(0, 1, 2, 3))) & 1u;
+    vec4 q = vec4(W_(fields)(W_(word_at)(o + W_(QH) + 4 + e % 16), e / 16 * 4, 15u) | h << 4);
+#if defined(WEIGHT_Q5_0)
+    return W_(f16_at)(o) * (q - 16.0);
+#else
+    return W_(f16_at)(o) * q + W_(f16_at)(o + 2);
+#endif
+}
+#elif defined(WEIGHT_IQ4_NL)
+// block_iq4_nl (18 bytes): f16 d, qs[16]; x = d * kvalues[nibble], nibbles as Q4_1's.
+vec4 W_(block4)(uint o, uint e) {
+    return W_(f16_at)(o) * W_(levels)(W_(fields)(W_(word_at)(o + 2 + e % 16), e / 16 * 4, 15u));
+}
+#elif defined(WEIGHT_Q2_K)
+// block_q2_K (84 bytes): scales[16] (4-bit scale | 4-bit min << 4, one per 16 elements),
+// qs[64], f16 d, f16 dmin. Element e = 128 h + 32 j + l: 2 bits at shift 2 j of qs[32 h + l];
+// x = d * (sc & 15) * q - dmin * (sc >> 4), sc = scales[e / 16].
+vec4 W_(block4)(uint o, uint e) {
+    uint sc = W_(byte_at)(o + e / 16);
+    uvec4 q = W_(fields)(W_(word_at)(o + 16 + e / 128 * 32 + e % 32), e / 32 % 4 * 2, 3u);
+    return W_(f16_at)(o + 80) * float(sc & 15u) * vec4(q) - W_(f16_at)(o + 82) * float(sc >> 4);
+}
+#elif defined(WEIGHT_Q3_K)
+// block_q3_K (110 bytes): hmask[32], qs[64], scales[12] (16 6-bit scales), f16 d. Element
+// e = 128 h + 32 j + l: 2 low bits at shift 2 j of qs[32 h + l], minus 4 unless bit e / 32 of
+// hmask[l] is set; scale s = e / 16: low 4 bits in scales[s % 8] >> 4 (s / 8), high 2 bits
+// in scales[8 + s % 4] >> 2 (s / 4), minus 32; x = d * scale * q.
+vec4 W_(block4)(uint o, uint e) {
+    uint s = e / 16;
+    uint sc = (W_(byte_at)(o + 96 + s % 8) >> (s / 8 * 4)) & 15u
+              | ((W_(byte_at)(o + 104 + s % 4) >> (s / 4 * 2)) & 3u) << 4;
+    uvec4 q = W_(fields)(W_(word_at)(o + 32 + e / 128 * 32 + e % 32), e / 32 % 4 * 2, 3u);
+    uvec4 h = W_(fields)(W_(word_at)(o + e % 32), e / 32, 1u);
+    return W_(f16_at)(o + 108) * float(int(sc) - 32) * (vec4(q) - 4.0 * vec4(1u - h));
+}
+#elif defined(WEIGHT_Q4_K) || defined(WEIGHT_Q5_K)
+// block_q4_K (144 bytes): f16 d, f16 dmin, scales[12] (8 6-bit scales and mins), qs[128];
+// block_q5_K (176 bytes): the same with qh[32] before qs. Element e = 64 c + 32 i + l of
+// sub-block b = e / 32: nibble i of qs[32 c + l], Q5_K's bit b of qh[l] << 4;
+// x = d * sc[b] * q - dmin * m[b] (get_scale_min_k4).
+#if defined(WEIGHT_Q4_K)
+const uint W_(QS) = 16;
+#else
+const uint W_(QS) = 48;
+#endif
+// (scale, min) of sub-block b from the 12 scale bytes at o: ggml's get_scale_min_k4.
+uvec2 W_(scale_min)(uint o, uint b) {
+    if (b < 4) return uvec2(W_(byte_at)(o + b), W_(byte_at)(o + b + 4)) & 63u;
+    uint lo = W_(byte_at)(o + b + 4);
+    return uvec2((lo & 15u) | (W_(byte_at)(o + b - 4) >> 6) << 4,
+                 (lo >> 4) | (W_(byte_at)(o + b) >> 6) << 4);
+}
+vec4 W_(block4)(uint o, uint e) {
+    uvec2 sm = W_(scale_min)(o + 4, e / 32);
+    uvec4 q = W_(fields)(W_(word_at)(o + W_(QS) + e / 64 * 32 + e % 32), e / 32 % 2 * 4, 15u);
+#if defined(WEIGHT_Q5_K)
+    q |= W_(fields)(W_(word_at)(o + 16 + e % 32), e / 32, 1u) << 4;
+#endif
+    return W_(f16_at)(o) * float(sm.x) * vec4(q) - W_(f16_at)(o + 2) * float(sm.y);
+}
+#elif defined(WEIGHT_Q6_K)
+// block_q6_K (210 bytes): ql[128], qh[64], int8 scales[16], f16 d (last). Element
+// e = 128 h + 32 j + l: nibble j / 2 of ql[64 h + 32 (j % 2) + l] | 2 bits at shift 2 j of
+// qh[32 h + l] << 4, minus 32; x = d * scales[e / 16] * q.
+vec4 W_(block4)(uint o, uint e) {
+    uint h = e / 128, j = e / 32 % 4, l = e % 32;
+    float sc = float(bitfieldExtract(int(W_(byte_at)(o + 192 + e / 16)), 0, 8));
+    uvec4 q = W_(fields)(W_(word_at)(o + 64 * h + 32 * (j % 2) + l), j / 2 * 4, 15u)
+              | W_(fields)(W_(word_at)(o + 128 + 32 * h + l), 2 * j, 3u) << 4;
+    return W_(f16_at)(o + 208) * sc * (vec4(q) - 32.0);
+}
+#elif defined(WEIGHT_IQ4_XS)
+// block_iq4_xs (136 bytes): f16 d, u16 scales_h, scales_l[4], qs[128]. Sub-block b = e / 32:
+// scale = (scales_l[b / 2] >> 4 (b % 2) & 15 | (scales_h >> 2 b & 3) << 4) - 32; element
+// 32 b + 16 i + l = d * scale * kvalues[nibble i of qs[16 b + l]].
+vec4 W_(block4)(uint o, uint e) {
+    uint b = e / 32;
+    uint sc = (W_(byte_at)(o + 4 + b / 2) >> (b % 2 * 4)) & 15u
+              | ((W_(half_at)(o + 2) >> (2 * b)) & 3u) << 4;
+    uvec4 n = W_(fields)(W_(word_at)(o + 8 + 16 * b + e % 16), e % 32 / 16 * 4, 15u);
+    return W_(f16_at)(o) * float(int(sc) - 32) * W_(levels)(n);
+}
+#else
+#error "WEIGHT_BLOCK without a block type"
+#endif
+// A row holds n_cols / WEIGHT_BLOCK blocks back to back; rows follow each other.
+vec4 W_(weight4)(uint row, uint q, uint n_cols) {
+    uint k = 4 * q;
+    return W_(block4)((row * (n_cols / WEIGHT_BLOCK) + k / WEIGHT_BLOCK) * WEIGHT_BLOCK_BYTES,
+                      k % WEIGHT_BLOCK);
+}
+float W_(weight1)(uint row, uint k, uint n_cols) { return W_(weight4)(row, k / 4, n_cols)[k % 4]; }
 #else
 #error "define one WEIGHT_* type"
 #endif

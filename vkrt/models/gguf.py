@@ -216,18 +216,28 @@ def _scan(buf, size: int, path: str) -> tuple[list[TensorInfo], dict[str, Any]]:
             n_elements *= d
             if n_elements > _MAX_ELEMENTS:
                 raise cur.fail(f"tensor {name!r} has dims {list(dims)}: too many elements")
+        shape = list(reversed(dims))
         if dims[0] % block_size:
-            raise cur.fail(f"tensor {name!r}: row length {dims[0]} is not a multiple of the "
-                           f"{gtype.name} block size {block_size}")
+            raise cur.fail(f"tensor {name!r} {shape} {gtype.name}: row length {dims[0]} is not "
+                           f"a multiple of the {gtype.name} block size {block_size}")
         if offset % alignment:
             raise cur.fail(f"tensor {name!r}: offset {offset} is not aligned to {alignment}")
         nbytes = n_elements // block_size * type_size
         end = data_start + offset + nbytes
         if end > size:
-            raise cur.fail(f"tensor {name!r} ends at byte {end}, past the end of the "
-                           f"{size}-byte file (truncated or corrupt offset)")
-        infos.append(TensorInfo(name, tuple(reversed(dims)), gtype.name,
-                                data_start + offset, nbytes))
+            raise cur.fail(f"tensor {name!r} {shape} {gtype.name} is {nbytes} bytes "
+                           f"({n_elements // block_size} blocks of {type_size}) and ends at byte "
+                           f"{end}, past the end of the {size}-byte file (truncated or corrupt "
+                           "offset)")
+        infos.append(TensorInfo(name, tuple(shape), gtype.name, data_start + offset, nbytes))
+    # A tensor's bytes (its type and shape) must end before the next tensor's begin: a size
+    # that does not match the type and shape shows as an overlap.
+    by_offset = sorted(infos, key=lambda t: t.offset)
+    for a, b in zip(by_offset, by_offset[1:]):
+        if a.offset + a.nbytes > b.offset:
+            raise cur.fail(f"tensor {a.name!r} {list(a.shape)} {a.ggml_type} is {a.nbytes} "
+                           f"bytes, but tensor {b.name!r} starts {b.offset - a.offset} bytes "
+                           "after it (its size does not match its type and shape)")
     return infos, metadata
 
 

@@ -6,18 +6,20 @@ after the GGUF tensors: `token_embd`, `blk.N.attn_q`, ...) that the stream recor
 names are the GGUF's, so the loader needs no rename table. Shapes: `[tokens, hidden]`.
 
 Weights stay as the GGUF stores them: matrices (and the embedding table) are uploaded as
-their raw bytes, F32, F16, BF16, Q8_0 or Q4_1, and the kernels read those types (see
-vkrt/kernels.py `WEIGHTS`); 1-D tensors (norms, biases) become f32. All weights are views
-of a few large device-local buffers (`WeightArena`). Activations (views of one buffer) and
-the KV cache (views of another) are f32.
+their raw bytes, in any type of vkrt/weight_types.py (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), and the kernels read those
+types (see vkrt/kernels.py `WEIGHTS`); 1-D tensors (norms, biases) become f32. All weights
+are views of a few large device-local buffers (`WeightArena`). Activations (views of one
+buffer) and the KV cache (views of another) are f32.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from vkrt import config
+from vkrt import config, weight_types
 from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
@@ -58,9 +60,9 @@ def rope_table(head_dim: int, theta: float, n_positions: int, scale: float = 1.0
     return np.stack([np.cos(angle), np.sin(angle)], axis=-1).astype(np.float32)
 
 
-# GGUF tensor type -> the dtype the kernels read it as (matrices are kept as stored).
-WEIGHT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "Q8_0": "q8_0",
-                 "Q4_1": "q4_1"}
+# GGUF tensor type -> the dtype the kernels read it as (matrices are kept as stored): the
+# type table's (vkrt/weight_types.py).
+WEIGHT_DTYPES = weight_types.GGUF_DTYPES
 # 1-D tensors (norms, biases) of these types are converted to f32 on the host (they are small).
 VECTOR_TYPES = ("F32", "F16", "BF16")
 CHUNK_LIMIT = 1 << 30  # largest weight allocation: min(this, maxMemoryAllocationSize)
@@ -148,12 +150,14 @@ class Activations:
     pos: Tensor      # [1] u32: the position of a replayed decode step (advanced on the GPU)
     tokens: list     # ring of [1] u32 tensors: the argmax of the last logits row, per step
     token: Tensor    # tokens[0]
+    head: Tensor | None = None  # [logit_rows, slice rows]: one slice's logits (split output)
 
     @classmethod
     def allocate(cls, device: Device, hp: LlamaHParams, n_tokens: int,
-                 logit_rows: int, ring: int = 1) -> "Activations":
+                 logit_rows: int, ring: int = 1, head_rows: int = 0) -> "Activations":
         """One buffer holding every view, each at an offset aligned to the device's
-        minStorageBufferOffsetAlignment; `ring` token slots."""
+        minStorageBufferOffsetAlignment; `ring` token slots; `head` when the output matrix
+        is split in slices of `head_rows` rows and several rows of logits are kept."""
         qw, kvw, T = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, n_tokens
         layout = {"ids": ("uint32", (T,)), "x": ("float32", (T, hp.n_embd)),
                   "xn": ("float32", (T, hp.n_embd)), "q": ("float32", (T, qw)),
@@ -163,6 +167,8 @@ class Activations:
                   "proj": ("float32", (T, hp.n_embd)), "gate": ("float32", (T, hp.n_ff)),
                   "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
                   "logits": ("float32", (logit_rows, hp.n_vocab))}
+        if head_rows and logit_rows > 1:
+            layout["head"] = ("float32", (logit_rows, head_rows))
         layout["pos"] = ("uint32", (1,))
         layout.update({f"token{j}": ("uint32", (1,)) for j in range(max(1, ring))})
         buffer, views = arena(device, layout)
@@ -185,8 +191,11 @@ class Llama(Decoder):
 
     def __init__(self, device: Device, hp: LlamaHParams, weights: dict[str, Tensor],
                  stream: Stream, pipelines: PipelineCache,
-                 rope_freqs: np.ndarray | None = None, arena: WeightArena | None = None):
+                 rope_freqs: np.ndarray | None = None, arena: WeightArena | None = None,
+                 slices: dict[str, list[tuple[int, Tensor]]] | None = None):
         self.device, self.hp, self.w = device, hp, weights
+        # Tables larger than one binding (SPLIT): name -> [(first row, view of its rows)].
+        self.slices = slices or {}
         self.arena = arena  # the buffers under `weights`
         self.rope_freqs = rope_freqs  # rope_freqs.weight, f32 [head_dim / 2], or None
         self.stream, self.pipelines = stream, pipelines
@@ -203,18 +212,23 @@ class Llama(Decoder):
     @classmethod
     def from_gguf(cls, device: Device, gguf: GGUFFile, progress: bool = False) -> "Llama":
         """Upload every tensor of `gguf` to `device` as the kernels read it: matrices as their
-        stored bytes (F32, F16, BF16, Q8_0, Q4_1; no f32 copy), 1-D tensors (norms, biases)
-        as f32, all suballocated from a few buffers (`WeightArena`). Bytes are read from the
-        file straight into mapped device memory, or through one scratch array of the largest
-        tensor's size and the stream's staging when the device memory is not mappable: no
-        second copy of the file in host memory (nothing of it is memory-mapped). The file's
-        descriptor stays open: `gguf.close()` releases it.
+        stored bytes (the types of vkrt/weight_types.py; no f32 copy), 1-D tensors (norms,
+        biases) as f32, all suballocated from a few buffers (`WeightArena`). Bytes are read
+        from the file straight into mapped device memory, or through one scratch array of the
+        largest tensor's size and the stream's staging when the device memory is not
+        mappable: no second copy of the file in host memory (nothing of it is memory-mapped).
+        The file's descriptor stays open: `gguf.close()` releases it. token_embd and output
+        larger than the device's maxStorageBufferRange are bound as slices of rows
+        (`slices`, `slice_rows`).
 
         Every tensor of the file is read by the forward or the file is refused, and every
         check runs before the first allocation.
         Raises: ModelFormatError (one line naming the file: unsupported architecture or
         metadata key; a missing, misshapen or unknown tensor; a tensor type the kernels do not
-        read, e.g. Q4_K; a tensor larger than the device's maxStorageBufferRange as stored),
+        read, e.g. IQ2_XS, or a matrix whose rows are not whole blocks of its type or whose
+        stored size does not match its type and shape; another matrix larger than the
+        device's maxStorageBufferRange as stored, or a table whose smallest aligned slice
+        is),
         DeviceMemoryError when the weights do not fit.
         """
         from tqdm import tqdm
@@ -236,6 +250,7 @@ class Llama(Decoder):
                                        f"{rope_freqs[i]}, expected a positive finite factor")
         limit = device.max_storage_buffer_range
         dtypes: dict[str, str] = {}
+        split: dict[str, int] = {}   # SPLIT tables past one binding -> rows per slice
         for name in names:
             info = gguf.tensor_info(name)
             shape, gtype = info.shape, info.ggml_type
@@ -250,13 +265,27 @@ class Llama(Decoder):
                     f"kernels do not read (supported: {', '.join(supported)})")
             if dtype in BLOCKS and shape[-1] % BLOCKS[dtype][0]:
                 raise ModelFormatError(f"{gguf.path}: tensor {name!r} {list(shape)} {gtype}: "
-                                       f"rows of {shape[-1]} are not whole blocks of 32")
+                                       f"rows of {shape[-1]} are not whole blocks of "
+                                       f"{BLOCKS[dtype][0]}")
             nbytes = nbytes_of(dtype, shape, name)
-            if nbytes > limit:
+            if len(shape) == 2 and info.nbytes != _stored_bytes(dtype, shape):
                 raise ModelFormatError(
-                    f"{gguf.path}: tensor {name!r} {list(shape)} {gtype} is {nbytes} bytes, more "
-                    f"than the device's maxStorageBufferRange of {limit} bytes (each weight is "
-                    "bound whole)")
+                    f"{gguf.path}: tensor {name!r} {list(shape)} {gtype} holds {info.nbytes} "
+                    f"bytes in the file, {_stored_bytes(dtype, shape)} by vkrt's type table")
+            if nbytes > limit:
+                what = (f"{gguf.path}: tensor {name!r} {list(shape)} {gtype} is {nbytes} bytes, "
+                        f"more than the device's maxStorageBufferRange of {limit} bytes")
+                align = device.min_storage_buffer_offset_alignment
+                if name not in SPLIT:
+                    raise ModelFormatError(f"{what} (only {' and '.join(SPLIT)} are split over "
+                                           "rows; every other weight is bound whole)")
+                split[name] = slice_rows(dtype, shape, limit, align)
+                if split[name] == 0:
+                    g = slice_rows(dtype, shape, None, align)
+                    raise ModelFormatError(
+                        f"{what}, and it cannot be split: its slices start at multiples of "
+                        f"{g} rows (minStorageBufferOffsetAlignment {align}), and {g} rows are "
+                        f"{g * _stored_bytes(dtype, (1, shape[1]))} bytes")
             dtypes[name] = dtype
         arena = WeightArena(device, {n: nbytes_of(d, gguf.tensor_info(n).shape)
                                      for n, d in dtypes.items()})
@@ -284,7 +313,9 @@ class Llama(Decoder):
             stream.close()
             arena.close()
             raise
-        return cls(device, hp, weights, stream, PipelineCache(device), rope_freqs, arena)
+        slices = {name: row_slices(weights[name], rows) for name, rows in split.items()}
+        return cls(device, hp, weights, stream, PipelineCache(device), rope_freqs, arena,
+                   slices)
 
     # -- buffers ---------------------------------------------------------------------------
     def setup_caches(self, max_seq: int) -> None:
@@ -309,9 +340,11 @@ class Llama(Decoder):
         """Scratch tensors for a forward of `n_tokens` tokens keeping `logit_rows` rows of
         logits and a token ring of `stream.inflight` slots; reallocated (larger) only when the
         current ones are too small (the old buffer is freed once in-flight steps are done)."""
+        head = self.slices.get(self._output_name())
+        head_rows = head[0][1].shape[0] if head else 0
         self.acts = grow(self.acts, n_tokens, logit_rows, self.stream.inflight,
                          lambda n, rows, ring: Activations.allocate(self.device, self.hp, n,
-                                                                    rows, ring))
+                                                                    rows, ring, head_rows))
         return self.acts
 
     # -- the forward -----------------------------------------------------------------------
@@ -388,6 +421,37 @@ class Llama(Decoder):
             k.add(a.x, a.proj, T * hp.n_embd, name=blk + "ffn_residual"),
         ]
 
+    def _output_name(self) -> str:
+        return "token_embd.weight" if self.hp.tied_embeddings else "output.weight"
+
+    def _embed(self, ids: Tensor, a: Activations, T: int) -> list[Dispatch]:
+        """x = the embedding rows of T token ids: one lookup, or one per slice of a table
+        larger than one binding (`embed_range`, each writing the ids of its rows)."""
+        name = "token_embd.weight"
+        if name not in self.slices:
+            return [self.k.embed(self.w[name], ids, a.x, T, name="token_embd")]
+        return [self.k.embed_range(t, row0, ids, a.x, T, name="token_embd")
+                for row0, t in self.slices[name]]
+
+    def _output(self, a: Activations, rows: int, x_row: int) -> list[Dispatch]:
+        """Logits of `rows` rows of xn from row `x_row` (0 when rows > 1), over the output
+        matrix's slices when it is split: one row into an aligned view of its columns, more
+        rows into `head` and copied into their columns (`copy_block`)."""
+        k, name = self.k, self._output_name()
+        if name not in self.slices:
+            return [k.linear(a.xn, self.w[name], a.logits, rows, x_row=x_row, name="output")]
+        out = []
+        for row0, w in self.slices[name]:
+            n = w.shape[0]
+            if rows > 1:
+                out += [k.linear(a.xn, w, a.head, rows, name="output"),
+                        k.copy_block(a.head, a.logits, rows, n, row0, name="output.copy")]
+            else:
+                cols = Tensor(a.logits.buffer, a.logits.offset + row0 * 4, n * 4, "float32",
+                              (n,), f"logits[{row0}:{row0 + n}]")
+                out.append(k.linear(a.xn, w, cols, 1, x_row=x_row, name="output"))
+        return out
+
     def step(self, ids: Tensor, n_tokens: int, pos0: int,
              all_logits: bool = False, token_out: Tensor | None = None,
              pos: Tensor | None = None) -> list[Dispatch]:
@@ -407,7 +471,7 @@ class Llama(Decoder):
             raise ValueError(f"positions {pos0}..{pos0 + T - 1} exceed the KV cache of "
                              f"{self.max_seq} tokens (setup_caches)")
         a = self.activations(T, T if all_logits else 1)
-        out = [k.embed(w["token_embd.weight"], ids, a.x, T, name="token_embd")]
+        out = self._embed(ids, a, T)
         fuse = T == 1 and config.FUSE.value
         for i in range(hp.n_layer):
             if fuse and self._fusable[i]:
@@ -416,11 +480,7 @@ class Llama(Decoder):
                 out += self._attention_block(i, a, T, pos0, pos)
                 out += self._mlp_block(i, a, T)
         out.append(k.rmsnorm(a.x, w["output_norm.weight"], a.xn, T, hp.rms_eps, "output_norm"))
-        output = w["token_embd.weight" if hp.tied_embeddings else "output.weight"]
-        if all_logits:
-            out.append(k.linear(a.xn, output, a.logits, T, name="output"))
-        else:
-            out.append(k.linear(a.xn, output, a.logits, 1, x_row=T - 1, name="output"))
+        out += self._output(a, T if all_logits else 1, 0 if all_logits else T - 1)
         last_row = (T - 1) * hp.n_vocab if all_logits else 0
         out.append(k.argmax(a.logits, a.token if token_out is None else token_out, hp.n_vocab,
                             last_row, name="argmax"))
@@ -434,6 +494,40 @@ class Llama(Decoder):
             b.close()  # each weight buffer once (the arena's hold many views)
         self._close_caches()
         self.stream.close()
+
+
+# Tables split over rows when larger than one binding (maxStorageBufferRange): the embedding
+# is read by `embed_range` per slice, the output product writes each slice's columns.
+SPLIT = ("token_embd.weight", "output.weight")
+
+
+def slice_rows(dtype: str, shape: tuple[int, int], limit: int | None, align: int) -> int:
+    """Rows per slice of a [rows, cols] `dtype` matrix bound in slices of at most `limit`
+    bytes: the most whole multiples of the granule that fit (0 when not one fits), where the
+    granule is the fewest rows after which both the slice's bytes and its logits' f32
+    columns start at a multiple of `align` (minStorageBufferOffsetAlignment); with `limit`
+    None, the granule itself."""
+    row = _stored_bytes(dtype, (1, shape[1]))
+    align = max(align, 4)
+    granule = math.lcm(align // math.gcd(row, align), align // 4)
+    return granule if limit is None else limit // row // granule * granule
+
+
+def row_slices(t: Tensor, rows: int) -> list[tuple[int, Tensor]]:
+    """[(first row, view)] of `t` [n, cols] in slices of `rows` rows (the last may be
+    shorter), views of t's buffer (block types: rows of whole blocks, the last view padded to
+    a word as `nbytes_of` pads the whole)."""
+    n, cols = t.shape
+    row = _stored_bytes(t.dtype, (1, cols))
+    return [(r0, Tensor(t.buffer, t.offset + r0 * row, nbytes_of(t.dtype, (m, cols)), t.dtype,
+                        (m, cols), f"{t.name}[{r0}:{r0 + m}]"))
+            for r0, m in ((r0, min(rows, n - r0)) for r0 in range(0, n, rows))]
+
+
+def _stored_bytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a matrix of `dtype` as the file stores it (no padding), by the type table."""
+    t = weight_types.BY_DTYPE[dtype]
+    return shape[0] * shape[1] // t.block * t.block_bytes
 
 
 ROPE_FREQS = "rope_freqs.weight"  # llama3 RoPE frequency factors, [head_dim / 2]

@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from vkrt import weight_types as _weight_types
 from vkrt.errors import VkrtError
 
 
@@ -27,7 +28,7 @@ class Tensor:
         buffer: a `vkrt.runtime.memory.Buffer` (anything with `serial`, `nbytes`, `name`).
         offset, nbytes: the byte range, inside the buffer.
         dtype: a numpy dtype name (`"float32"`, `"uint32"`, `"float16"`, ...), `"bfloat16"`,
-            or a GGUF block type the kernels read (`"q8_0"`, `"q4_1"`, see `BLOCKS`).
+            or a GGUF block type the kernels read (`"q8_0"`, `"q4_k"`, ..., see `BLOCKS`).
         shape: element shape, C order; for a known dtype nbytes == nbytes_of(dtype, shape).
         name: shown in errors and dispatch names (default: the buffer's name).
     Attributes: `key` (serial, offset, nbytes, dtype): identity of the view for descriptor
@@ -89,17 +90,16 @@ class Tensor:
                 f"bytes {self.offset}..{self.offset + self.nbytes} of {self.buffer.name!r})")
 
 
-# GGUF block types the kernels read as stored: dtype -> (elements, bytes) per block. ggml's
-# block_q8_0 (f16 d, 32 int8) and block_q4_1 (f16 d, f16 m, 16 bytes of nibbles), as
-# ggml-common.h declares them and gguf-py's GGML_QUANT_SIZES lists them.
-BLOCKS = {"q8_0": (32, 34), "q4_1": (32, 20)}
+# GGUF block types the kernels read as stored: dtype -> (elements, bytes) per block, from the
+# type table (vkrt/weight_types.py TYPES).
+BLOCKS = _weight_types.BLOCKS
 _ITEMSIZE = {"bfloat16": 2}  # numpy has no bfloat16
 
 
 def nbytes_of(dtype: str, shape: tuple[int, ...], name: str = "") -> int:
     """Bytes of a tensor of `shape` and `dtype`: prod(shape) * itemsize, or for a block type
     the bytes of its blocks rounded up to a multiple of 4 (the shaders read blocks as 32-bit
-    words, and a Q8_0 block is 34 bytes). Raises VkrtError when the last dimension of a
+    words, and a Q8_0 block is 34 bytes, a Q6_K block 210). Raises VkrtError when the last dimension of a
     block type is not a multiple of its block's elements."""
     n = math.prod(shape)
     if dtype in BLOCKS:
