@@ -179,27 +179,33 @@ def test_copy_rows_into_larger_buffer(gpu):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("neox", [False, True], ids=["adjacent", "halves"])
 @pytest.mark.parametrize("n_heads,head_dim,n_tokens,pos0,dst_row,rows", [
     (3, 16, 4, 7, 5, 12),    # Q-like: rotated rows land at dst_row in a larger buffer
     (2, 32, 1, 30, 30, 33),  # decode step writing K straight into a cache row
 ])
-def test_rope_adjacent_pairs(gpu, n_heads, head_dim, n_tokens, pos0, dst_row, rows):
+def test_rope_pairs(gpu, n_heads, head_dim, n_tokens, pos0, dst_row, rows, neox):
+    """Adjacent pairs (2i, 2i + 1) of each head (`llama` files), or halves (i, i + D/2) with
+    specialization constant NEOX (`qwen2`, `qwen3` files, transformers' rotate_half)."""
     r = rng(5)
     x = randn(r, n_tokens, n_heads, head_dim)
     table = rope_table(head_dim, 10000.0, pos0 + n_tokens)   # [positions, head_dim/2, (cos, sin)]
     pairs = n_heads * head_dim // 2
     bx, bf, bd = gpu.upload(x), gpu.upload(table), gpu.filled(rows * n_heads * head_dim)
-    gpu.run("rope", {0: ELEMENTWISE}, (bx, bf, bd), (groups(pairs, ELEMENTWISE), n_tokens, 1),
-            push(n_heads, head_dim, pos0, dst_row))
+    gpu.run("rope", {0: ELEMENTWISE, 1: int(neox)}, (bx, bf, bd),
+            (groups(pairs, ELEMENTWISE), n_tokens, 1), push(n_heads, head_dim, pos0, dst_row))
     got = gpu.read(bd).reshape(rows, n_heads, head_dim)
 
     # Rotation in float64 with the table's f32 (cos, sin) of each position.
     cos = table[pos0:pos0 + n_tokens, None, :, 0].astype(np.float64)   # [T, 1, D/2]
     sin = table[pos0:pos0 + n_tokens, None, :, 1].astype(np.float64)
-    x0, x1 = x[..., 0::2].astype(np.float64), x[..., 1::2].astype(np.float64)
+    h = head_dim // 2
+    first, second = (np.s_[..., :h], np.s_[..., h:]) if neox else (np.s_[..., 0::2],
+                                                                    np.s_[..., 1::2])
+    x0, x1 = x[first].astype(np.float64), x[second].astype(np.float64)
     want = np.empty((n_tokens, n_heads, head_dim))
-    want[..., 0::2] = x0 * cos - x1 * sin
-    want[..., 1::2] = x0 * sin + x1 * cos
+    want[first] = x0 * cos - x1 * sin
+    want[second] = x0 * sin + x1 * cos
     # Two f32 products and a sum that may cancel: absolute bound for |x| < ~4 of a few f32
     # ulps of 4 (4.8e-7 each); bound 1e-6.
     np.testing.assert_allclose(got[dst_row:dst_row + n_tokens], want, rtol=0, atol=1e-6)
@@ -1011,12 +1017,18 @@ def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype):
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
+QKV_LAYOUTS = {"adjacent": (False, False), "halves-biased": (True, True)}
+
+
+@pytest.mark.parametrize("layout", list(QKV_LAYOUTS))
 @pytest.mark.parametrize("use_pos", [False, True], ids=["pos0", "pos-buffer"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
-def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos):
+def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, layout):
     # 3 query heads and 1 KV head of 32: 80 row pairs; position 5 as pos0 = 5, or as pos0 = 3
     # plus 2 from the position buffer (a replayed step). Cache rows other than 5 keep their
-    # sentinels.
+    # sentinels. "halves-biased": RoPE on halves (NEOX) and Q/K/V biases added before it
+    # (qwen2's layout).
+    neox, biased = QKV_LAYOUTS[layout]
     r, n_embd, head_dim, n_heads, n_kv, rows, eps = rng(62), 96, 32, 3, 1, 8, 1e-5
     pos0, shift = (3, 2) if use_pos else (5, 7)  # the buffer's 7 must be ignored without use_pos
     p = pos0 + (shift if use_pos else 0)
@@ -1031,24 +1043,33 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos):
     tk, tv = gpu.filled(rows * kvw), gpu.filled(rows * kvw)
     tk, tv = (Tensor.of(t.buffer, "float32", (rows, kvw)) for t in (tk, tv))
     tpos = gpu.upload(np.array([shift], np.uint32))
+    bias = [randn(r, n) if biased else np.zeros(n, np.float32)
+            for n in (n_heads * head_dim, kvw, kvw)]
+    tb = tuple(gpu.upload(b) for b in bias) if biased else None
     gpu.stream.record([row_kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv, head_dim,
-                                        pos0, eps, tpos, use_pos)])
+                                        pos0, eps, tpos, use_pos, neox=neox, biases=tb)])
     xn = rms_reference(x, norm_w, eps)
 
-    def rotated(values):
+    def rotated(values, b):
         terms = values * xn
-        y, scale = terms.sum(1).reshape(-1, 2), np.abs(terms).sum(1).reshape(-1, 2)
+        y, scale = terms.sum(1) + b, np.abs(terms).sum(1) + np.abs(b)
+        # the pairs RoPE rotates, as rows of [pairs, 2]
+        order = (np.arange(len(y)).reshape(-1, 2, head_dim // 2).swapaxes(1, 2).reshape(-1)
+                 if neox else np.arange(len(y)))
+        y, scale = y[order].reshape(-1, 2), scale[order].reshape(-1, 2)
         c, s = (table[p, np.arange(len(y)) % (head_dim // 2)].astype(np.float64).T)
-        out = np.stack([y[:, 0] * c - y[:, 1] * s, y[:, 0] * s + y[:, 1] * c], 1)
-        return out.reshape(-1), np.repeat(scale.sum(1), 2)
+        out = np.empty(2 * len(y))
+        out[order] = np.stack([y[:, 0] * c - y[:, 1] * s, y[:, 0] * s + y[:, 1] * c], 1).reshape(-1)
+        return out, np.repeat(scale.sum(1), 2)[np.argsort(order)]
 
-    q, q_scale = rotated(wq[1])
+    q, q_scale = rotated(wq[1], bias[0])
     got_q = gpu.read(tq)
     assert rel_err(got_q[:-3], q, q_scale) < 3e-7
     np.testing.assert_array_equal(got_q[-3:], SENTINEL)
-    k, k_scale = rotated(wk[1])
+    k, k_scale = rotated(wk[1], bias[1])
     v_terms = wv[1] * xn
-    for t, want, scale in ((tk, k, k_scale), (tv, v_terms.sum(1), np.abs(v_terms).sum(1))):
+    for t, want, scale in ((tk, k, k_scale), (tv, v_terms.sum(1) + bias[2],
+                                              np.abs(v_terms).sum(1) + np.abs(bias[2]))):
         got = gpu.read(t).reshape(rows, kvw)
         assert rel_err(got[p], want, scale) < 3e-7
         np.testing.assert_array_equal(np.delete(got, p, axis=0), SENTINEL)

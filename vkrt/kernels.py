@@ -78,7 +78,7 @@ WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
                   "matmul_tiled": ("W", F32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
-                  "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32)}
+                  "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32)}
 
 
 def _decode_attention_size(limits, head_dim: int, gpu: bool) -> tuple[int, int]:
@@ -126,10 +126,13 @@ class Kernels:
         self.many_rows_per_group = MANY_ROWS_PER_GROUP if gpu else 1
         self.tiled_matmul = gpu       # prefill products: matmul_tiled, else matmul
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
-        self._rope = Op(p("rope", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
+        # rope.comp's pairs: adjacent (False) or halves (True, specialization constant NEOX).
+        self._rope = {neox: Op(p("rope", {0: ELEMENTWISE_BLOCK, 1: int(neox)}), (F32, F32, F32))
+                      for neox in (False, True)}
         self._copy_rows = Op(p("copy_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         # Position from a device buffer (replayed decode steps, see `pos=` below).
-        self._rope_pos = Op(p("rope_pos", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32, U32))
+        self._rope_pos = {neox: Op(p("rope_pos", {0: ELEMENTWISE_BLOCK, 1: int(neox)}),
+                                   (F32, F32, F32, U32)) for neox in (False, True)}
         self._copy_rows_pos = Op(p("copy_rows_pos", {0: ELEMENTWISE_BLOCK}), (F32, F32, U32))
         self._advance_pos = Op(p("advance_pos", {}), (U32,))
         self._silu_mul = Op(p("silu_mul", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
@@ -266,14 +269,19 @@ class Kernels:
     def qkv_rope(self, x: Tensor, norm_weight: Tensor, wq: Tensor, wk: Tensor, wv: Tensor,
                  cos_sin: Tensor, q_out: Tensor, k_cache: Tensor, v_cache: Tensor,
                  head_dim: int, pos0: int, eps: float, pos: Tensor, use_pos: bool,
-                 name: str = "") -> Dispatch:
+                 name: str = "", neox: bool = False,
+                 biases: tuple[Tensor, Tensor, Tensor] | None = None) -> Dispatch:
         """For one token at position p = pos0 (+ pos[0] at run time when `use_pos`): n(x) =
-        rmsnorm(x) * norm_weight, q_out = rope(wq @ n(x), p), k_cache[p] = rope(wk @ n(x),
-        p), v_cache[p] = wv @ n(x) (`qkv_rope`: seven dispatches of three stages in one).
+        rmsnorm(x) * norm_weight, q_out = rope(wq @ n(x) + bq, p), k_cache[p] = rope(wk @
+        n(x) + bk, p), v_cache[p] = wv @ n(x) + bv (`qkv_rope`: seven to ten dispatches of
+        three or four stages in one).
         wq [n_heads * head_dim, n_embd], wk, wv [n_kv_heads * head_dim, n_embd] of one
         `WEIGHTS` dtype; x, norm_weight [n_embd]; cos_sin [positions, head_dim / 2, 2];
-        caches [rows, n_kv_heads * head_dim]; pos [1] u32 (bound either way). Sizes are
-        checked for pos[0] = 0: with `use_pos` the caller keeps p within the caches."""
+        caches [rows, n_kv_heads * head_dim]; pos [1] u32 (bound either way); `biases`
+        (bq [n_heads * head_dim], bk, bv [n_kv_heads * head_dim] f32) or None; `neox`: RoPE
+        on halves (i, i + head_dim / 2) of each head instead of adjacent pairs (rope.comp).
+        Sizes are checked for pos[0] = 0: with `use_pos` the caller keeps p within the
+        caches."""
         qw, n_in = wq.shape
         kvw = wk.shape[0]
         if not (wk.dtype == wv.dtype == wq.dtype and wv.shape == wk.shape
@@ -283,19 +291,25 @@ class Kernels:
                 f"{list(wk.shape)}, v {wv.name!r} {wv.dtype} {list(wv.shape)} do not stack "
                 f"(one dtype, one n_embd, heads of {head_dim})")
         pairs = (qw + 2 * kvw) // 2
-        return self.weight_op("qkv_rope", wq, self.row_threads(pairs))(
-            wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos,
+        spec = {1: int(neox), 2: int(biases is not None)}
+        # Without biases the bias bindings are not read: norm_weight stands in for them.
+        bq, bk, bv = biases if biases is not None else (norm_weight,) * 3
+        bias_need = (qw, kvw, kvw) if biases is not None else (None,) * 3
+        return self.weight_op("qkv_rope", wq, self.row_threads(pairs), spec)(
+            wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos, bq, bk, bv,
             grid=(*spread(pairs, self.limit), 1), name=name,
             need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,
-                  (pos0 + 1) * kvw, (pos0 + 1) * kvw, 1),
+                  (pos0 + 1) * kvw, (pos0 + 1) * kvw, 1, *bias_need),
             n_cols=n_in, n_heads=qw // head_dim, n_kv_heads=kvw // head_dim, head_dim=head_dim,
             pos0=pos0, use_pos=int(use_pos), eps=eps)
 
     def rope(self, src: Tensor, cos_sin: Tensor, dst: Tensor, n_tokens: int, n_heads: int,
              head_dim: int, pos0: int, dst_row: int = 0, name: str = "",
-             pos: Tensor | None = None, dst_at_pos: bool = False) -> Dispatch:
+             pos: Tensor | None = None, dst_at_pos: bool = False,
+             neox: bool = False) -> Dispatch:
         """dst[dst_row + t] = src[t] rotated by the angles of position pos0 + t (adjacent
-        pairs); src [tokens, n_heads * head_dim]; cos_sin [positions, head_dim / 2, 2].
+        pairs (2i, 2i + 1) of each head, or halves (i, i + head_dim / 2) when `neox`); src
+        [tokens, n_heads * head_dim]; cos_sin [positions, head_dim / 2, 2].
         `pos` (a [1] u32 tensor, P at run time): positions pos0 + P + t instead (a replayed
         step), and rows dst_row + P + t when `dst_at_pos` (K into the cache); the sizes are
         then checked for P = 0 and the caller keeps P + pos0 + n_tokens within the rows of
@@ -304,10 +318,10 @@ class Kernels:
         grid = (_groups(width // 2, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
         need = (n_tokens * width, (pos0 + n_tokens) * head_dim, (dst_row + n_tokens) * width)
         if pos is not None:
-            return self._rope_pos(src, cos_sin, dst, pos, grid=grid, name=name,
+            return self._rope_pos[neox](src, cos_sin, dst, pos, grid=grid, name=name,
                                   need=(*need, 1), n_heads=n_heads, head_dim=head_dim,
                                   pos0=pos0, dst_row=dst_row, dst_at_pos=int(dst_at_pos))
-        return self._rope(src, cos_sin, dst, grid=grid, name=name, need=need,
+        return self._rope[neox](src, cos_sin, dst, grid=grid, name=name, need=need,
                           n_heads=n_heads, head_dim=head_dim, pos0=pos0, dst_row=dst_row)
 
     def copy_rows(self, src: Tensor, dst: Tensor, n_tokens: int, dst_row: int,
