@@ -65,7 +65,7 @@ class TransformersReference:
 def numpy_forward(g, hp, token_ids: list[int]) -> np.ndarray:
     """Llama forward in float32 numpy straight from a GGUFFile (llama.cpp tensor order).
 
-    g: `GGUFFile`; hp: `LlamaHParams`. Returns logits float32 [T, vocab]. RoPE rotates adjacent
+    g: `GGUFFile`; hp: `vkrt.models.arch.Arch`. Returns logits float32 [T, vocab]. RoPE rotates adjacent
     pairs (2i, 2i+1) of each head because the GGUF keeps Q/K rows in llama.cpp's order.
     Slow-ish (dequantizes every weight per call); for checking, not for speed.
     """

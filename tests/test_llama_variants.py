@@ -273,7 +273,7 @@ REFUSED = {
                           "embedding_length 64 is not a multiple of head_count 3 and no "
                           "llama.attention.key_length gives the head size"),
     "qk_norm_tensor": ({}, {"blk.0.attn_q_norm.weight": np.ones(16, np.float32)},
-                       "tensor 'blk.0.attn_q_norm.weight' [16] is not read by vkrt's Llama "
+                       "tensor 'blk.0.attn_q_norm.weight' [16] is not read by vkrt's llama "
                        "forward (refused, not ignored)"),
     "rot_embd_tensor": ({}, {"blk.1.attn_rot_embd": np.ones(8, np.float32)},
                         "tensor 'blk.1.attn_rot_embd' [8] is not read"),

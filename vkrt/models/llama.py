@@ -1,7 +1,9 @@
-"""The Llama family on vkrt: weights from a GGUF, the forward pass as a list of dispatches.
+"""The Llama-like families on vkrt (`llama`, `qwen2`, `qwen3`: vkrt/models/arch.py describes
+each): weights from a GGUF, the forward pass as a list of dispatches.
 
 Read `Llama.step` top to bottom: it is the architecture (Touvron et al. 2023; the layer
-order of transformers' modeling_llama.py), emitted as data (a list of `Dispatch` records named
+order of transformers' modeling_llama.py, with what the file's `Arch` adds: RoPE on halves,
+Q/K/V biases, per-head Q/K norms as in modeling_qwen2.py and modeling_qwen3.py), emitted as data (a list of `Dispatch` records named
 after the GGUF tensors: `token_embd`, `blk.N.attn_q`, ...) that the stream records. Tensor
 names are the GGUF's, so the loader needs no rename table. Shapes: `[tokens, hidden]`.
 
@@ -21,7 +23,8 @@ from vkrt import config
 from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
-from vkrt.models.gguf import GGUFFile, LlamaHParams
+from vkrt.models.arch import LINEAR_LAYERS, QKV_LAYERS, Arch
+from vkrt.models.gguf import GGUFFile
 from vkrt.models.scratch import aligned, arena, grow, kv_cache
 from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Dispatch
@@ -138,6 +141,7 @@ class Activations:
     k: Tensor        # [tokens, n_head_kv * head_dim]
     v: Tensor        # [tokens, n_head_kv * head_dim]
     q_rope: Tensor   # [tokens, n_head * head_dim]
+    kn: Tensor       # [tokens, n_head_kv * head_dim] K normed per head (qk_norm)
     attn: Tensor     # [tokens, n_head * head_dim]
     attn_part: Tensor  # decode attention's partial states (kernels.attention_partials)
     proj: Tensor     # [tokens, n_embd] attention or MLP output before the residual add
@@ -150,7 +154,7 @@ class Activations:
     token: Tensor    # tokens[0]
 
     @classmethod
-    def allocate(cls, device: Device, hp: LlamaHParams, n_tokens: int,
+    def allocate(cls, device: Device, hp: Arch, n_tokens: int,
                  logit_rows: int, ring: int = 1) -> "Activations":
         """One buffer holding every view, each at an offset aligned to the device's
         minStorageBufferOffsetAlignment; `ring` token slots."""
@@ -158,7 +162,8 @@ class Activations:
         layout = {"ids": ("uint32", (T,)), "x": ("float32", (T, hp.n_embd)),
                   "xn": ("float32", (T, hp.n_embd)), "q": ("float32", (T, qw)),
                   "k": ("float32", (T, kvw)), "v": ("float32", (T, kvw)),
-                  "q_rope": ("float32", (T, qw)), "attn": ("float32", (T, qw)),
+                  "q_rope": ("float32", (T, qw)), "kn": ("float32", (T, kvw)),
+                  "attn": ("float32", (T, qw)),
                   "attn_part": ("float32", (attention_partials(hp.n_head, hp.head_dim),)),
                   "proj": ("float32", (T, hp.n_embd)), "gate": ("float32", (T, hp.n_ff)),
                   "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
@@ -183,7 +188,7 @@ class Llama(Decoder):
 
     replayable = True
 
-    def __init__(self, device: Device, hp: LlamaHParams, weights: dict[str, Tensor],
+    def __init__(self, device: Device, hp: Arch, weights: dict[str, Tensor],
                  stream: Stream, pipelines: PipelineCache,
                  rope_freqs: np.ndarray | None = None, arena: WeightArena | None = None):
         self.device, self.hp, self.w = device, hp, weights
@@ -197,7 +202,7 @@ class Llama(Decoder):
         self.rope: Tensor | None = None   # rope_table for positions 0 .. max_seq - 1
         self.max_seq = 0
         self.k = Kernels(pipelines, head_dim=hp.head_dim)
-        self.attn_scale = 1.0 / float(np.sqrt(hp.head_dim))  # softmax(q k^T / sqrt(d))
+        self.attn_scale = hp.attn_scale  # softmax(q k^T * attn_scale)
         self._fusable = [self.fusable(i) for i in range(hp.n_layer)]
 
     @classmethod
@@ -219,7 +224,7 @@ class Llama(Decoder):
         """
         from tqdm import tqdm
 
-        hp = LlamaHParams.from_gguf(gguf)
+        hp = Arch.from_gguf(gguf)
         if hp.n_embd % 4 or hp.n_ff % 4 or hp.head_dim % 4:
             raise ModelFormatError(f"{gguf.path}: n_embd {hp.n_embd}, n_ff {hp.n_ff} and "
                                    f"head_dim {hp.head_dim} must be multiples of 4 (vec4 "
@@ -324,10 +329,14 @@ class Llama(Decoder):
         return out
 
     def fusable(self, i: int) -> bool:
-        """Whether layer i's decode step can run the fused kernels (`_fused_layer`): no
-        biases (the fused products add none), Q/K/V of one dtype, gate/up of one dtype."""
+        """Whether layer i's decode step can run the fused kernels (`_fused_layer`): biases
+        only on Q, K and V, all three or none (qkv_rope adds those; the other fused products
+        add none), no per-head Q/K norm, Q/K/V of one dtype, gate/up of one dtype."""
         w, blk = self.w, f"blk.{i}."
-        return (not any(f"{blk}{layer}.bias" in w for layer in BIASED)
+        qkv_biases = {f"{blk}{layer}.bias" in w for layer in QKV_LAYERS}
+        return (not any(f"{blk}{layer}.bias" in w for layer in LINEAR_LAYERS
+                        if layer not in QKV_LAYERS)
+                and len(qkv_biases) == 1 and not self.hp.qk_norm
                 and len({w[f"{blk}attn_{m}.weight"].dtype for m in "qkv"}) == 1
                 and w[blk + "ffn_gate.weight"].dtype == w[blk + "ffn_up.weight"].dtype)
 
@@ -340,11 +349,14 @@ class Llama(Decoder):
         (kernels.py `qkv_rope`, `glu`, `linear(accumulate=True)`)."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
+        biases = None
+        if blk + "attn_q.bias" in w:
+            biases = tuple(w[f"{blk}{layer}.bias"] for layer in QKV_LAYERS)
         return [
             k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
                        w[blk + "attn_k.weight"], w[blk + "attn_v.weight"], self.rope, a.q_rope,
                        k_cache, v_cache, hp.head_dim, pos0, hp.rms_eps, a.pos, pos is not None,
-                       name=blk + "attn_qkv"),
+                       name=blk + "attn_qkv", neox=hp.rope_neox, biases=biases),
             *k.attention(a.q_rope, k_cache, v_cache, a.attn, 1, hp.n_head, hp.n_head_kv,
                          hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
                          pos=pos),
@@ -360,15 +372,27 @@ class Llama(Decoder):
                          pos: Tensor | None) -> list[Dispatch]:
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
-        return [
+        out = [
             k.rmsnorm(a.x, w[blk + "attn_norm.weight"], a.xn, T, hp.rms_eps, blk + "attn_norm"),
             *self._linear(a.xn, blk + "attn_q", a.q, T),
             *self._linear(a.xn, blk + "attn_k", a.k, T),
             *self._linear(a.xn, blk + "attn_v", a.v, T),
-            k.rope(a.q, self.rope, a.q_rope, T, hp.n_head, hp.head_dim, pos0,
-                   name=blk + "rope_q", pos=pos),
-            k.rope(a.k, self.rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
-                   name=blk + "rope_k", pos=pos, dst_at_pos=True),  # K straight into the cache
+        ]
+        q, kk = a.q, a.k
+        if hp.qk_norm:
+            # RMSNorm of each head's Q and K before RoPE (modeling_qwen3.py Qwen3Attention:
+            # q_norm, k_norm over head_dim): rows of head_dim, T * heads of them.
+            out += [k.rmsnorm(a.q, w[blk + "attn_q_norm.weight"], a.attn, T * hp.n_head,
+                              hp.rms_eps, blk + "attn_q_norm"),
+                    k.rmsnorm(a.k, w[blk + "attn_k_norm.weight"], a.kn, T * hp.n_head_kv,
+                              hp.rms_eps, blk + "attn_k_norm")]
+            q, kk = a.attn, a.kn
+        return out + [
+            k.rope(q, self.rope, a.q_rope, T, hp.n_head, hp.head_dim, pos0,
+                   name=blk + "rope_q", pos=pos, neox=hp.rope_neox),
+            k.rope(kk, self.rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
+                   name=blk + "rope_k", pos=pos, dst_at_pos=True,
+                   neox=hp.rope_neox),  # K straight into the cache
             k.copy_rows(a.v, v_cache, T, pos0, name=blk + "v_cache", pos=pos),
             *k.attention(a.q_rope, k_cache, v_cache, a.attn, T, hp.n_head, hp.n_head_kv,
                          hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
@@ -437,17 +461,14 @@ class Llama(Decoder):
 
 
 ROPE_FREQS = "rope_freqs.weight"  # llama3 RoPE frequency factors, [head_dim / 2]
-# Linear layers that may carry a bias (transformers' LlamaConfig attention_bias: q, k, v and
-# o_proj; mlp_bias: gate, up and down_proj; convert_hf_to_gguf.py names them
-# blk.N.attn_{q,k,v,output}.bias and blk.N.ffn_{gate,up,down}.bias).
-BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
+def _expected_tensors(hp: Arch, g: GGUFFile) -> list[str]:
     """The GGUF tensor names the forward reads (file order), checked present with the shapes
-    it assumes; biases and `rope_freqs.weight` are read when present. Raises
-    ModelFormatError naming the first missing, misshapen or unknown tensor (one the forward
-    would not read: the file is refused rather than run with it ignored)."""
+    it assumes; the biases and `rope_freqs.weight` the family allows (`hp.family`) are read
+    when present, its per-head Q/K norms are required. Raises ModelFormatError naming the
+    first missing, misshapen or unknown tensor (one the forward would not read: the file is
+    refused rather than run with it ignored)."""
 
     qw, kvw = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
     shapes = {"token_embd.weight": (hp.n_vocab, hp.n_embd), "output_norm.weight": (hp.n_embd,)}
@@ -461,6 +482,9 @@ def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
             b + "attn_output.weight": (hp.n_embd, qw), b + "ffn_norm.weight": (hp.n_embd,),
             b + "ffn_gate.weight": (hp.n_ff, hp.n_embd), b + "ffn_up.weight": (hp.n_ff, hp.n_embd),
             b + "ffn_down.weight": (hp.n_embd, hp.n_ff)})
+        if hp.qk_norm:
+            shapes.update({b + "attn_q_norm.weight": (hp.head_dim,),
+                           b + "attn_k_norm.weight": (hp.head_dim,)})
     present = set(g.tensor_names)
     for name, shape in shapes.items():
         if name not in present:
@@ -468,9 +492,9 @@ def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
         if tuple(g.tensor_info(name).shape) != shape:
             raise ModelFormatError(f"{g.path}: tensor {name!r} has shape "
                                    f"{tuple(g.tensor_info(name).shape)}, expected {shape}")
-    optional = {ROPE_FREQS: (hp.head_dim // 2,)}
+    optional = {ROPE_FREQS: (hp.head_dim // 2,)} if hp.family.rope_freqs else {}
     for i in range(hp.n_layer):
-        for layer in BIASED:
+        for layer in hp.family.biases:
             name = f"blk.{i}.{layer}"
             optional[name + ".bias"] = (shapes[name + ".weight"][0],)
     for name in g.tensor_names:
@@ -478,7 +502,8 @@ def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
             continue
         if name not in optional:
             raise ModelFormatError(f"{g.path}: tensor {name!r} {list(g.tensor_info(name).shape)} "
-                                   "is not read by vkrt's Llama forward (refused, not ignored)")
+                                   f"is not read by vkrt's {hp.arch} forward (refused, not "
+                                   "ignored)")
         if tuple(g.tensor_info(name).shape) != optional[name]:
             raise ModelFormatError(f"{g.path}: tensor {name!r} has shape "
                                    f"{tuple(g.tensor_info(name).shape)}, expected {optional[name]}")
@@ -495,7 +520,7 @@ def checkpoint_from_gguf(g: GGUFFile):
     from vkrt.models.registry import Checkpoint
     from vkrt.models.tokenizer import Tokenizer
 
-    hp = LlamaHParams.from_gguf(g)
+    hp = Arch.from_gguf(g)
     tokenizer = Tokenizer.from_metadata(g.metadata, g.path)
 
     def build(device: Device, progress: bool = False) -> Llama:
@@ -504,5 +529,5 @@ def checkpoint_from_gguf(g: GGUFFile):
         finally:
             g.close()   # the weights are on the device (a later read reopens the file)
 
-    return Checkpoint(g.path, "llama", hp, tokenizer, g.metadata.get("tokenizer.chat_template"),
+    return Checkpoint(g.path, hp.arch, hp, tokenizer, g.metadata.get("tokenizer.chat_template"),
                       build)

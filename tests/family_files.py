@@ -1,0 +1,172 @@
+"""Small GGUF files of the Llama-like families as llama.cpp's convert_hf_to_gguf.py writes them
+(conversion/base.py `TextModel.set_gguf_parameters`, conversion/qwen.py `Qwen2Model`,
+`Qwen3Model`; gguf-py's tensor names), from random transformers models, for tests that let
+transformers read the same file back as the fp32 oracle (`from_pretrained(dir,
+gguf_file=...)`).
+
+qwen2 and qwen3 files store Q and K as transformers has them (no `LlamaModel.permute`), so
+RoPE rotates halves of each head on them. The tokenizer written is a byte-level BPE over the
+256 GPT-2 byte symbols, a few merges and the special tokens, `N_VOCAB` tokens in all
+(transformers needs a token list to size the vocabulary).
+"""
+from __future__ import annotations
+
+import math
+
+import gguf
+import numpy as np
+
+N_VOCAB, HIDDEN, N_FF, N_LAYER, N_HEAD, N_HEAD_KV = 300, 64, 128, 2, 4, 2
+
+# HF module name -> GGUF tensor name, per layer (gguf-py tensor_mapping.py).
+LAYER_TENSORS = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+                 "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+                 "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm",
+                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down"}
+SPECIALS = {"qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (openai/gpt-2 encoder.py)."""
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1))
+          + list(range(ord("\xae"), ord("\xff") + 1)))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def byte_bpe_vocab(specials: list[str], n_vocab: int = N_VOCAB):
+    """(tokens, merges, token types): the 256 byte symbols, merges of frequent pairs of
+    English text up to n_vocab - len(specials) tokens, then the specials (control, type 3)."""
+    b2u = bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    merges = []
+    # Fixed merges (each pair of existing tokens): enough to exercise BPE, deterministic.
+    pairs = ["Ġ t", "h e", "i n", "Ġt he", "e r", "a n", "Ġ a", "o n", "r e", "Ġ s", "e n",
+             "a t", "o r", "Ġ w", "e s", "Ġ c", "i s", "i t", "Ġ b", "a l", "Ġ o", "Ġ f",
+             "e d", "a r", "Ġ m", "i c", "Ġ p", "l e", "Ġ d", "o u", "1 2", "3 3", "Ġ 1",
+             "Ġ h", "Ġ in", "i ng", "n g", "Ġ l", "Ġ n", "Ġ e", "Ġ y", "o m", "Ġ th", "Ġ g"]
+    for m in pairs:
+        a, b = m.split(" ")
+        if a + b in tokens or a not in tokens or b not in tokens:
+            continue
+        if len(tokens) >= n_vocab - len(specials):
+            break
+        merges.append(m)
+        tokens.append(a + b)
+    assert len(tokens) == n_vocab - len(specials), len(tokens)
+    types = [1] * len(tokens) + [3] * len(specials)
+    return tokens + specials, merges, types
+
+
+def hf_model(arch: str, seed: int = 0, tied: bool = False, **overrides):
+    """A random fp32 Qwen2ForCausalLM or Qwen3ForCausalLM of the test size; norms near 1,
+    biases random (zero at init)."""
+    import torch
+    import transformers
+
+    cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+           "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[arch]
+    config = getattr(transformers, cls[0])(
+        vocab_size=N_VOCAB, hidden_size=HIDDEN, intermediate_size=N_FF,
+        num_hidden_layers=N_LAYER, num_attention_heads=N_HEAD, num_key_value_heads=N_HEAD_KV,
+        max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tied,
+        rope_theta=1e6, **overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls[1])(config).float().eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * r)
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * r)
+            elif "embed_tokens" in name:
+                p.copy_(r)
+            else:
+                p.copy_(r / math.sqrt(p.shape[1]))
+    return model
+
+
+def write_gguf(path, model, arch: str, qtype: str = "F32", keys: dict | None = None,
+               tensors: dict | None = None, drop: tuple[str, ...] = ()):
+    """The GGUF convert_hf_to_gguf.py writes for `model` (`arch` "qwen2" or "qwen3"), its
+    matrices as `qtype` (F32, F16 or Q8_0; 1-D tensors f32); `keys` adds or replaces metadata
+    (None removes), `tensors` adds tensors, `drop` leaves tensors out. Returns the path."""
+    c = model.config
+    p = arch + "."
+    meta: dict = {p + "block_count": c.num_hidden_layers,
+                  p + "context_length": c.max_position_embeddings,
+                  p + "embedding_length": c.hidden_size,
+                  p + "feed_forward_length": c.intermediate_size,
+                  p + "attention.head_count": c.num_attention_heads,
+                  p + "attention.head_count_kv": c.num_key_value_heads,
+                  p + "rope.freq_base": float(c.rope_parameters["rope_theta"]),
+                  p + "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps)}
+    if arch == "qwen3":   # Qwen3Config.head_dim is in config.json: the converter writes it
+        meta[p + "attention.key_length"] = c.head_dim
+        meta[p + "attention.value_length"] = c.head_dim
+    meta["general.file_type"] = int({"F32": gguf.LlamaFileType.ALL_F32,
+                                     "F16": gguf.LlamaFileType.MOSTLY_F16}.get(
+                                         qtype, gguf.LlamaFileType.MOSTLY_Q8_0))
+    tokens, merges, types = byte_bpe_vocab(SPECIALS[arch], c.vocab_size)
+    meta.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+                 "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+                 "tokenizer.ggml.merges": merges,
+                 "tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
+                 "tokenizer.ggml.padding_token_id": tokens.index("<|endoftext|>"),
+                 "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
+                 "tokenizer.ggml.add_bos_token": False})
+    for k, v in (keys or {}).items():
+        if v is None:
+            meta.pop(k, None)
+        else:
+            meta[k] = v
+
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in meta.items():
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
+        elif isinstance(v, list) and k == "tokenizer.ggml.token_type":
+            w.add_array(k, [int(t) for t in v])
+        elif isinstance(v, list):
+            w.add_array(k, v)
+        else:
+            w.add_uint32(k, v)
+    sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+    out = {"token_embd.weight": sd["model.embed_tokens.weight"]}
+    for i in range(c.num_hidden_layers):
+        hf, gg = f"model.layers.{i}.", f"blk.{i}."
+        for src, dst in LAYER_TENSORS.items():
+            for kind in ("weight", "bias"):
+                if f"{hf}{src}.{kind}" in sd:
+                    out[f"{gg}{dst}.{kind}"] = sd[f"{hf}{src}.{kind}"]
+    out["output_norm.weight"] = sd["model.norm.weight"]
+    if not c.tie_word_embeddings:
+        out["output.weight"] = sd["lm_head.weight"]
+    out.update(tensors or {})
+    for name in drop:
+        del out[name]
+    for name, a in out.items():
+        if qtype != "F32" and a.ndim == 2:
+            t = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

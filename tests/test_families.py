@@ -1,0 +1,114 @@
+"""The Llama-like families beside `llama` (vkrt/models/arch.py), each against transformers fp32
+reading the same GGUF file itself (`from_pretrained(dir, gguf_file=...)`, tests/reference.py):
+teacher-forced logits and greedy tokens on tiny random checkpoints (tests/family_files.py:
+hidden 64, 2 layers, GQA 4/2 heads, vocabulary 300); and the files vkrt cannot run faithfully
+refused before upload, in one line naming the key or tensor.
+
+Tolerance: as tests/test_llama_variants.py, max |logit difference| < 1e-4 (the issue's f32
+figure; both sides are fp32 over identical weights and differ in summation order only).
+Greedy decoding runs the fused decode layer where the family allows it (`Llama.fusable`), and
+`test_qwen2_decode_is_fused` checks that qwen2's layers do.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from family_files import N_HEAD, N_VOCAB, hf_model, write_gguf
+from reference import TransformersReference
+from vkrt.errors import ModelFormatError
+from vkrt.models.generate import generate
+from vkrt.models.gguf import load_gguf
+from vkrt.models.llama import Llama
+
+LOGIT_ATOL = 1e-4
+PROMPT_LEN, GREEDY, LOGIT_LEN = 12, 8, 48
+
+# name: (arch, tied embeddings, matrix type)
+CASES = {
+    "qwen2_tied": ("qwen2", True, "F32"),
+    "qwen2_q8_0": ("qwen2", False, "Q8_0"),
+    "qwen3": ("qwen3", True, "F32"),
+}
+
+
+def run_case(case, device, tmp_path):
+    arch, tied, qtype = CASES[case]
+    path = write_gguf(tmp_path / f"{case}.gguf", hf_model(arch, tied=tied), arch, qtype)
+    ref = TransformersReference(str(path))
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, N_VOCAB, LOGIT_LEN)]
+    want = ref.logits(ids)
+    vk = Llama.from_gguf(device, load_gguf(path))
+    try:
+        assert vk.hp.arch == arch and vk.hp.tied_embeddings == tied
+        got = vk.logits(ids)
+        err = np.abs(got - want).max()
+        print(f"{case}: max |dlogit| {err:.2e} over {LOGIT_LEN} positions, logits in "
+              f"[{want.min():.1f}, {want.max():.1f}]")
+        assert err < LOGIT_ATOL, f"{case}: max |logit diff| {err:.2e}"
+        prompt = ids[:PROMPT_LEN]
+        assert generate(vk, prompt, GREEDY).tokens == ref.greedy(prompt, GREEDY)
+        return vk.fusable(0)
+    finally:
+        vk.close()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_family_matches_transformers(case, device, tmp_path):
+    run_case(case, device, tmp_path)
+
+
+def test_qwen2_decode_is_fused(device, tmp_path):
+    """qwen2's Q/K/V biases and RoPE on halves run inside qkv_rope: a decode step is the
+    5-dispatch fused layer (`Llama._fused_layer`), not the unfused chain."""
+    path = write_gguf(tmp_path / "q.gguf", hf_model("qwen2"), "qwen2")
+    vk = Llama.from_gguf(device, load_gguf(path))
+    try:
+        vk.setup_caches(8)
+        a = vk.activations(1)
+        names = [d.name for d in vk.step(a.ids, 1, 0)]
+        layer0 = [n for n in names if n.startswith("blk.0.")]
+        assert layer0[0] == "blk.0.attn_qkv" and "blk.0.attn_q.bias" not in layer0, layer0
+        assert not any("rope" in n for n in names), names
+    finally:
+        vk.close()
+
+
+# -- refusals: one line naming the key or tensor, before anything is uploaded ----------------
+REFUSED = {
+    # qwen3 has no biases: a qwen3 file with them disagrees with its architecture
+    "qwen3_bias": ("qwen3", {}, {"blk.0.attn_q.bias": np.ones(N_HEAD * 16, np.float32)}, (),
+                   "tensor 'blk.0.attn_q.bias' [64] is not read by vkrt's qwen3 forward"),
+    "qwen3_no_k_norm": ("qwen3", {}, {}, ("blk.1.attn_k_norm.weight",),
+                        "missing tensor 'blk.1.attn_k_norm.weight'"),
+    # Q/K norms belong to qwen3: in a qwen2 file they would be ignored
+    "qwen2_q_norm": ("qwen2", {}, {"blk.0.attn_q_norm.weight": np.ones(16, np.float32)}, (),
+                     "tensor 'blk.0.attn_q_norm.weight' [16] is not read by vkrt's qwen2"),
+    "qwen2_output_bias": ("qwen2", {}, {"blk.0.attn_output.bias": np.ones(64, np.float32)}, (),
+                          "tensor 'blk.0.attn_output.bias' [64] is not read by vkrt's qwen2"),
+    "qwen2_sliding_window": ("qwen2", {"qwen2.attention.sliding_window": 32}, {}, (),
+                             "metadata key 'qwen2.attention.sliding_window' = 32 is not "
+                             "implemented"),
+    "qwen2_theta_zero": ("qwen2", {"qwen2.rope.freq_base": 0.0}, {}, (),
+                         "metadata key 'qwen2.rope.freq_base' is 0.0, expected a positive "
+                         "finite number"),
+    "qwen2_yarn": ("qwen2", {"qwen2.rope.scaling.type": "yarn"}, {}, (),
+                   "qwen2.rope.scaling.type = 'yarn' is not implemented"),
+    "qwen2_rope_freqs": ("qwen2", {}, {"rope_freqs.weight": np.ones(8, np.float32)}, (),
+                         "tensor 'rope_freqs.weight' [8] is not read by vkrt's qwen2"),
+    "qwen2_bias_shape": ("qwen2", {}, {"blk.0.attn_k.bias": np.ones(64, np.float32)}, (),
+                         "tensor 'blk.0.attn_k.bias' has shape (64,), expected (32,)"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refused_before_upload(case, device, tmp_path):
+    arch, keys, tensors, drop, message = REFUSED[case]
+    path = write_gguf(tmp_path / f"{case}.gguf", hf_model(arch), arch, keys=keys,
+                      tensors=tensors, drop=drop)
+    before = device.bytes_in_use
+    with pytest.raises(ModelFormatError) as info:
+        Llama.from_gguf(device, load_gguf(path))
+    text = str(info.value)
+    assert text.startswith(str(path)) and message in text and "\n" not in text, text
+    assert device.bytes_in_use == before
