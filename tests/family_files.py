@@ -42,9 +42,10 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
-def byte_bpe_vocab(specials: list[str], n_vocab: int = N_VOCAB):
-    """(tokens, merges, token types): the 256 byte symbols, merges of frequent pairs of
-    English text up to n_vocab - len(specials) tokens, then the specials (control, type 3)."""
+def byte_bpe_vocab(specials: list[str], n_vocab: int = N_VOCAB, extra: list[str] = ()):
+    """(tokens, merges, token types): the 256 byte symbols, `extra` merges, then merges of
+    frequent pairs of English text up to n_vocab - len(specials) tokens, then the specials
+    (control, type 3)."""
     b2u = bytes_to_unicode()
     tokens = [b2u[b] for b in range(256)]
     merges = []
@@ -52,8 +53,12 @@ def byte_bpe_vocab(specials: list[str], n_vocab: int = N_VOCAB):
     pairs = ["Ġ t", "h e", "i n", "Ġt he", "e r", "a n", "Ġ a", "o n", "r e", "Ġ s", "e n",
              "a t", "o r", "Ġ w", "e s", "Ġ c", "i s", "i t", "Ġ b", "a l", "Ġ o", "Ġ f",
              "e d", "a r", "Ġ m", "i c", "Ġ p", "l e", "Ġ d", "o u", "1 2", "3 3", "Ġ 1",
-             "Ġ h", "Ġ in", "i ng", "n g", "Ġ l", "Ġ n", "Ġ e", "Ġ y", "o m", "Ġ th", "Ġ g"]
-    for m in pairs:
+             "Ġ h", "Ġ in", "i ng", "n g", "Ġ l", "Ġ n", "Ġ e", "Ġ y", "o m", "Ġ th", "Ġ g",
+             "Ġ Ġ", "ĠĠ ĠĠ", "Ċ Ċ", "l o", "Ġw or", "o r", "l d", "Ġwor ld", "H e", "He l",
+             "Hel lo", "' s", "' t", "Ġ '", "e m", "o j", "oj i", "Ġ em", "Ġem oji", "Ġ 東",
+             "æ Ŀ", "Ġ +", "+ 7", "Ġ 3", "x y", "Ġ x", "Ġx y", "d e", "Ġ de", "Ġde f", "Ġd o",
+             "n e", "Ġdo ne", "u s", "Ġ us", "Ġus er", "Ġ H", "Ġ i", "Ġi t"]
+    for m in [*extra, *pairs]:
         a, b = m.split(" ")
         if a + b in tokens or a not in tokens or b not in tokens:
             continue
@@ -61,7 +66,8 @@ def byte_bpe_vocab(specials: list[str], n_vocab: int = N_VOCAB):
             break
         merges.append(m)
         tokens.append(a + b)
-    assert len(tokens) == n_vocab - len(specials), len(tokens)
+    # Unmerged filler tokens (never produced) pad the vocabulary to its size.
+    tokens += [f"<unused{i}>" for i in range(n_vocab - len(specials) - len(tokens))]
     types = [1] * len(tokens) + [3] * len(specials)
     return tokens + specials, merges, types
 
@@ -165,6 +171,52 @@ def write_gguf(path, model, arch: str, qtype: str = "F32", keys: dict | None = N
             w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
         else:
             w.add_tensor(name, np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# tokenizer.ggml.pre -> the special tokens its files carry (a few of each vocabulary's).
+VOCAB_SPECIALS = {
+    "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    "llama-bpe": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                  "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"],
+    "gpt-2": ["<|endoftext|>"],
+}
+# Digit merges: "3333+777" splits differently under each pre-tokenizer (qwen2: every digit;
+# llama-bpe: runs of up to 3; gpt-2: whole runs), so a swapped one changes the ids.
+DIGIT_MERGES = ["3 3", "33 3", "33 33", "7 7", "77 7", "1 2"]
+
+
+def write_vocab_gguf(path, pre: str, arch: str = "qwen2", keys: dict | None = None):
+    """A GGUF holding only a byte-level BPE tokenizer (`tokenizer.ggml.pre` = `pre`, its
+    `VOCAB_SPECIALS` as control tokens at the end, the first of them BOS, the last EOS) and
+    `general.architecture` `arch`; `keys` adds or replaces metadata (None removes)."""
+    specials = VOCAB_SPECIALS[pre]
+    tokens, merges, types = byte_bpe_vocab(specials, 400, DIGIT_MERGES)
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": merges,
+            "tokenizer.ggml.bos_token_id": tokens.index(specials[0]),
+            "tokenizer.ggml.eos_token_id": tokens.index(specials[-1] if pre != "llama-bpe"
+                                                        else "<|end_of_text|>")}
+    for k, v in (keys or {}).items():
+        if v is None:
+            meta.pop(k, None)
+        else:
+            meta[k] = v
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in meta.items():
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, list):
+            w.add_array(k, v)
+        else:
+            w.add_uint32(k, v)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
