@@ -112,3 +112,29 @@ def test_refused_before_upload(case, device, tmp_path):
     text = str(info.value)
     assert text.startswith(str(path)) and message in text and "\n" not in text, text
     assert device.bytes_in_use == before
+
+
+def test_qwen2_file_generates_text_end_to_end(device, tmp_path):
+    """`vkrt.load` on a qwen2 file: the registry picks the Llama-like forward, the file's
+    qwen2 tokenizer encodes the prompt as transformers' tokenizer of the same file does, and
+    the greedy continuation is transformers' (stopping at the file's stop tokens or after
+    max_tokens)."""
+    import transformers
+
+    import vkrt
+
+    path = write_gguf(tmp_path / "q.gguf", hf_model("qwen2", tied=True), "qwen2")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="q.gguf")
+    prompt = "Hello world, 3333+777 is"
+    with vkrt.load(path, device=device) as model:
+        assert model.family == "qwen2"
+        ids = model.encode(prompt)
+        assert ids == hf_tok.encode(prompt, add_special_tokens=False)
+        stream = model.generate(prompt, max_tokens=6)
+        text = "".join(stream)
+        got = stream.result.tokens
+        eog = model.tokenizer.eog_ids
+    want = TransformersReference(str(path)).greedy(ids, 6)
+    cut = next((i for i, t in enumerate(want) if t in eog), len(want))
+    assert got == want[:cut]
+    assert text == hf_tok.decode(want[:cut], skip_special_tokens=True)
