@@ -291,7 +291,7 @@ MUTATIONS = [
      "vkrt/glsl/attention_decode.comp", "acc_s[t] / l : vec4(0.0)", "acc_s[t] : vec4(0.0)",
      ["tests/test_kernels.py::test_attention_decode_one_dispatch"]),
     ("attention decode: V weighed past the query's position", "vkrt/glsl/attention_decode.comp",
-     "if (p < n) acc += w_s[p]", "if (p <= n) acc += w_s[p]",
+     "if (p < n && p >= lo) acc += w_s[p]", "if (p <= n && p >= lo) acc += w_s[p]",
      ["tests/test_kernels.py::test_attention_decode_one_dispatch"]),
     ("attention decode: grouped-query heads share KV head 0", "vkrt/glsl/attention_decode.comp",
      "uint kvh = h / (pc.n_heads / pc.n_kv_heads);", "uint kvh = 0;",

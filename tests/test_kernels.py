@@ -153,6 +153,36 @@ def test_silu_mul(gpu):
     np.testing.assert_allclose(got[:n], want, rtol=1e-6, atol=0)
     np.testing.assert_array_equal(got[n:], SENTINEL)
 
+def test_gelu_mul(gpu):
+    """Specialization constant GELU: torch's gelu(approximate="tanh") (Gemma's GeGLU), in
+    float64 with torch's formula."""
+    r, n = rng(3), 1001
+    g, u = randn(r, n) * 4, randn(r, n)
+    g[:5] = [0.0, 1e-4, -1e-4, 30.0, -30.0]     # the cancellation near 0, saturation
+    bg, bu, bo = gpu.upload(g), gpu.upload(u), gpu.filled(n + 5)
+    gpu.run("silu_mul", {0: ELEMENTWISE, 1: 1}, (bg, bu, bo), (groups(n, ELEMENTWISE), 1, 1),
+            push(n))
+    got = gpu.read(bo)
+    g64 = g.astype(np.float64)
+    want = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u
+    # tanh as 1 - 2 / (exp(2x) + 1): an absolute error of a few ulp of 1 in tanh (exp's
+    # 3 + 2|x| ulp are relative to a term that then saturates), times 0.5 |g u|; the rest
+    # relative. Bound: 1e-6 relative plus 1e-6 * 0.5 |g u|.
+    err = np.abs(got[:n] - want)
+    bound = 1e-6 * np.abs(want) + 1e-6 * 0.5 * np.abs(g64 * u)
+    assert np.all(err <= bound), np.max(err / bound)
+    np.testing.assert_array_equal(got[n:], SENTINEL)
+
+
+def test_scale_in_place(gpu):
+    r, n, sc = rng(4), 1001, float(np.float32(np.sqrt(96)))
+    x = randn(r, n)
+    bx = gpu.upload(np.concatenate([x, np.full(5, SENTINEL, np.float32)]))
+    gpu.run("scale", {0: ELEMENTWISE}, (bx,), (groups(n, ELEMENTWISE), 1, 1), push(n, sc))
+    got = gpu.read(bx)
+    np.testing.assert_array_equal(got[:n], x * np.float32(sc))   # one f32 rounding, as torch
+    np.testing.assert_array_equal(got[n:], SENTINEL)
+
 
 def test_embed_gathers_rows(gpu):
     # n_embd = 70: two workgroups per token, the second mostly past the row end.
@@ -387,17 +417,19 @@ def test_matmul_tiled_any_tile(gpu, rows, tokens, n_cols):
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
-def attention_reference(q, k_cache, v_cache, pos0, scale):
-    """Causal softmax attention with grouped-query heads, float64.
+def attention_reference(q, k_cache, v_cache, pos0, scale, window=0):
+    """Causal softmax attention with grouped-query heads, float64; `window` > 0: each query
+    sees its last `window` positions only.
     q: [T, H, D]; k_cache, v_cache: [n_ctx, H_kv, D] -> [T, H, D]."""
     n_tokens, n_heads, _ = q.shape
     group = n_heads // k_cache.shape[1]
     out = np.zeros(q.shape)
     for t in range(n_tokens):
         last = pos0 + t
+        first = max(0, last + 1 - window) if window else 0
         for h in range(n_heads):
-            k = k_cache[:last + 1, h // group].astype(np.float64)  # [S, D]
-            v = v_cache[:last + 1, h // group].astype(np.float64)
+            k = k_cache[first:last + 1, h // group].astype(np.float64)  # [S, D]
+            v = v_cache[first:last + 1, h // group].astype(np.float64)
             s = k @ q[t, h].astype(np.float64) * scale
             p = np.exp(s - s.max())
             out[t, h] = p @ v / p.sum()
@@ -470,26 +502,27 @@ def safe_attention_reference(q, k_cache, v_cache, pos0, scale):
 ATTENTION_MODES = ["one-pass", "split", "decode"]
 
 
-def run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode="one-pass"):
+def run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode="one-pass", window=0):
     """attention.comp on q [T, H, D], caches [n_ctx, H_kv, D]; returns [T, H, D] and checks
     the sentinel tail after the output. `mode` "split" or "decode": each token as a decode
     step instead, through attention_split.comp + attention_combine.comp
-    (`run_attention_decode`) or attention_decode.comp (`run_attention_one_dispatch`)."""
+    (`run_attention_decode`) or attention_decode.comp (`run_attention_one_dispatch`).
+    `window`: specialization constant WINDOW (a sliding-window layer)."""
     if mode != "one-pass":
         run = run_attention_decode if mode == "split" else run_attention_one_dispatch
-        return np.stack([run(gpu, q[t], k_cache, v_cache, pos0 + t, scale)
+        return np.stack([run(gpu, q[t], k_cache, v_cache, pos0 + t, scale, window=window)
                          for t in range(q.shape[0])])
     n_tokens, n_heads, head_dim = q.shape
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     bo = gpu.filled(q.size + 3)
-    gpu.run("attention", {0: head_dim}, (bq, bk, bv, bo), (n_heads, n_tokens, 1),
+    gpu.run("attention", {0: head_dim, 1: window}, (bq, bk, bv, bo), (n_heads, n_tokens, 1),
             push(n_heads, k_cache.shape[1], head_dim, pos0, float(scale)))
     got = gpu.read(bo)
     np.testing.assert_array_equal(got[-3:], SENTINEL)
     return got[:-3].reshape(q.shape)
 
 
-def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale):
+def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale, window=0):
     """One query q [H, D] at position pos0: the split kernel over chunks of
     `attention_chunk(pos0 + 1)` positions (the model's choice), then the combine; [H, D]."""
     from vkrt.kernels import attention_chunk
@@ -499,7 +532,8 @@ def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale):
     splits = -(-(pos0 + 1) // chunk)
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     part, bo = gpu.filled(n_heads * splits * (head_dim + 2) + 3), gpu.filled(q.size + 3)
-    gpu.run("attention_split", {0: head_dim}, (bq, bk, bv, part), (n_heads, splits, 1),
+    gpu.run("attention_split", {0: head_dim, 1: window}, (bq, bk, bv, part),
+            (n_heads, splits, 1),
             push(n_heads, k_cache.shape[1], head_dim, pos0, chunk, float(scale)))
     gpu.run("attention_combine", {0: head_dim}, (part, bo), (n_heads, 1, 1),
             push(head_dim, splits))
@@ -510,14 +544,14 @@ def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale):
 
 
 def run_attention_one_dispatch(gpu, q, k_cache, v_cache, pos0, scale, threads=64,
-                               max_positions=4096, pos_buffer=None, dim_splits=1):
+                               max_positions=4096, pos_buffer=None, dim_splits=1, window=0):
     """One query q [H, D] at position pos0 (plus `pos_buffer`, the replay variant's u32)
     through attention_decode.comp, `threads` invocations per workgroup and `dim_splits`
     workgroups per head; [H, D]."""
     n_heads, head_dim = q.shape
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     bo = gpu.filled(q.size + 3)
-    spec = {0: threads, 1: head_dim, 2: max_positions, 3: dim_splits}
+    spec = {0: threads, 1: head_dim, 2: max_positions, 3: dim_splits, 4: window}
     name, bound = "attention_decode", ()
     if pos_buffer is not None:
         name, bound = "attention_decode_pos", (gpu.upload(np.array([pos_buffer], np.uint32)),)
@@ -621,6 +655,31 @@ def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol):
     want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
     assert -(-(pos0 + 1) // attention_chunk(pos0 + 1, head_dim)) <= 32
+
+
+# Sliding-window layers (gemma3): each query attends to its last `window` positions. Cache
+# rows before the first query's window are NaN, so a kernel that reads them (a score, or a
+# value weighed 0) fails; windows shorter and longer than a block of head_dim positions, one
+# wider than every query's history (nothing masked), and many splits.
+@pytest.mark.parametrize("mode", ATTENTION_MODES)
+@pytest.mark.parametrize("window,pos0,n_tokens", [(5, 20, 4), (21, 30, 3), (100, 20, 4),
+                                                  (40, 1300, 2)],
+                         ids=["inside-a-block", "across-blocks", "wider-than-history",
+                              "many-splits"])
+def test_attention_sliding_window(gpu, mode, window, pos0, n_tokens):
+    r, head_dim, n_heads, n_kv_heads = rng(25), 16, 4, 2
+    q = randn(r, n_tokens, n_heads, head_dim)
+    k_cache = randn(r, pos0 + n_tokens + 2, n_kv_heads, head_dim)
+    v_cache = randn(r, pos0 + n_tokens + 2, n_kv_heads, head_dim)
+    k_cache[pos0 + n_tokens:] = np.nan
+    v_cache[pos0 + n_tokens:] = np.nan
+    first = max(0, pos0 + 1 - window)
+    k_cache[:first] = np.nan
+    v_cache[:first] = np.nan
+    scale = float(np.float32(1 / np.sqrt(head_dim)))
+    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode, window=window)
+    want = attention_reference(q, k_cache, v_cache, pos0, scale, window)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
 def test_attention_four_minus_infinity_scores_give_zeros(gpu):

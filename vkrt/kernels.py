@@ -135,13 +135,19 @@ class Kernels:
                                    (F32, F32, F32, U32)) for neox in (False, True)}
         self._copy_rows_pos = Op(p("copy_rows_pos", {0: ELEMENTWISE_BLOCK}), (F32, F32, U32))
         self._advance_pos = Op(p("advance_pos", {}), (U32,))
-        self._silu_mul = Op(p("silu_mul", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
+        # silu_mul.comp's activation: SiLU (False) or GELU-tanh (True, constant GELU).
+        self._silu_mul = {gelu: Op(p("silu_mul", {0: ELEMENTWISE_BLOCK, 1: int(gelu)}),
+                                   (F32, F32, F32)) for gelu in (False, True)}
+        self._scale = Op(p("scale", {0: ELEMENTWISE_BLOCK}), (F32,))
         self._add = Op(p("add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._argmax = Op(p("argmax", {0: ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK}),
                           (F32, U32))
-        # attention's workgroup is one head: local_size_x = head_dim.
+        # attention's workgroup is one head: local_size_x = head_dim. Sliding-window layers
+        # get their own pipelines (specialization constant WINDOW; `_windowed`).
         self._attention = self._attention_split = self._attention_combine = None
+        self._windows: dict[int, tuple] = {}
+        self._head_dim = head_dim
         self.decode_threads = self.decode_positions = 0
         self.decode_dim_splits = 1
         if head_dim:
@@ -169,6 +175,30 @@ class Kernels:
         self._add_rows = Op(p("add_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._embed_range = Op(p("embed_range", {0: ELEMENTWISE_BLOCK}), (F32, U32, F32))
         self._copy_block = Op(p("copy_block", {0: ELEMENTWISE_BLOCK}), (F32, F32))
+
+    def _windowed(self, window: int) -> tuple:
+        """(attention, attention_split, attention_split_pos, attention_decode,
+        attention_decode_pos) ops attending to the last `window` positions (0: all), built on
+        first use for a window."""
+        if window == 0:
+            return (self._attention, self._attention_split, self._attention_split_pos,
+                    getattr(self, "_attention_decode", None),
+                    getattr(self, "_attention_decode_pos", None))
+        ops = self._windows.get(window)
+        if ops is None:
+            p, hd = self._pipelines.get_pipeline, self._head_dim
+            decode = decode_pos = None
+            if self.decode_positions:
+                spec = {0: self.decode_threads, 1: hd, 2: self.decode_positions,
+                        3: self.decode_dim_splits, 4: window}
+                decode = Op(p("attention_decode", spec), (F32, F32, F32, F32))
+                decode_pos = Op(p("attention_decode_pos", spec), (F32, F32, F32, F32, U32))
+            ops = self._windows[window] = (
+                Op(p("attention", {0: hd, 1: window}), (F32, F32, F32, F32)),
+                Op(p("attention_split", {0: hd, 1: window}), (F32, F32, F32, F32)),
+                Op(p("attention_split_pos", {0: hd, 1: window}), (F32, F32, F32, F32, U32)),
+                decode, decode_pos)
+        return ops
 
     def row_threads(self, n_rows: int) -> int:
         """Invocations per output row of a decode product (`matvec*`, `qkv_rope` workgroups)
@@ -344,7 +374,7 @@ class Kernels:
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor,
                   n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, pos0: int,
                   scale: float, part: Tensor, name: str = "",
-                  pos: Tensor | None = None) -> list[Dispatch]:
+                  pos: Tensor | None = None, window: int = 0) -> list[Dispatch]:
         """Causal grouped-query attention of n_tokens queries at positions pos0.. over the
         cache rows 0 .. pos0 + n_tokens - 1; q, out [tokens, n_heads * head_dim].
         One token (decode) runs `decode_dim_splits` workgroups per head (`attention_decode`,
@@ -355,19 +385,20 @@ class Kernels:
         dispatches. More tokens (prefill) run one workgroup per (head, token) (`attention`):
         one dispatch. `pos` ([1] u32, P at run time; one token):
         the query is at position pos0 + P (a replayed step), and the splits cover every row
-        of the cache (those past the query do nothing)."""
+        of the cache (those past the query do nothing). `window` > 0: a query at position p
+        attends to positions p - window + 1 ..= p only (a sliding-window layer); 0: all."""
         kvn = (pos0 + n_tokens) * n_kv_heads * head_dim
+        attention, split, split_pos, decode, decode_pos = self._windowed(window)
         if n_tokens == 1:
             if head_dim % 4:
                 raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "
                                            "multiple of 4 (vec4 loads)")
-            assert self._attention_split.pipeline.local_size[0] == head_dim, "built for head_dim"
+            assert split.pipeline.local_size[0] == head_dim, "built for head_dim"
             # Replayed (`pos`): sized for the longest context the caches hold.
             n_pos = pos0 + 1 if pos is None else k_cache.shape[0]
             qn = n_heads * head_dim
             if n_pos <= self.decode_positions:
-                op, extra = ((self._attention_decode, ()) if pos is None
-                             else (self._attention_decode_pos, (pos,)))
+                op, extra = (decode, ()) if pos is None else (decode_pos, (pos,))
                 return [op(q, k_cache, v_cache, out, *extra,
                            grid=(n_heads, self.decode_dim_splits, 1), name=name,
                            need=(qn, kvn, kvn, qn) + (1,) * len(extra), n_heads=n_heads,
@@ -375,15 +406,14 @@ class Kernels:
             chunk = attention_chunk(n_pos, head_dim)
             splits = _groups(n_pos, chunk)
             pn = n_heads * splits * (head_dim + 2)
-            op, extra = ((self._attention_split, ()) if pos is None
-                         else (self._attention_split_pos, (pos,)))
+            op, extra = (split, ()) if pos is None else (split_pos, (pos,))
             return [op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1),
                        name=name + "_split", need=(qn, kvn, kvn, pn) + (1,) * len(extra),
                        n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, pos0=pos0,
                        chunk=chunk, scale=scale),
                     self._attention_combine(part, out, grid=(n_heads, 1, 1), name=name,
                                             need=(pn, qn), head_dim=head_dim, n_splits=splits)]
-        op = self._attention
+        op = attention
         assert op is not None and op.pipeline.local_size[0] == head_dim, "built for head_dim"
         if head_dim % 4:
             raise ShaderInterfaceError(f"attention: head_dim {head_dim} is not a multiple of 4 "
@@ -395,10 +425,16 @@ class Kernels:
                    head_dim=head_dim, pos0=pos0, scale=scale)]
 
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor, n: int,
-                 name: str = "") -> Dispatch:
-        """out[i] = silu(gate[i]) * up[i] for i < n."""
+                 name: str = "", gelu: bool = False) -> Dispatch:
+        """out[i] = silu(gate[i]) * up[i] for i < n; with `gelu`, gelu_tanh(gate[i]) * up[i]
+        (GELU's tanh approximation, Gemma's GeGLU)."""
         grid = (*spread(_groups(n, ELEMENTWISE_BLOCK), self.limit), 1)
-        return self._silu_mul(gate, up, out, grid=grid, name=name, need=(n, n, n), n=n)
+        return self._silu_mul[gelu](gate, up, out, grid=grid, name=name, need=(n, n, n), n=n)
+
+    def scale(self, x: Tensor, n: int, s: float, name: str = "") -> Dispatch:
+        """x[i] *= s for i < n (f32 s)."""
+        grid = (*spread(_groups(n, ELEMENTWISE_BLOCK), self.limit), 1)
+        return self._scale(x, grid=grid, name=name, need=(n,), n=n, s=s)
 
     def add(self, x: Tensor, y: Tensor, n: int, name: str = "") -> Dispatch:
         """x[i] += y[i] for i < n (in place)."""
