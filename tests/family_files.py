@@ -25,8 +25,19 @@ LAYER_TENSORS = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
                  "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm",
                  "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                  "mlp.down_proj": "ffn_down"}
+# Gemma 3 names its norms after where they sit (conversion/gemma.py, gguf-py tensor_mapping:
+# post_attention_layernorm is ATTN_POST_NORM there, FFN_NORM in Llama-like files).
+GEMMA3_TENSORS = {**LAYER_TENSORS, "post_attention_layernorm": "post_attention_norm",
+                  "pre_feedforward_layernorm": "ffn_norm",
+                  "post_feedforward_layernorm": "post_ffw_norm"}
 SPECIALS = {"qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
+            "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            # (real Gemma 3 files hold a SentencePiece vocabulary; transformers only counts
+            # the tokens here)
+            "gemma3": ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]}
+# Gemma 3 test shape: 6 layers so that the default pattern (5 sliding, 1 global) has both
+# kinds, a window of 8 positions that the test prompts cross.
+GEMMA3_LAYERS, GEMMA3_WINDOW = 6, 8
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -73,18 +84,27 @@ def byte_bpe_vocab(specials: list[str], n_vocab: int = N_VOCAB, extra: list[str]
 
 
 def hf_model(arch: str, seed: int = 0, tied: bool = False, **overrides):
-    """A random fp32 Qwen2ForCausalLM or Qwen3ForCausalLM of the test size; norms near 1,
-    biases random (zero at init)."""
+    """A random fp32 Qwen2ForCausalLM, Qwen3ForCausalLM or Gemma3ForCausalLM of the test
+    size; norms near 1 (Gemma's as 1 + w), biases random (zero at init)."""
     import torch
     import transformers
 
     cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-           "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[arch]
-    config = getattr(transformers, cls[0])(
-        vocab_size=N_VOCAB, hidden_size=HIDDEN, intermediate_size=N_FF,
-        num_hidden_layers=N_LAYER, num_attention_heads=N_HEAD, num_key_value_heads=N_HEAD_KV,
-        max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tied,
-        rope_theta=1e6, **overrides)
+           "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+           "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}[arch]
+    shape = dict(vocab_size=N_VOCAB, hidden_size=HIDDEN, intermediate_size=N_FF,
+                 num_hidden_layers=N_LAYER, num_attention_heads=N_HEAD,
+                 num_key_value_heads=N_HEAD_KV, max_position_embeddings=512, rms_norm_eps=1e-6,
+                 tie_word_embeddings=tied)
+    if arch == "gemma3":
+        shape.update(num_hidden_layers=GEMMA3_LAYERS, head_dim=HIDDEN // N_HEAD,
+                     query_pre_attn_scalar=HIDDEN // N_HEAD, sliding_window=GEMMA3_WINDOW,
+                     rope_parameters={
+                         "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    else:
+        shape["rope_theta"] = 1e6
+    config = getattr(transformers, cls[0])(**shape, **overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, cls[1])(config).float().eval()
     g = torch.Generator().manual_seed(seed + 1)
@@ -92,7 +112,7 @@ def hf_model(arch: str, seed: int = 0, tied: bool = False, **overrides):
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=g)
             if name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * r)
+                p.copy_((0 if arch == "gemma3" else 1) + 0.1 * r)
             elif name.endswith(".bias"):
                 p.copy_(0.5 * r)
             elif "embed_tokens" in name:
@@ -104,33 +124,46 @@ def hf_model(arch: str, seed: int = 0, tied: bool = False, **overrides):
 
 def write_gguf(path, model, arch: str, qtype: str = "F32", keys: dict | None = None,
                tensors: dict | None = None, drop: tuple[str, ...] = ()):
-    """The GGUF convert_hf_to_gguf.py writes for `model` (`arch` "qwen2" or "qwen3"), its
-    matrices as `qtype` (F32, F16 or Q8_0; 1-D tensors f32); `keys` adds or replaces metadata
-    (None removes), `tensors` adds tensors, `drop` leaves tensors out. Returns the path."""
+    """The GGUF convert_hf_to_gguf.py writes for `model` (`arch` "qwen2", "qwen3" or
+    "gemma3"), its matrices as `qtype` (F32, F16 or Q8_0; 1-D tensors f32); `keys` adds or
+    replaces metadata (None removes), `tensors` adds tensors, `drop` leaves tensors out.
+    Returns the path."""
     c = model.config
     p = arch + "."
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)
     meta: dict = {p + "block_count": c.num_hidden_layers,
                   p + "context_length": c.max_position_embeddings,
                   p + "embedding_length": c.hidden_size,
                   p + "feed_forward_length": c.intermediate_size,
                   p + "attention.head_count": c.num_attention_heads,
                   p + "attention.head_count_kv": c.num_key_value_heads,
-                  p + "rope.freq_base": float(c.rope_parameters["rope_theta"]),
-                  p + "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps)}
-    if arch == "qwen3":   # Qwen3Config.head_dim is in config.json: the converter writes it
+                  p + "rope.freq_base": float(rope["rope_theta"])}
+    if arch == "gemma3":  # base.py writes the sliding layers' base; gemma.py the window
+        meta[p + "rope.freq_base_swa"] = float(c.rope_parameters["sliding_attention"]
+                                               ["rope_theta"])
+    meta[p + "attention.layer_norm_rms_epsilon"] = float(c.rms_norm_eps)
+    if arch in ("qwen3", "gemma3"):   # head_dim is in config.json: the converter writes it
         meta[p + "attention.key_length"] = c.head_dim
         meta[p + "attention.value_length"] = c.head_dim
+    if arch == "gemma3":
+        meta[p + "attention.sliding_window"] = c.sliding_window
     meta["general.file_type"] = int({"F32": gguf.LlamaFileType.ALL_F32,
                                      "F16": gguf.LlamaFileType.MOSTLY_F16}.get(
                                          qtype, gguf.LlamaFileType.MOSTLY_Q8_0))
     tokens, merges, types = byte_bpe_vocab(SPECIALS[arch], c.vocab_size)
     meta.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
                  "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-                 "tokenizer.ggml.merges": merges,
-                 "tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
-                 "tokenizer.ggml.padding_token_id": tokens.index("<|endoftext|>"),
-                 "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
-                 "tokenizer.ggml.add_bos_token": False})
+                 "tokenizer.ggml.merges": merges})
+    if arch == "gemma3":
+        meta.update({"tokenizer.ggml.eos_token_id": tokens.index("<eos>"),
+                     "tokenizer.ggml.padding_token_id": tokens.index("<pad>"),
+                     "tokenizer.ggml.bos_token_id": tokens.index("<bos>"),
+                     "tokenizer.ggml.add_bos_token": True})
+    else:
+        meta.update({"tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
+                     "tokenizer.ggml.padding_token_id": tokens.index("<|endoftext|>"),
+                     "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
+                     "tokenizer.ggml.add_bos_token": False})
     for k, v in (keys or {}).items():
         if v is None:
             meta.pop(k, None)
@@ -152,10 +185,12 @@ def write_gguf(path, model, arch: str, qtype: str = "F32", keys: dict | None = N
         else:
             w.add_uint32(k, v)
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+    if arch == "gemma3":   # conversion/gemma.py Gemma3Model.norm_shift: every norm as 1 + w
+        sd = {k: v + np.float32(1) if k.endswith("norm.weight") else v for k, v in sd.items()}
     out = {"token_embd.weight": sd["model.embed_tokens.weight"]}
     for i in range(c.num_hidden_layers):
         hf, gg = f"model.layers.{i}.", f"blk.{i}."
-        for src, dst in LAYER_TENSORS.items():
+        for src, dst in (GEMMA3_TENSORS if arch == "gemma3" else LAYER_TENSORS).items():
             for kind in ("weight", "bias"):
                 if f"{hf}{src}.{kind}" in sd:
                     out[f"{gg}{dst}.{kind}"] = sd[f"{hf}{src}.{kind}"]

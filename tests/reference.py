@@ -20,14 +20,16 @@ import numpy as np
 class TransformersReference:
     """transformers' fp32 CPU model of a GGUF (loads in ~11-14 s on 2 cores)."""
 
-    def __init__(self, gguf_path: str):
+    def __init__(self, gguf_path: str, **config):
+        """`config`: configuration values the GGUF does not carry (passed to from_pretrained,
+        e.g. Gemma 3's query_pre_attn_scalar)."""
         import torch
         from transformers import AutoModelForCausalLM
 
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(
             os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path),
-            dtype=torch.float32).eval()
+            dtype=torch.float32, **config).eval()
 
     @classmethod
     def from_model(cls, model) -> "TransformersReference":

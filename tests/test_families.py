@@ -1,8 +1,9 @@
 """The Llama-like families beside `llama` (vkrt/models/arch.py), each against transformers fp32
 reading the same GGUF file itself (`from_pretrained(dir, gguf_file=...)`, tests/reference.py):
 teacher-forced logits and greedy tokens on tiny random checkpoints (tests/family_files.py:
-hidden 64, 2 layers, GQA 4/2 heads, vocabulary 300); and the files vkrt cannot run faithfully
-refused before upload, in one line naming the key or tensor.
+hidden 64, 2 layers (gemma3: 6, five sliding-window layers of 8 positions and a global one),
+GQA 4/2 heads, vocabulary 300; prompts longer than the window); and the files vkrt cannot
+run faithfully refused before upload, in one line naming the key or tensor.
 
 Tolerance: as tests/test_llama_variants.py, max |logit difference| < 1e-4 (the issue's f32
 figure; both sides are fp32 over identical weights and differ in summation order only).
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_files import N_HEAD, N_VOCAB, hf_model, write_gguf
+from family_files import GEMMA3_WINDOW, HIDDEN, N_HEAD, N_VOCAB, hf_model, write_gguf
 from reference import TransformersReference
 from vkrt.errors import ModelFormatError
 from vkrt.models.generate import generate
@@ -29,18 +30,25 @@ CASES = {
     "qwen2_tied": ("qwen2", True, "F32"),
     "qwen2_q8_0": ("qwen2", False, "Q8_0"),
     "qwen3": ("qwen3", True, "F32"),
+    "gemma3": ("gemma3", True, "F32"),
+    "gemma3_q8_0": ("gemma3", True, "Q8_0"),
 }
+# What transformers needs beside the file: Gemma 3's query_pre_attn_scalar is not in a GGUF;
+# llama.cpp (src/models/gemma3.cpp) scales by 1 / sqrt(head_dim), which the released 1B-12B
+# configs agree with (query_pre_attn_scalar = head_dim = 256): the oracle gets head_dim.
+ORACLE_CONFIG = {"gemma3": {"query_pre_attn_scalar": HIDDEN // N_HEAD}}
 
 
 def run_case(case, device, tmp_path):
     arch, tied, qtype = CASES[case]
     path = write_gguf(tmp_path / f"{case}.gguf", hf_model(arch, tied=tied), arch, qtype)
-    ref = TransformersReference(str(path))
+    ref = TransformersReference(str(path), **ORACLE_CONFIG.get(arch, {}))
     ids = [int(i) for i in np.random.default_rng(1).integers(0, N_VOCAB, LOGIT_LEN)]
     want = ref.logits(ids)
     vk = Llama.from_gguf(device, load_gguf(path))
     try:
         assert vk.hp.arch == arch and vk.hp.tied_embeddings == tied
+        assert LOGIT_LEN > 2 * GEMMA3_WINDOW and PROMPT_LEN + GREEDY > GEMMA3_WINDOW
         got = vk.logits(ids)
         err = np.abs(got - want).max()
         print(f"{case}: max |dlogit| {err:.2e} over {LOGIT_LEN} positions, logits in "
@@ -98,6 +106,32 @@ REFUSED = {
                          "tensor 'rope_freqs.weight' [8] is not read by vkrt's qwen2"),
     "qwen2_bias_shape": ("qwen2", {}, {"blk.0.attn_k.bias": np.ones(64, np.float32)}, (),
                          "tensor 'blk.0.attn_k.bias' has shape (64,), expected (32,)"),
+    "gemma3_window_zero": ("gemma3", {"gemma3.attention.sliding_window": 0}, {}, (),
+                           "metadata key 'gemma3.attention.sliding_window' is 0, expected a "
+                           "positive integer"),
+    "gemma3_swa_base_negative": ("gemma3", {"gemma3.rope.freq_base_swa": -1.0}, {}, (),
+                                 "metadata key 'gemma3.rope.freq_base_swa' is -1.0, expected "
+                                 "a positive finite number"),
+    "gemma3_pattern_string": ("gemma3", {"gemma3.attention.sliding_window_pattern": "six"}, {},
+                              (), "metadata key 'gemma3.attention.sliding_window_pattern' is "
+                              "'six', expected a period"),
+    "gemma3_swa_base_without_window": ("gemma3", {"gemma3.attention.sliding_window": None},
+                                       {}, (), "metadata key 'gemma3.rope.freq_base_swa' "
+                                       "without gemma3.attention.sliding_window"),
+    "gemma3_softcap": ("gemma3", {"gemma3.final_logit_softcapping": 30.0}, {}, (),
+                       "metadata key 'gemma3.final_logit_softcapping' = 30.0 is not "
+                       "implemented"),
+    "gemma3_no_post_norm": ("gemma3", {}, {}, ("blk.2.post_ffw_norm.weight",),
+                            "missing tensor 'blk.2.post_ffw_norm.weight'"),
+    # post-norms belong to gemma3: in a qwen3 file they would be ignored
+    "qwen3_post_norm": ("qwen3", {}, {"blk.0.post_attention_norm.weight":
+                                      np.ones(64, np.float32)}, (),
+                        "tensor 'blk.0.post_attention_norm.weight' [64] is not read by "
+                        "vkrt's qwen3"),
+    # a sliding window is gemma3's: a qwen3 file with one is refused, not run global
+    "qwen3_sliding_window": ("qwen3", {"qwen3.attention.sliding_window": 8}, {}, (),
+                             "metadata key 'qwen3.attention.sliding_window' = 8 is not "
+                             "implemented"),
 }
 
 

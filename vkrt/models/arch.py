@@ -3,12 +3,15 @@ the forward (`Family`), and one file's hyperparameters and description read from
 `<arch>.*` metadata keys (`Arch`, what `vkrt.models.llama.Llama` builds its layers from).
 
 A family is a `Family` entry in `FAMILIES`: its RoPE pair layout, which linear layers may carry
-biases, whether Q and K are RMS-normed per head, which `<arch>.*` keys it reads. A file whose
-keys or tensors ask for anything else is refused before upload, naming the key or tensor.
+biases, whether Q and K are RMS-normed per head, where the norms sit, the MLP's activation,
+the embedding scale, sliding-window layers, which `<arch>.*` keys it reads. A file whose keys
+or tensors ask for anything else is refused before upload, naming the key or tensor.
 Names from gguf-py's constants.py (Keys.LLM, Keys.Attention, Keys.Rope; MODEL_TENSORS) as
 llama.cpp's convert_hf_to_gguf.py writes them (conversion/llama.py `LlamaModel`,
 conversion/qwen.py `Qwen2Model`, `Qwen3Model`; conversion/base.py
-`TextModel.set_gguf_parameters`).
+`TextModel.set_gguf_parameters`, conversion/gemma.py `Gemma3Model`); the forward each means
+as transformers' modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py, modeling_gemma3.py
+and llama.cpp's src/models/*.cpp compute it.
 """
 from __future__ import annotations
 
@@ -50,12 +53,34 @@ class Family:
     `attn_k_norm.weight`, [head_dim] each; transformers' Qwen3Attention q_norm/k_norm).
     rope_freqs: `rope_freqs.weight` (llama3 RoPE frequency factors) may be present.
     default_theta: RoPE base when `<arch>.rope.freq_base` is absent.
+    post_norms: RMSNorm of the attention and of the MLP output before each residual add
+    (`blk.N.post_attention_norm.weight`, `post_ffw_norm.weight`; Gemma 2/3's "sandwich").
+    gelu: the MLP is GELU-tanh(gate) * up (GeGLU) instead of SiLU(gate) * up.
+    embed_scale: the embedded rows are multiplied by sqrt(n_embd) (input only, not the
+    tied output).
+    sliding_window: `<arch>.attention.sliding_window` gives sliding-window layers beside the
+    global ones (llama.cpp's `load_swa_pattern(ml, swa_pattern)`: layer i slides unless
+    i % swa_pattern == swa_pattern - 1, or `<arch>.attention.sliding_window_pattern` says),
+    with RoPE base `<arch>.rope.freq_base_swa` (default 10000, llama-hparams.h
+    rope_freq_base_train_swa).
     """
     rope_neox: bool
     biases: tuple[str, ...] = ()
     qk_norm: bool = False
     rope_freqs: bool = False
     default_theta: float = 10000.0
+    post_norms: bool = False
+    gelu: bool = False
+    embed_scale: bool = False
+    sliding_window: bool = False
+    swa_pattern: int = 6
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """The `<arch>.*` keys this family reads."""
+        extra = {"attention.sliding_window", "attention.sliding_window_pattern",
+                 "rope.freq_base_swa"} if self.sliding_window else set()
+        return COMMON_KEYS | extra
 
 
 FAMILIES = {
@@ -68,6 +93,12 @@ FAMILIES = {
     # Qwen3: no biases (attention_bias False in every released config), q_norm and k_norm
     # (modeling_qwen3.py Qwen3Attention).
     "qwen3": Family(rope_neox=True, qk_norm=True),
+    # Gemma 3 (text): Q/K norms, norms before and after attention and MLP, GeGLU, embeddings
+    # times sqrt(n_embd), 5 sliding-window layers to 1 global (llama.cpp src/models/gemma3.cpp;
+    # modeling_gemma3.py). The converter stores each Gemma3RMSNorm weight w as 1 + w, so the
+    # norms are plain RMSNorms of the stored weights.
+    "gemma3": Family(rope_neox=True, qk_norm=True, post_norms=True, gelu=True,
+                     embed_scale=True, sliding_window=True, default_theta=1e6),
 }
 
 
@@ -89,7 +120,11 @@ class Arch:
     absent): angles are position * inv_freq / rope_scale (transformers' modeling_rope_utils
     `_compute_linear_scaling_rope_parameters`); tied_embeddings is True when there is no
     `output.weight` (the logits reuse token_embd); attn_scale: softmax(q k^T * attn_scale),
-    1 / sqrt(head_dim).
+    1 / sqrt(head_dim) (llama.cpp's gemma3.cpp: 1 / sqrt(n_embd / n_head) for the 62-layer
+    Gemma 3 27B, as its query_pre_attn_scalar); post_norms, gelu: from the family;
+    embed_scale: the factor on embedded rows (sqrt(n_embd) or 1); window: the sliding
+    window in positions (0: no sliding layers); swa_layers: per layer, whether it slides;
+    rope_theta_swa: the RoPE base of sliding layers (their RoPE is unscaled).
     """
 
     n_layer: int
@@ -109,14 +144,27 @@ class Arch:
     arch: str = "llama"
     rope_neox: bool = False
     qk_norm: bool = False
+    attn_scale: float = 0.0        # 0: 1 / sqrt(head_dim), set in __post_init__
+    post_norms: bool = False
+    gelu: bool = False
+    embed_scale: float = 1.0
+    window: int = 0
+    swa_layers: tuple[bool, ...] = ()
+    rope_theta_swa: float = 10000.0
+
+    def __post_init__(self):
+        if not self.attn_scale:
+            object.__setattr__(self, "attn_scale", 1.0 / float(np.sqrt(self.head_dim)))
+        if not self.swa_layers:
+            object.__setattr__(self, "swa_layers", (False,) * self.n_layer)
 
     @property
     def family(self) -> Family:
         return FAMILIES[self.arch]
 
-    @property
-    def attn_scale(self) -> float:
-        return 1.0 / float(np.sqrt(self.head_dim))
+    def layer_window(self, i: int) -> int:
+        """Layer i's attention window in positions (0: it attends to every position)."""
+        return self.window if self.swa_layers[i] else 0
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "Arch":
@@ -131,7 +179,7 @@ class Arch:
         family, prefix = FAMILIES[arch], arch + "."
         md = g.metadata
         for key, value in md.items():
-            if key.startswith(prefix) and key[len(prefix):] not in COMMON_KEYS \
+            if key.startswith(prefix) and key[len(prefix):] not in family.keys \
                     and key[len(prefix):] not in HARMLESS_KEYS:
                 raise ModelFormatError(f"{g.path}: metadata key {key!r} = {_short(value)} is "
                                        f"not implemented by vkrt's {arch} (refused, not "
@@ -217,8 +265,24 @@ class Arch:
                 raise ModelFormatError(f"{g.path}: {key} is {i!r}, outside the "
                                        f"{n_vocab}-token vocabulary")
         bos, eos = md.get("tokenizer.ggml.bos_token_id"), md.get("tokenizer.ggml.eos_token_id")
+        n_layer = integer(p + "block_count")
+        window, swa_layers, theta_swa = 0, (False,) * n_layer, 10000.0
+        if family.sliding_window and p + "attention.sliding_window" in md:
+            window = integer(p + "attention.sliding_window")
+            swa_layers = _swa_layers(g.path, p + "attention.sliding_window_pattern",
+                                     md.get(p + "attention.sliding_window_pattern",
+                                            family.swa_pattern), n_layer)
+            theta_swa = number(p + "rope.freq_base_swa", 10000.0)
+        elif family.sliding_window:
+            for key in ("attention.sliding_window_pattern", "rope.freq_base_swa"):
+                if p + key in md:
+                    raise ModelFormatError(f"{g.path}: metadata key {p + key!r} without "
+                                           f"{p}attention.sliding_window")
+        attn_scale = 1.0 / float(np.sqrt(head_dim))
+        if arch == "gemma3" and n_layer == 62:
+            attn_scale = 1.0 / float(np.sqrt(n_embd // n_head))
         return cls(
-            n_layer=integer(p + "block_count"),
+            n_layer=n_layer,
             n_embd=n_embd,
             n_head=n_head,
             n_head_kv=n_head_kv,
@@ -235,4 +299,26 @@ class Arch:
             arch=arch,
             rope_neox=family.rope_neox,
             qk_norm=family.qk_norm,
+            attn_scale=attn_scale,
+            post_norms=family.post_norms,
+            gelu=family.gelu,
+            embed_scale=float(np.sqrt(n_embd)) if family.embed_scale else 1.0,
+            window=window,
+            swa_layers=swa_layers,
+            rope_theta_swa=theta_swa,
         )
+
+
+def _swa_layers(path: str, key: str, pattern, n_layer: int) -> tuple[bool, ...]:
+    """Which layers slide, from `<arch>.attention.sliding_window_pattern`: a period n (layer
+    i slides unless i % n == n - 1; every layer when n is 0; llama-hparams.cpp
+    `set_swa_pattern`) or one bool per layer. Raises ModelFormatError naming the key for anything else."""
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer or not all(isinstance(b, bool) for b in pattern):
+            raise ModelFormatError(f"{path}: metadata key {key!r} is {_short(pattern)}, "
+                                   f"expected {n_layer} bools (one per layer) or a period")
+        return tuple(pattern)
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 0:
+        raise ModelFormatError(f"{path}: metadata key {key!r} is {_short(pattern)}, expected "
+                               "a period (0: every layer slides) or one bool per layer")
+    return tuple(pattern == 0 or i % pattern < pattern - 1 for i in range(n_layer))

@@ -200,6 +200,7 @@ class Llama(Decoder):
         self.k_cache: list[Tensor] = []
         self.v_cache: list[Tensor] = []
         self.rope: Tensor | None = None   # rope_table for positions 0 .. max_seq - 1
+        self.rope_swa: Tensor | None = None   # the sliding layers' table (hp.rope_theta_swa)
         self.max_seq = 0
         self.k = Kernels(pipelines, head_dim=hp.head_dim)
         self.attn_scale = hp.attn_scale  # softmax(q k^T * attn_scale)
@@ -299,6 +300,12 @@ class Llama(Decoder):
         self._close_caches()
         table = rope_table(hp.head_dim, hp.rope_theta, max_seq, hp.rope_scale, self.rope_freqs)
         self.rope = self.stream.upload(table, name="rope")
+        if any(hp.swa_layers):
+            # Sliding layers: their own base, unscaled (llama.cpp get_rope_freq_base /
+            # get_rope_freq_scale for SWA layers; transformers' Gemma3 "sliding_attention"
+            # RoPE parameters).
+            self.rope_swa = self.stream.upload(rope_table(hp.head_dim, hp.rope_theta_swa,
+                                                          max_seq), name="rope_swa")
         self.kv, self.k_cache, self.v_cache = kv_cache(
             self.device, hp.n_layer, max_seq, hp.n_head_kv * hp.head_dim,
             lambda i, what: f"blk.{i}.{what}")
@@ -308,7 +315,9 @@ class Llama(Decoder):
         if self.kv is not None:
             self.kv.close()
             self.rope.buffer.close()
-            self.kv = self.rope = None
+            if self.rope_swa is not None:
+                self.rope_swa.buffer.close()
+            self.kv = self.rope = self.rope_swa = None
 
     def activations(self, n_tokens: int, logit_rows: int = 1) -> Activations:
         """Scratch tensors for a forward of `n_tokens` tokens keeping `logit_rows` rows of
@@ -331,12 +340,14 @@ class Llama(Decoder):
     def fusable(self, i: int) -> bool:
         """Whether layer i's decode step can run the fused kernels (`_fused_layer`): biases
         only on Q, K and V, all three or none (qkv_rope adds those; the other fused products
-        add none), no per-head Q/K norm, Q/K/V of one dtype, gate/up of one dtype."""
+        add none), no per-head Q/K norm, no post-norms, SiLU, Q/K/V of one dtype, gate/up of
+        one dtype."""
         w, blk = self.w, f"blk.{i}."
         qkv_biases = {f"{blk}{layer}.bias" in w for layer in QKV_LAYERS}
         return (not any(f"{blk}{layer}.bias" in w for layer in LINEAR_LAYERS
                         if layer not in QKV_LAYERS)
                 and len(qkv_biases) == 1 and not self.hp.qk_norm
+                and not self.hp.post_norms and not self.hp.gelu
                 and len({w[f"{blk}attn_{m}.weight"].dtype for m in "qkv"}) == 1
                 and w[blk + "ffn_gate.weight"].dtype == w[blk + "ffn_up.weight"].dtype)
 
@@ -354,12 +365,13 @@ class Llama(Decoder):
             biases = tuple(w[f"{blk}{layer}.bias"] for layer in QKV_LAYERS)
         return [
             k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
-                       w[blk + "attn_k.weight"], w[blk + "attn_v.weight"], self.rope, a.q_rope,
+                       w[blk + "attn_k.weight"], w[blk + "attn_v.weight"],
+                       self.rope_swa if hp.swa_layers[i] else self.rope, a.q_rope,
                        k_cache, v_cache, hp.head_dim, pos0, hp.rms_eps, a.pos, pos is not None,
                        name=blk + "attn_qkv", neox=hp.rope_neox, biases=biases),
             *k.attention(a.q_rope, k_cache, v_cache, a.attn, 1, hp.n_head, hp.n_head_kv,
                          hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
-                         pos=pos),
+                         pos=pos, window=hp.layer_window(i)),
             k.linear(a.attn, w[blk + "attn_output.weight"], a.x, 1, name=blk + "attn_output",
                      accumulate=True),
             k.glu(a.x, w[blk + "ffn_norm.weight"], w[blk + "ffn_gate.weight"],
@@ -387,19 +399,32 @@ class Llama(Decoder):
                     k.rmsnorm(a.k, w[blk + "attn_k_norm.weight"], a.kn, T * hp.n_head_kv,
                               hp.rms_eps, blk + "attn_k_norm")]
             q, kk = a.attn, a.kn
-        return out + [
-            k.rope(q, self.rope, a.q_rope, T, hp.n_head, hp.head_dim, pos0,
+        rope = self.rope_swa if hp.swa_layers[i] else self.rope
+        out += [
+            k.rope(q, rope, a.q_rope, T, hp.n_head, hp.head_dim, pos0,
                    name=blk + "rope_q", pos=pos, neox=hp.rope_neox),
-            k.rope(kk, self.rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
+            k.rope(kk, rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
                    name=blk + "rope_k", pos=pos, dst_at_pos=True,
                    neox=hp.rope_neox),  # K straight into the cache
             k.copy_rows(a.v, v_cache, T, pos0, name=blk + "v_cache", pos=pos),
             *k.attention(a.q_rope, k_cache, v_cache, a.attn, T, hp.n_head, hp.n_head_kv,
                          hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
-                         pos=pos),
+                         pos=pos, window=hp.layer_window(i)),
             *self._linear(a.attn, blk + "attn_output", a.proj, T),
-            k.add(a.x, a.proj, T * hp.n_embd, name=blk + "attn_residual"),
         ]
+        return out + self._residual(i, a, T, "post_attention_norm", "attn_residual")
+
+    def _residual(self, i: int, a: Activations, T: int, post_norm: str,
+                  name: str) -> list[Dispatch]:
+        """x += proj, or x += rmsnorm(proj) * blk.i.<post_norm>.weight where the family puts
+        a norm after the block (Gemma 3: modeling_gemma3.py post_attention_layernorm,
+        post_feedforward_layernorm)."""
+        hp, k, blk = self.hp, self.k, f"blk.{i}."
+        if not hp.post_norms:
+            return [k.add(a.x, a.proj, T * hp.n_embd, name=blk + name)]
+        return [k.rmsnorm(a.proj, self.w[blk + post_norm + ".weight"], a.xn, T, hp.rms_eps,
+                          blk + post_norm),
+                k.add(a.x, a.xn, T * hp.n_embd, name=blk + name)]
 
     def _mlp_block(self, i: int, a: Activations, T: int) -> list[Dispatch]:
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
@@ -407,9 +432,10 @@ class Llama(Decoder):
             k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps, blk + "ffn_norm"),
             *self._linear(a.xn, blk + "ffn_gate", a.gate, T),
             *self._linear(a.xn, blk + "ffn_up", a.up, T),
-            k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul"),
+            k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul",
+                       gelu=hp.gelu),
             *self._linear(a.act, blk + "ffn_down", a.proj, T),
-            k.add(a.x, a.proj, T * hp.n_embd, name=blk + "ffn_residual"),
+            *self._residual(i, a, T, "post_ffw_norm", "ffn_residual"),
         ]
 
     def step(self, ids: Tensor, n_tokens: int, pos0: int,
@@ -432,6 +458,8 @@ class Llama(Decoder):
                              f"{self.max_seq} tokens (setup_caches)")
         a = self.activations(T, T if all_logits else 1)
         out = [k.embed(w["token_embd.weight"], ids, a.x, T, name="token_embd")]
+        if hp.embed_scale != 1.0:   # Gemma: embeddings * sqrt(n_embd), the input only
+            out.append(k.scale(a.x, T * hp.n_embd, hp.embed_scale, name="token_embd_scale"))
         fuse = T == 1 and config.FUSE.value
         for i in range(hp.n_layer):
             if fuse and self._fusable[i]:
@@ -485,6 +513,9 @@ def _expected_tensors(hp: Arch, g: GGUFFile) -> list[str]:
         if hp.qk_norm:
             shapes.update({b + "attn_q_norm.weight": (hp.head_dim,),
                            b + "attn_k_norm.weight": (hp.head_dim,)})
+        if hp.post_norms:
+            shapes.update({b + "post_attention_norm.weight": (hp.n_embd,),
+                           b + "post_ffw_norm.weight": (hp.n_embd,)})
     present = set(g.tensor_names)
     for name, shape in shapes.items():
         if name not in present:
