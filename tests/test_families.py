@@ -172,3 +172,30 @@ def test_qwen2_file_generates_text_end_to_end(device, tmp_path):
     cut = next((i for i, t in enumerate(want) if t in eog), len(want))
     assert got == want[:cut]
     assert text == hf_tok.decode(want[:cut], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("n_layer, key_length, want", [(6, 32, 32), (62, 32, 16)])
+def test_gemma3_attention_scale(tmp_path, n_layer, key_length, want):
+    """The attention scale a gemma3 file implies (llama.cpp src/models/gemma3.cpp): 1 /
+    sqrt(head_dim), but 1 / sqrt(n_embd / n_head) for the 62-layer 27B (its
+    query_pre_attn_scalar); here head_dim 32 against n_embd / n_head = 64 / 4 = 16."""
+    import gguf
+
+    from vkrt.models.arch import Arch
+
+    path = tmp_path / "scale.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    for key, value in {"block_count": n_layer, "context_length": 64, "embedding_length": 64,
+                       "feed_forward_length": 128, "attention.head_count": 4,
+                       "attention.key_length": key_length,
+                       "attention.value_length": key_length}.items():
+        w.add_uint32("gemma3." + key, value)
+    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_tensor("token_embd.weight", np.zeros((8, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    hp = Arch.from_gguf(load_gguf(path))
+    assert hp.head_dim == key_length and hp.attn_scale == 1.0 / np.sqrt(want)
+    assert hp.window == 0 and not any(hp.swa_layers)   # no sliding_window key: all global
