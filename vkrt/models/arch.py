@@ -312,7 +312,8 @@ class Arch:
 def _swa_layers(path: str, key: str, pattern, n_layer: int) -> tuple[bool, ...]:
     """Which layers slide, from `<arch>.attention.sliding_window_pattern`: a period n (layer
     i slides unless i % n == n - 1; every layer when n is 0; llama-hparams.cpp
-    `set_swa_pattern`) or one bool per layer. Raises ModelFormatError naming the key for anything else."""
+    `set_swa_pattern`) or one bool per layer. Raises ModelFormatError naming the key for
+    anything else."""
     if isinstance(pattern, list):
         if len(pattern) != n_layer or not all(isinstance(b, bool) for b in pattern):
             raise ModelFormatError(f"{path}: metadata key {key!r} is {_short(pattern)}, "

@@ -1,10 +1,11 @@
-"""The Llama-like families on vkrt (`llama`, `qwen2`, `qwen3`: vkrt/models/arch.py describes
-each): weights from a GGUF, the forward pass as a list of dispatches.
+"""The Llama-like families on vkrt (`llama`, `qwen2`, `qwen3`, `gemma3`: vkrt/models/arch.py
+describes each): weights from a GGUF, the forward pass as a list of dispatches.
 
 Read `Llama.step` top to bottom: it is the architecture (Touvron et al. 2023; the layer
 order of transformers' modeling_llama.py, with what the file's `Arch` adds: RoPE on halves,
-Q/K/V biases, per-head Q/K norms as in modeling_qwen2.py and modeling_qwen3.py), emitted as data (a list of `Dispatch` records named
-after the GGUF tensors: `token_embd`, `blk.N.attn_q`, ...) that the stream records. Tensor
+Q/K/V biases, per-head Q/K norms, post-norms, GeGLU, the embedding scale and sliding-window
+layers, as modeling_qwen2.py, modeling_qwen3.py and modeling_gemma3.py compute them),
+emitted as data (a list of `Dispatch` records named after the GGUF tensors: `token_embd`, `blk.N.attn_q`, ...) that the stream records. Tensor
 names are the GGUF's, so the loader needs no rename table. Shapes: `[tokens, hidden]`.
 
 Weights stay as the GGUF stores them: matrices (and the embedding table) are uploaded as

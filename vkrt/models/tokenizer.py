@@ -79,8 +79,10 @@ class Tokenizer:
     """Text <-> token ids for one model.
 
     bos_id, eos_id: ids or None. add_bos: whether `encode` prepends BOS by default
-    (`tokenizer.ggml.add_bos_token`, False when absent). eog_ids: every end-of-generation id
-    the model declares (EOS, `eot_token_id`, `eom_token_id`): generation stops at any of them.
+    (`tokenizer.ggml.add_bos_token`; when absent the pre-tokenizer's default, True for
+    llama-bpe, else False). eog_ids: every end-of-generation id the model declares (EOS,
+    `eot_token_id`, `eom_token_id`) and the control tokens its pre-tokenizer's family ends
+    turns with (`PreTokenizer.eog_texts`): generation stops at any of them.
     """
 
     def __init__(self, hf: HFTokenizer, bos_id: int | None, eos_id: int | None, add_bos: bool,
@@ -146,7 +148,8 @@ class Tokenizer:
 
         eog = frozenset(i for i in map(token_id, EOG_KEYS) if i is not None)
         if token_type is not None:
-            eog |= {vocab[t] for t in rules.eog_texts if t in vocab and types[vocab[t]] == _CONTROL}
+            eog |= {vocab[t] for t in rules.eog_texts
+                    if t in vocab and types[vocab[t]] == _CONTROL}
         return cls(hf, token_id("tokenizer.ggml.bos_token_id"),
                    token_id("tokenizer.ggml.eos_token_id"),
                    bool(metadata.get("tokenizer.ggml.add_bos_token", rules.add_bos)), eog)
