@@ -199,3 +199,47 @@ def test_gemma3_attention_scale(tmp_path, n_layer, key_length, want):
     hp = Arch.from_gguf(load_gguf(path))
     assert hp.head_dim == key_length and hp.attn_scale == 1.0 / np.sqrt(want)
     assert hp.window == 0 and not any(hp.swa_layers)   # no sliding_window key: all global
+
+
+LLAMA3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}"
+                   "<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}"
+                   "{% if add_generation_prompt %}<|start_header_id|>assistant"
+                   "<|end_header_id|>\n\n{% endif %}")
+
+
+def test_llama3_file_end_to_end(device, tmp_path):
+    """A Llama 3.2-style `llama` file (tied embeddings, the llama-bpe pre-tokenizer, its
+    special tokens) through `vkrt.load`: <|begin_of_text|> once, raw or through the chat
+    template that writes it itself; generation stops at <|eot_id|> / <|eom_id|>; greedy
+    tokens equal transformers reading the same file (Q/K as the converter permutes them)."""
+    import test_llama_variants as lv
+    from family_files import DIGIT_MERGES, VOCAB_SPECIALS, byte_bpe_vocab
+
+    import vkrt
+
+    tokens, merges, types = byte_bpe_vocab(VOCAB_SPECIALS["llama-bpe"], lv.N_VOCAB,
+                                           DIGIT_MERGES)
+    keys = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "llama-bpe",
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": merges,
+            "tokenizer.ggml.bos_token_id": tokens.index("<|begin_of_text|>"),
+            "tokenizer.ggml.eos_token_id": tokens.index("<|eot_id|>"),
+            "tokenizer.chat_template": LLAMA3_TEMPLATE}
+    model = lv.hf_model(tie_word_embeddings=True)
+    path = lv.write_gguf(tmp_path / "llama3.gguf", model, keys=keys, drop=("output.weight",))
+    bos = tokens.index("<|begin_of_text|>")
+    with vkrt.load(path, device=device) as m:
+        assert m.family == "llama" and m.hparams.tied_embeddings
+        assert m.tokenizer.eog_ids == {tokens.index(t) for t in
+                                       ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")}
+        ids = m.encode("Hello world 3333")
+        assert ids[0] == bos and ids.count(bos) == 1
+        chat = m.encode("Hi", chat=True)
+        assert chat[0] == bos and chat.count(bos) == 1
+        stream = m.generate(ids, max_tokens=6)
+        "".join(stream)
+        got = stream.result.tokens
+    want = TransformersReference(str(path)).greedy(ids, 6)
+    eog = {tokens.index(t) for t in ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")}
+    cut = next((i for i, t in enumerate(want) if t in eog), len(want))
+    assert got == want[:cut]
