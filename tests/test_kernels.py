@@ -1076,7 +1076,10 @@ def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype):
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
-QKV_LAYOUTS = {"adjacent": (False, False), "halves-biased": (True, True)}
+# layout: (RoPE on halves, Q/K/V biases, per-head Q/K RMSNorm)
+QKV_LAYOUTS = {"adjacent": (False, False, False), "halves-biased": (True, True, False),
+               "halves-qk-norm": (True, False, True),
+               "adjacent-biased-qk-norm": (False, True, True)}
 
 
 @pytest.mark.parametrize("layout", list(QKV_LAYOUTS))
@@ -1086,8 +1089,9 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, l
     # 3 query heads and 1 KV head of 32: 80 row pairs; position 5 as pos0 = 5, or as pos0 = 3
     # plus 2 from the position buffer (a replayed step). Cache rows other than 5 keep their
     # sentinels. "halves-biased": RoPE on halves (NEOX) and Q/K/V biases added before it
-    # (qwen2's layout).
-    neox, biased = QKV_LAYOUTS[layout]
+    # (qwen2's layout); "...-qk-norm": each Q and K head RMS-normed before RoPE (QK_NORM:
+    # qwen3, gemma3), a workgroup per head.
+    neox, biased, qk_norm = QKV_LAYOUTS[layout]
     r, n_embd, head_dim, n_heads, n_kv, rows, eps = rng(62), 96, 32, 3, 1, 8, 1e-5
     pos0, shift = (3, 2) if use_pos else (5, 7)  # the buffer's 7 must be ignored without use_pos
     p = pos0 + (shift if use_pos else 0)
@@ -1105,13 +1109,26 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, l
     bias = [randn(r, n) if biased else np.zeros(n, np.float32)
             for n in (n_heads * head_dim, kvw, kvw)]
     tb = tuple(gpu.upload(b) for b in bias) if biased else None
+    head_w = [randn(r, head_dim), randn(r, head_dim)]   # q_norm, k_norm weights
+    tqk = tuple(gpu.upload(w) for w in head_w) if qk_norm else None
     gpu.stream.record([row_kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv, head_dim,
-                                        pos0, eps, tpos, use_pos, neox=neox, biases=tb)])
+                                        pos0, eps, tpos, use_pos, neox=neox, biases=tb,
+                                        qk_norm=tqk)])
     xn = rms_reference(x, norm_w, eps)
 
-    def rotated(values, b):
+    def rotated(values, b, w=None):
         terms = values * xn
         y, scale = terms.sum(1) + b, np.abs(terms).sum(1) + np.abs(b)
+        if w is not None:
+            # RMSNorm per head: y_e w_e / rms. An error dy_j of every value moves rms by at
+            # most max |dy_j|, so the normed value's error is bounded by
+            # |w_e| / rms (dy_e + |y_e| max_j dy_j / rms), plus its own roundings.
+            heads, sc = y.reshape(-1, head_dim), scale.reshape(-1, head_dim)
+            rms = np.sqrt(np.mean(heads ** 2, axis=1, keepdims=True) + eps)
+            normed = heads / rms * w
+            sc = np.abs(w) / rms * (sc + np.abs(heads) / rms * sc.max(1, keepdims=True)) \
+                + np.abs(normed)
+            y, scale = normed.reshape(-1), sc.reshape(-1)
         # the pairs RoPE rotates, as rows of [pairs, 2]
         order = (np.arange(len(y)).reshape(-1, 2, head_dim // 2).swapaxes(1, 2).reshape(-1)
                  if neox else np.arange(len(y)))
@@ -1121,11 +1138,11 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, l
         out[order] = np.stack([y[:, 0] * c - y[:, 1] * s, y[:, 0] * s + y[:, 1] * c], 1).reshape(-1)
         return out, np.repeat(scale.sum(1), 2)[np.argsort(order)]
 
-    q, q_scale = rotated(wq[1], bias[0])
+    q, q_scale = rotated(wq[1], bias[0], head_w[0] if qk_norm else None)
     got_q = gpu.read(tq)
     assert rel_err(got_q[:-3], q, q_scale) < 3e-7
     np.testing.assert_array_equal(got_q[-3:], SENTINEL)
-    k, k_scale = rotated(wk[1], bias[1])
+    k, k_scale = rotated(wk[1], bias[1], head_w[1] if qk_norm else None)
     v_terms = wv[1] * xn
     for t, want, scale in ((tk, k, k_scale), (tv, v_terms.sum(1) + bias[2],
                                               np.abs(v_terms).sum(1) + np.abs(bias[2]))):

@@ -78,7 +78,8 @@ WEIGHT_KERNELS = {"embed": ("W", U32, F32), "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
                   "matmul_tiled": ("W", F32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
-                  "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32)}
+                  "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32,
+                               F32, F32)}
 
 
 def _decode_attention_size(limits, head_dim: int, gpu: bool) -> tuple[int, int]:
@@ -300,7 +301,8 @@ class Kernels:
                  cos_sin: Tensor, q_out: Tensor, k_cache: Tensor, v_cache: Tensor,
                  head_dim: int, pos0: int, eps: float, pos: Tensor, use_pos: bool,
                  name: str = "", neox: bool = False,
-                 biases: tuple[Tensor, Tensor, Tensor] | None = None) -> Dispatch:
+                 biases: tuple[Tensor, Tensor, Tensor] | None = None,
+                 qk_norm: tuple[Tensor, Tensor] | None = None) -> Dispatch:
         """For one token at position p = pos0 (+ pos[0] at run time when `use_pos`): n(x) =
         rmsnorm(x) * norm_weight, q_out = rope(wq @ n(x) + bq, p), k_cache[p] = rope(wk @
         n(x) + bk, p), v_cache[p] = wv @ n(x) + bv (`qkv_rope`: seven to ten dispatches of
@@ -309,7 +311,9 @@ class Kernels:
         `WEIGHTS` dtype; x, norm_weight [n_embd]; cos_sin [positions, head_dim / 2, 2];
         caches [rows, n_kv_heads * head_dim]; pos [1] u32 (bound either way); `biases`
         (bq [n_heads * head_dim], bk, bv [n_kv_heads * head_dim] f32) or None; `neox`: RoPE
-        on halves (i, i + head_dim / 2) of each head instead of adjacent pairs (rope.comp).
+        on halves (i, i + head_dim / 2) of each head instead of adjacent pairs (rope.comp);
+        `qk_norm` (qn, kn [head_dim] f32) or None: each head of Q and K RMS-normed (eps) with
+        those weights before RoPE (qwen3, gemma3), one workgroup per Q or K head.
         Sizes are checked for pos[0] = 0: with `use_pos` the caller keeps p within the
         caches."""
         qw, n_in = wq.shape
@@ -321,15 +325,20 @@ class Kernels:
                 f"{list(wk.shape)}, v {wv.name!r} {wv.dtype} {list(wv.shape)} do not stack "
                 f"(one dtype, one n_embd, heads of {head_dim})")
         pairs = (qw + 2 * kvw) // 2
-        spec = {1: int(neox), 2: int(biases is not None)}
-        # Without biases the bias bindings are not read: norm_weight stands in for them.
+        spec = {1: int(neox), 2: int(biases is not None),
+                3: head_dim if qk_norm is not None else 0}
+        # Without biases (norms) those bindings are not read: norm_weight stands in for them.
         bq, bk, bv = biases if biases is not None else (norm_weight,) * 3
         bias_need = (qw, kvw, kvw) if biases is not None else (None,) * 3
+        qn, kn = qk_norm if qk_norm is not None else (norm_weight,) * 2
+        norm_need = (head_dim,) * 2 if qk_norm is not None else (None,) * 2
+        # QK_NORM: a workgroup per Q head and per K head, then one per pair of V rows.
+        groups = pairs if qk_norm is None else (qw + kvw) // head_dim + kvw // 2
         return self.weight_op("qkv_rope", wq, self.row_threads(pairs), spec)(
             wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos, bq, bk, bv,
-            grid=(*spread(pairs, self.limit), 1), name=name,
+            qn, kn, grid=(*spread(groups, self.limit), 1), name=name,
             need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,
-                  (pos0 + 1) * kvw, (pos0 + 1) * kvw, 1, *bias_need),
+                  (pos0 + 1) * kvw, (pos0 + 1) * kvw, 1, *bias_need, *norm_need),
             n_cols=n_in, n_heads=qw // head_dim, n_kv_heads=kvw // head_dim, head_dim=head_dim,
             pos0=pos0, use_pos=int(use_pos), eps=eps)
 

@@ -340,14 +340,14 @@ class Llama(Decoder):
 
     def fusable(self, i: int) -> bool:
         """Whether layer i's decode step can run the fused kernels (`_fused_layer`): biases
-        only on Q, K and V, all three or none (qkv_rope adds those; the other fused products
-        add none), no per-head Q/K norm, no post-norms, SiLU, Q/K/V of one dtype, gate/up of
-        one dtype."""
+        only on Q, K and V, all three or none (qkv_rope adds those and the per-head Q/K norms;
+        the other fused products add none), no post-norms, SiLU, Q/K/V of one dtype, gate/up
+        of one dtype."""
         w, blk = self.w, f"blk.{i}."
         qkv_biases = {f"{blk}{layer}.bias" in w for layer in QKV_LAYERS}
         return (not any(f"{blk}{layer}.bias" in w for layer in LINEAR_LAYERS
                         if layer not in QKV_LAYERS)
-                and len(qkv_biases) == 1 and not self.hp.qk_norm
+                and len(qkv_biases) == 1
                 and not self.hp.post_norms and not self.hp.gelu
                 and len({w[f"{blk}attn_{m}.weight"].dtype for m in "qkv"}) == 1
                 and w[blk + "ffn_gate.weight"].dtype == w[blk + "ffn_up.weight"].dtype)
@@ -361,15 +361,18 @@ class Llama(Decoder):
         (kernels.py `qkv_rope`, `glu`, `linear(accumulate=True)`)."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
-        biases = None
+        biases = qk_norm = None
         if blk + "attn_q.bias" in w:
             biases = tuple(w[f"{blk}{layer}.bias"] for layer in QKV_LAYERS)
+        if hp.qk_norm:
+            qk_norm = (w[blk + "attn_q_norm.weight"], w[blk + "attn_k_norm.weight"])
         return [
             k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
                        w[blk + "attn_k.weight"], w[blk + "attn_v.weight"],
                        self.rope_swa if hp.swa_layers[i] else self.rope, a.q_rope,
                        k_cache, v_cache, hp.head_dim, pos0, hp.rms_eps, a.pos, pos is not None,
-                       name=blk + "attn_qkv", neox=hp.rope_neox, biases=biases),
+                       name=blk + "attn_qkv", neox=hp.rope_neox, biases=biases,
+                       qk_norm=qk_norm),
             *k.attention(a.q_rope, k_cache, v_cache, a.attn, 1, hp.n_head, hp.n_head_kv,
                          hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
                          pos=pos, window=hp.layer_window(i)),
