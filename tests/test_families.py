@@ -1,6 +1,7 @@
 """The Llama-like families beside `llama` (vkrt/models/arch.py), each against transformers fp32
 reading the same GGUF file itself (`from_pretrained(dir, gguf_file=...)`, tests/reference.py):
-teacher-forced logits and greedy tokens on tiny random checkpoints (tests/family_files.py:
+teacher-forced logits, the same positions one decode step at a time, and greedy tokens on
+tiny random checkpoints (tests/family_files.py:
 hidden 64, 2 layers (gemma3: 6, five sliding-window layers of 8 positions and a global one),
 GQA 4/2 heads, vocabulary 300; prompts longer than the window); and the files vkrt cannot
 run faithfully refused before upload, in one line naming the key or tensor.
@@ -23,7 +24,7 @@ from vkrt.models.gguf import load_gguf
 from vkrt.models.llama import Llama
 
 LOGIT_ATOL = 1e-4
-PROMPT_LEN, GREEDY, LOGIT_LEN = 12, 8, 48
+PROMPT_LEN, GREEDY, LOGIT_LEN, DECODE_LEN = 12, 8, 48, 20
 
 # name: (arch, tied embeddings, matrix type)
 CASES = {
@@ -54,6 +55,17 @@ def run_case(case, device, tmp_path):
         print(f"{case}: max |dlogit| {err:.2e} over {LOGIT_LEN} positions, logits in "
               f"[{want.min():.1f}, {want.max():.1f}]")
         assert err < LOGIT_ATOL, f"{case}: max |logit diff| {err:.2e}"
+        # The decode path (one token per step, the fused layer where `fusable`) on the same
+        # positions: each step's logits against the teacher-forced ones.
+        steps = []
+        for t, token in enumerate(ids[:DECODE_LEN]):
+            a = vk.activations(1)
+            vk.stream.write(a.ids, np.array([token], np.uint32))
+            vk.forward(a.ids, 1, t)
+            steps.append(vk.stream.read(a.logits.rows(0, 1))[0])
+        err = np.abs(np.array(steps) - want[:DECODE_LEN]).max()
+        print(f"{case}: decode steps max |dlogit| {err:.2e} over {DECODE_LEN} positions")
+        assert err < LOGIT_ATOL, f"{case}: decode max |logit diff| {err:.2e}"
         prompt = ids[:PROMPT_LEN]
         assert generate(vk, prompt, GREEDY).tokens == ref.greedy(prompt, GREEDY)
         return vk.fusable(0)
