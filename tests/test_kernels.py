@@ -265,6 +265,26 @@ def test_rmsnorm_rows(gpu, subgroups):
 
 
 @pytest.mark.parametrize("subgroups", [1, 4], ids=["one-subgroup", "four-subgroups"])
+def test_rmsnorm_add(gpu, subgroups):
+    """y += rmsnorm(x) * w per row (Gemma's post-norms into the residual): the rmsnorm
+    outputs of test_rmsnorm_rows, each added to y with one more rounding."""
+    r, n_tokens, n, eps = rng(8), 5, 333, 1e-6
+    x = randn(r, n_tokens, n) * np.float32(3)
+    w, y0 = randn(r, n), randn(r, n_tokens, n) * np.float32(4)
+    bx, bw = gpu.upload(x), gpu.upload(w)
+    by = gpu.upload(np.concatenate([y0.reshape(-1), np.full(4, SENTINEL, np.float32)]))
+    gpu.run("rmsnorm_add", {0: gpu.sg * subgroups}, (bx, bw, by), (n_tokens, 1, 1),
+            push(n, eps, n_tokens))
+    got = gpu.read(by)
+    x64 = x.astype(np.float64)
+    normed = x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * w
+    # the norm's bound (1e-6 of each normed value) plus the add's rounding of the sum
+    err = np.abs(got[:-4].reshape(n_tokens, n) - (y0 + normed))
+    assert np.all(err <= 1e-6 * np.abs(normed) + 6e-8 * np.abs(y0 + normed)), err.max()
+    np.testing.assert_array_equal(got[-4:], SENTINEL)
+
+
+@pytest.mark.parametrize("subgroups", [1, 4], ids=["one-subgroup", "four-subgroups"])
 def test_matvec_with_x_offset(gpu, subgroups):
     # n_cols = 260: 65 vec4 per row, not a multiple of the workgroup; x is row 2 of 3.
     r, n_rows, n_cols, x_row = rng(7), 37, 260, 2
@@ -1054,25 +1074,34 @@ def test_matvec_add_accumulates_into_y(gpu, row_kernels, dtype):
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
+@pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu-tanh"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
-def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype):
+def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype, gelu):
+    """silu(gate) * up, or with `gelu` (specialization constant GELU, Gemma's GeGLU)
+    gelu_tanh(gate) * up, as test_gelu_mul."""
     r, n_ff, n_embd, eps = rng(61), 37, 96, 1e-5
     tg, g_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd))
     tu, u_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd))
     x, norm_w = randn(r, n_embd) * 3, randn(r, n_embd)
     tx, tn, to = gpu.upload(x), gpu.upload(norm_w), gpu.filled(n_ff + 5)
-    gpu.stream.record([row_kernels.glu(tx, tn, tg, tu, to, eps)])
+    gpu.stream.record([row_kernels.glu(tx, tn, tg, tu, to, eps, gelu=gelu)])
     got = gpu.read(to)
     xn = rms_reference(x, norm_w, eps)
     g_terms, u_terms = g_values * xn, u_values * xn
     g, u = g_terms.sum(1), u_terms.sum(1)
-    silu = g / (1 + np.exp(-g))
-    # Errors of g and u (2e-7 of sum|terms|) carried through silu (slope within [-0.1, 1.1])
-    # and the product; exp and the division add a few ulps of the result.
-    bound = 2e-7 * (1.1 * np.abs(g_terms).sum(1) * np.abs(u)
+    if gelu:
+        silu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+    else:
+        silu = g / (1 + np.exp(-g))
+    # Errors of g and u (2e-7 of sum|terms|) carried through the activation (slope within
+    # [-0.1, 1.1] for SiLU, [-0.17, 1.13] for GELU-tanh) and the product; exp and the
+    # division add a few ulps of the result (GELU's tanh an absolute few ulps of 1, times
+    # 0.5 |g u|: test_gelu_mul).
+    bound = 2e-7 * ((1.2 if gelu else 1.1) * np.abs(g_terms).sum(1) * np.abs(u)
                     + np.abs(silu) * np.abs(u_terms).sum(1))
-    assert np.all(np.abs(got[:-5] - silu * u) <= bound + 1e-6 * np.abs(silu * u)), \
-        np.max(np.abs(got[:-5] - silu * u) / (bound + 1e-6 * np.abs(silu * u)))
+    bound += 1e-6 * np.abs(silu * u) + (1e-6 * 0.5 * np.abs(g * u) if gelu else 0)
+    assert np.all(np.abs(got[:-5] - silu * u) <= bound), \
+        np.max(np.abs(got[:-5] - silu * u) / bound)
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 

@@ -127,6 +127,7 @@ class Kernels:
         self.many_rows_per_group = MANY_ROWS_PER_GROUP if gpu else 1
         self.tiled_matmul = gpu       # prefill products: matmul_tiled, else matmul
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
+        self._rmsnorm_add = Op(p("rmsnorm_add", {0: sg}), (F32, F32, F32))
         # rope.comp's pairs: adjacent (False) or halves (True, specialization constant NEOX).
         self._rope = {neox: Op(p("rope", {0: ELEMENTWISE_BLOCK, 1: int(neox)}), (F32, F32, F32))
                       for neox in (False, True)}
@@ -250,6 +251,15 @@ class Kernels:
                              need=(n_tokens * n, None, n_tokens * n), n=n, eps=eps,
                              n_rows=n_tokens)
 
+    def rmsnorm_add(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, eps: float,
+                    name: str = "") -> Dispatch:
+        """y[t] += x[t] / sqrt(mean(x[t]^2) + eps) * weight for t < n_tokens (a norm after
+        a block, then the residual add); weight [n], x, y [tokens, n] f32."""
+        n = weight.shape[0]
+        return self._rmsnorm_add(x, weight, y, grid=(*spread(n_tokens, self.limit), 1),
+                                 name=name, need=(n_tokens * n, None, n_tokens * n), n=n,
+                                 eps=eps, n_rows=n_tokens)
+
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
                name: str = "", accumulate: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
@@ -284,16 +294,18 @@ class Kernels:
             n_tokens=n_tokens)
 
     def glu(self, x: Tensor, norm_weight: Tensor, gate: Tensor, up: Tensor, out: Tensor,
-            eps: float, name: str = "") -> Dispatch:
+            eps: float, name: str = "", gelu: bool = False) -> Dispatch:
         """out = silu(gate @ n(x)) * (up @ n(x)) for one token, n(x) = rmsnorm(x) * norm_weight
-        (`matvec_glu`: rmsnorm, two products and silu_mul in one dispatch); gate, up
-        [n_ff, n_embd] of one `WEIGHTS` dtype; x, norm_weight [n_embd], out [n_ff] f32."""
+        (`matvec_glu`: rmsnorm, two products and silu_mul in one dispatch); `gelu`:
+        GELU-tanh instead of SiLU (GeGLU); gate, up [n_ff, n_embd] of one `WEIGHTS` dtype; x,
+        norm_weight [n_embd], out [n_ff] f32."""
         n_out, n_in = gate.shape
         if up.dtype != gate.dtype or up.shape != gate.shape:
             raise ShaderInterfaceError(f"matvec_glu: gate {gate.name!r} {gate.dtype} "
                                        f"{list(gate.shape)} and up {up.name!r} {up.dtype} "
                                        f"{list(up.shape)} differ")
-        return self.weight_op("matvec_glu", gate, self.row_threads(n_out))(
+        return self.weight_op("matvec_glu", gate, self.row_threads(n_out),
+                              {1: 1} if gelu else None)(
             gate, x, out, up, norm_weight, grid=(*spread(n_out, self.limit), 1), name=name,
             need=(None, n_in, n_out, None, n_in), n_cols=n_in, n_rows=n_out, eps=eps)
 
