@@ -8,8 +8,8 @@ run faithfully refused before upload, in one line naming the key or tensor.
 
 Tolerance: as tests/test_llama_variants.py, max |logit difference| < 1e-4 (the issue's f32
 figure; both sides are fp32 over identical weights and differ in summation order only).
-Greedy decoding runs the fused decode layer where the family allows it (`Llama.fusable`), and
-`test_decode_is_fused` checks that qwen2's and qwen3's layers do.
+Decode steps run the fused kernels where the family allows them (`Llama.fused_parts`), and
+`test_decode_is_fused` checks which run.
 """
 from __future__ import annotations
 
@@ -68,7 +68,6 @@ def run_case(case, device, tmp_path):
         assert err < LOGIT_ATOL, f"{case}: decode max |logit diff| {err:.2e}"
         prompt = ids[:PROMPT_LEN]
         assert generate(vk, prompt, GREEDY).tokens == ref.greedy(prompt, GREEDY)
-        return vk.fusable(0)
     finally:
         vk.close()
 
@@ -78,11 +77,18 @@ def test_family_matches_transformers(case, device, tmp_path):
     run_case(case, device, tmp_path)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_decode_is_fused(arch, device, tmp_path):
-    """qwen2's Q/K/V biases, qwen3's per-head Q/K norms and RoPE on halves run inside
-    qkv_rope: a decode step is the 5-dispatch fused layer (`Llama._fused_layer`), not the
-    unfused chain."""
+FUSED = ["blk.0.attn_qkv", "blk.0.attn", "blk.0.attn_output", "blk.0.ffn_glu", "blk.0.ffn_down"]
+# gemma3's post-norms keep the projections apart from the residual add (rmsnorm_add)
+GEMMA3_DECODE = ["blk.0.attn_qkv", "blk.0.attn", "blk.0.attn_output", "blk.0.post_attention_norm",
+                 "blk.0.ffn_glu", "blk.0.ffn_down", "blk.0.post_ffw_norm"]
+
+
+@pytest.mark.parametrize("arch, layer", [("qwen2", FUSED), ("qwen3", FUSED),
+                                         ("gemma3", GEMMA3_DECODE)])
+def test_decode_is_fused(arch, layer, device, tmp_path):
+    """qwen2's Q/K/V biases, qwen3's and gemma3's per-head Q/K norms, RoPE on halves and
+    GELU-tanh run inside the fused kernels (`Llama.fused_parts`): a qwen2 or qwen3 decode
+    layer is the 5-dispatch fused one, gemma3's 7 dispatches, not the unfused chain."""
     path = write_gguf(tmp_path / "q.gguf", hf_model(arch), arch)
     vk = Llama.from_gguf(device, load_gguf(path))
     try:
@@ -90,8 +96,7 @@ def test_decode_is_fused(arch, device, tmp_path):
         a = vk.activations(1)
         names = [d.name for d in vk.step(a.ids, 1, 0)]
         layer0 = [n for n in names if n.startswith("blk.0.")]
-        assert layer0 == ["blk.0.attn_qkv", "blk.0.attn", "blk.0.attn_output", "blk.0.ffn_glu",
-                          "blk.0.ffn_down"], layer0
+        assert layer0 == layer, layer0
     finally:
         vk.close()
 

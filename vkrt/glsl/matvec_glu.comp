@@ -37,5 +37,6 @@ void main() {
     }
     g = workgroup_sum(g) * s;
     u = workgroup_sum(u) * s;
-    if (gl_LocalInvocationID.x == 0) dst[n] = (GELU != 0 ? gelu_tanh(g) : g / (1.0 + exp(-g))) * u;
+    if (gl_LocalInvocationID.x == 0)
+        dst[n] = (GELU != 0 ? gelu_tanh(g) : g / (1.0 + exp(-g))) * u;
 }

@@ -205,7 +205,7 @@ class Llama(Decoder):
         self.max_seq = 0
         self.k = Kernels(pipelines, head_dim=hp.head_dim)
         self.attn_scale = hp.attn_scale  # softmax(q k^T * attn_scale)
-        self._fusable = [self.fusable(i) for i in range(hp.n_layer)]
+        self._fused = [self.fused_parts(i) for i in range(hp.n_layer)]
 
     @classmethod
     def from_gguf(cls, device: Device, gguf: GGUFFile, progress: bool = False) -> "Llama":
@@ -338,54 +338,53 @@ class Llama(Decoder):
             out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
         return out
 
-    def fusable(self, i: int) -> bool:
-        """Whether layer i's decode step can run the fused kernels (`_fused_layer`): biases
-        only on Q, K and V, all three or none (qkv_rope adds those and the per-head Q/K norms;
-        the other fused products add none), no post-norms, SiLU, Q/K/V of one dtype, gate/up
-        of one dtype."""
-        w, blk = self.w, f"blk.{i}."
-        qkv_biases = {f"{blk}{layer}.bias" in w for layer in QKV_LAYERS}
-        return (not any(f"{blk}{layer}.bias" in w for layer in LINEAR_LAYERS
-                        if layer not in QKV_LAYERS)
-                and len(qkv_biases) == 1
-                and not self.hp.post_norms and not self.hp.gelu
-                and len({w[f"{blk}attn_{m}.weight"].dtype for m in "qkv"}) == 1
-                and w[blk + "ffn_gate.weight"].dtype == w[blk + "ffn_up.weight"].dtype)
+    def fused_parts(self, i: int) -> tuple[bool, bool, bool, bool]:
+        """Which parts of layer i a decode step runs fused (`_layer`), from the family and
+        the file: (Q/K/V: `qkv_rope` with the input norm, RoPE on either layout, Q/K/V
+        biases all three or none, per-head Q/K norms, the cache writes; Q/K/V of one dtype),
+        (attention output: `matvec_add`, the residual add inside the product; no bias, no
+        post-norm), (MLP input: `matvec_glu`, SiLU or GELU-tanh; no gate/up biases, gate/up
+        of one dtype), (MLP output: as the attention output)."""
+        hp, w, blk = self.hp, self.w, f"blk.{i}."
 
-    def _fused_layer(self, i: int, a: Activations, pos0: int,
-                     pos: Tensor | None) -> list[Dispatch]:
-        """Layer i for one token in 6 dispatches, each depending on the one before: the same
-        arithmetic as `_attention_block` + `_mlp_block` with the norms folded into the
-        products after them, RoPE and the cache writes into the Q/K/V product, silu_mul into
-        the gate/up product and each residual add into the projection before it
-        (kernels.py `qkv_rope`, `glu`, `linear(accumulate=True)`)."""
+        def biased(layer: str) -> bool:
+            return f"{blk}{layer}.bias" in w
+
+        qkv = (len({biased(layer) for layer in QKV_LAYERS}) == 1
+               and len({w[f"{blk}attn_{m}.weight"].dtype for m in "qkv"}) == 1)
+        glu = (not biased("ffn_gate") and not biased("ffn_up")
+               and w[blk + "ffn_gate.weight"].dtype == w[blk + "ffn_up.weight"].dtype)
+        return (qkv, not biased("attn_output") and not hp.post_norms, glu,
+                not biased("ffn_down") and not hp.post_norms)
+
+    def fusable(self, i: int) -> bool:
+        """Whether layer i's decode step is wholly fused: 5 dispatches in 5 dependent stages
+        (qkv_rope | attention | matvec_add | matvec_glu | matvec_add; `fused_parts`)."""
+        return all(self.fused_parts(i))
+
+    def _qkv_fused(self, i: int, a: Activations, pos0: int,
+                   pos: Tensor | None) -> list[Dispatch]:
+        """Q, K, V of one token in one dispatch (`qkv_rope`): the arithmetic of `_qkv`
+        with the norm folded into the products, the biases and per-head norms inside, RoPE
+        and the cache writes after them."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
-        k_cache, v_cache = self.k_cache[i], self.v_cache[i]
         biases = qk_norm = None
         if blk + "attn_q.bias" in w:
             biases = tuple(w[f"{blk}{layer}.bias"] for layer in QKV_LAYERS)
         if hp.qk_norm:
             qk_norm = (w[blk + "attn_q_norm.weight"], w[blk + "attn_k_norm.weight"])
-        return [
-            k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
-                       w[blk + "attn_k.weight"], w[blk + "attn_v.weight"],
-                       self.rope_swa if hp.swa_layers[i] else self.rope, a.q_rope,
-                       k_cache, v_cache, hp.head_dim, pos0, hp.rms_eps, a.pos, pos is not None,
-                       name=blk + "attn_qkv", neox=hp.rope_neox, biases=biases,
-                       qk_norm=qk_norm),
-            *k.attention(a.q_rope, k_cache, v_cache, a.attn, 1, hp.n_head, hp.n_head_kv,
-                         hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
-                         pos=pos, window=hp.layer_window(i)),
-            k.linear(a.attn, w[blk + "attn_output.weight"], a.x, 1, name=blk + "attn_output",
-                     accumulate=True),
-            k.glu(a.x, w[blk + "ffn_norm.weight"], w[blk + "ffn_gate.weight"],
-                  w[blk + "ffn_up.weight"], a.act, hp.rms_eps, name=blk + "ffn_glu"),
-            k.linear(a.act, w[blk + "ffn_down.weight"], a.x, 1, name=blk + "ffn_down",
-                     accumulate=True),
-        ]
+        return [k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
+                           w[blk + "attn_k.weight"], w[blk + "attn_v.weight"],
+                           self.rope_swa if hp.swa_layers[i] else self.rope, a.q_rope,
+                           self.k_cache[i], self.v_cache[i], hp.head_dim, pos0, hp.rms_eps,
+                           a.pos, pos is not None, name=blk + "attn_qkv", neox=hp.rope_neox,
+                           biases=biases, qk_norm=qk_norm)]
 
-    def _attention_block(self, i: int, a: Activations, T: int, pos0: int,
-                         pos: Tensor | None) -> list[Dispatch]:
+    def _qkv(self, i: int, a: Activations, T: int, pos0: int,
+             pos: Tensor | None) -> list[Dispatch]:
+        """Q (RoPE'd into q_rope), K (RoPE'd into the cache) and V (into the cache) of T
+        tokens, unfused: RMSNorm, the three products and their biases, the per-head Q/K
+        norms, RoPE, the V copy."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
         out = [
@@ -404,50 +403,70 @@ class Llama(Decoder):
                               hp.rms_eps, blk + "attn_k_norm")]
             q, kk = a.attn, a.kn
         rope = self.rope_swa if hp.swa_layers[i] else self.rope
-        out += [
+        return out + [
             k.rope(q, rope, a.q_rope, T, hp.n_head, hp.head_dim, pos0,
                    name=blk + "rope_q", pos=pos, neox=hp.rope_neox),
             k.rope(kk, rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
                    name=blk + "rope_k", pos=pos, dst_at_pos=True,
                    neox=hp.rope_neox),  # K straight into the cache
             k.copy_rows(a.v, v_cache, T, pos0, name=blk + "v_cache", pos=pos),
-            *k.attention(a.q_rope, k_cache, v_cache, a.attn, T, hp.n_head, hp.n_head_kv,
-                         hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
-                         pos=pos, window=hp.layer_window(i)),
-            *self._linear(a.attn, blk + "attn_output", a.proj, T),
         ]
-        return out + self._residual(i, a, T, "post_attention_norm", "attn_residual")
 
-    def _residual(self, i: int, a: Activations, T: int, post_norm: str,
-                  name: str) -> list[Dispatch]:
-        """x += proj, or x += rmsnorm(proj) * blk.i.<post_norm>.weight where the family puts
-        a norm after the block (Gemma 3: modeling_gemma3.py post_attention_layernorm,
-        post_feedforward_layernorm)."""
-        hp, k, blk = self.hp, self.k, f"blk.{i}."
-        if not hp.post_norms:
-            return [k.add(a.x, a.proj, T * hp.n_embd, name=blk + name)]
-        return [k.rmsnorm(a.proj, self.w[blk + post_norm + ".weight"], a.xn, T, hp.rms_eps,
-                          blk + post_norm),
-                k.add(a.x, a.xn, T * hp.n_embd, name=blk + name)]
-
-    def _mlp_block(self, i: int, a: Activations, T: int) -> list[Dispatch]:
+    def _projection(self, i: int, a: Activations, src: Tensor, T: int, layer: str,
+                    post_norm: str, residual: str, fused: bool) -> list[Dispatch]:
+        """x += the output projection `layer` of src: fused, the add inside the product
+        (`matvec_add`, one token); else the product (and its bias) into proj, then x +=
+        proj, or x += rmsnorm(proj) * blk.i.<post_norm>.weight where the family puts a norm
+        after the block (Gemma 3: modeling_gemma3.py post_attention_layernorm,
+        post_feedforward_layernorm; `rmsnorm_add`)."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
-        return [
-            k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps, blk + "ffn_norm"),
-            *self._linear(a.xn, blk + "ffn_gate", a.gate, T),
-            *self._linear(a.xn, blk + "ffn_up", a.up, T),
-            k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul",
-                       gelu=hp.gelu),
-            *self._linear(a.act, blk + "ffn_down", a.proj, T),
-            *self._residual(i, a, T, "post_ffw_norm", "ffn_residual"),
-        ]
+        if fused:
+            return [k.linear(src, w[blk + layer + ".weight"], a.x, 1, name=blk + layer,
+                             accumulate=True)]
+        out = self._linear(src, blk + layer, a.proj, T)
+        if not hp.post_norms:
+            return out + [k.add(a.x, a.proj, T * hp.n_embd, name=blk + residual)]
+        return out + [k.rmsnorm_add(a.proj, w[blk + post_norm + ".weight"], a.x, T,
+                                    hp.rms_eps, blk + post_norm)]
+
+    def _layer(self, i: int, a: Activations, T: int, pos0: int, pos: Tensor | None,
+               fuse: bool) -> list[Dispatch]:
+        """Layer i for T tokens, as the family describes it: attention (`_qkv` or
+        `_qkv_fused`, then attention over the cache, windowed on sliding layers) and the
+        gated MLP, each added into the residual stream x (`_projection`). With `fuse` (one
+        token, VKRT_FUSE) the parts `fused_parts` allows run fused; a wholly fused layer is 5
+        dispatches, each depending on the one before."""
+        hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
+        qkv_f, out_f, glu_f, down_f = self._fused[i] if fuse else (False,) * 4
+        out = self._qkv_fused(i, a, pos0, pos) if qkv_f else self._qkv(i, a, T, pos0, pos)
+        out += k.attention(a.q_rope, self.k_cache[i], self.v_cache[i], a.attn, T, hp.n_head,
+                           hp.n_head_kv, hp.head_dim, pos0, self.attn_scale, a.attn_part,
+                           name=blk + "attn", pos=pos, window=hp.layer_window(i))
+        out += self._projection(i, a, a.attn, T, "attn_output", "post_attention_norm",
+                                "attn_residual", out_f)
+        if glu_f:
+            out.append(k.glu(a.x, w[blk + "ffn_norm.weight"], w[blk + "ffn_gate.weight"],
+                             w[blk + "ffn_up.weight"], a.act, hp.rms_eps, name=blk + "ffn_glu",
+                             gelu=hp.gelu))
+        else:
+            out += [
+                k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps,
+                          blk + "ffn_norm"),
+                *self._linear(a.xn, blk + "ffn_gate", a.gate, T),
+                *self._linear(a.xn, blk + "ffn_up", a.up, T),
+                k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul",
+                           gelu=hp.gelu),
+            ]
+        return out + self._projection(i, a, a.act, T, "ffn_down", "post_ffw_norm",
+                                      "ffn_residual", down_f)
 
     def step(self, ids: Tensor, n_tokens: int, pos0: int,
              all_logits: bool = False, token_out: Tensor | None = None,
              pos: Tensor | None = None) -> list[Dispatch]:
         """The dispatches of one forward over `n_tokens` token ids (u32 in `ids`) at positions
         pos0 .. pos0 + n_tokens - 1, writing K/V into the cache. Nothing is recorded.
-        One token runs the fused layers (`_fused_layer`) where `fusable` and VKRT_FUSE allow.
+        One token runs the fused parts of each layer (`_layer`) that `fused_parts` and
+        VKRT_FUSE allow.
         `pos` ([1] u32, P at run time): positions pos0 + P .. instead, for a step recorded
         once and replayed (`Decoder.replay_decode`); the caller keeps them in the cache.
 
@@ -466,11 +485,7 @@ class Llama(Decoder):
             out.append(k.scale(a.x, T * hp.n_embd, hp.embed_scale, name="token_embd_scale"))
         fuse = T == 1 and config.FUSE.value
         for i in range(hp.n_layer):
-            if fuse and self._fusable[i]:
-                out += self._fused_layer(i, a, pos0, pos)
-            else:
-                out += self._attention_block(i, a, T, pos0, pos)
-                out += self._mlp_block(i, a, T)
+            out += self._layer(i, a, T, pos0, pos, fuse)
         out.append(k.rmsnorm(a.x, w["output_norm.weight"], a.xn, T, hp.rms_eps, "output_norm"))
         output = w["token_embd.weight" if hp.tied_embeddings else "output.weight"]
         if all_logits:
