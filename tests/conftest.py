@@ -35,13 +35,14 @@ def hf_tokenizer(default_model_path):
 
 @pytest.fixture(scope="session")
 def reference(default_model_path) -> TransformersReference:
-    """transformers' fp32 CPU model of the default GGUF: `.logits(ids)`, `.greedy(ids, n)`."""
+    """transformers' fp32 CPU model of the default GGUF: `.logits(ids)`, `.greedy(ids, n)`
+    (answers kept under $VKRT_ORACLE_CACHE when set: reference.py)."""
     # A hard failure, not a skip: CI installs the test extra, and a reference that silently
     # skips would let the token-exact gate pass without running.
-    for module in ("torch", "transformers", "accelerate"):
-        try:
-            __import__(module)
-        except ImportError:
+    import importlib.util
+
+    for module in ("torch", "transformers", "accelerate"):   # found, not imported (slow)
+        if importlib.util.find_spec(module) is None:
             pytest.fail(f"the reference needs {module}: pip install -e '.[test]'", pytrace=False)
     return TransformersReference(default_model_path)
 

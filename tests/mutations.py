@@ -1,26 +1,35 @@
 """Mutation gate: break one mechanism at a time and prove the suite notices.
 
-    python tests/mutations.py            # every mutation (several minutes on 2 cores)
+    python tests/mutations.py            # every mutation (CI runs this after the tests)
     python tests/mutations.py -k barrier # those whose name contains "barrier"
+    python tests/mutations.py -j 1       # one at a time (default: one per CPU)
 
 Each mutation copies the work tree to a temporary folder, replaces one exact snippet (it must
 occur exactly once), regenerates the SPIR-V when a shader changed, and runs the tests that
 guard the mechanism with `python -m pytest -x` in the copy (`-m` puts the copy first on
 sys.path, so the mutated package is the one imported). A mutation is CAUGHT when pytest fails.
-Exit status 1 if any mutation is MISSED or no longer applies. Not part of CI (it reruns the
-model tests once per mutation); run it after changing a mechanism or its tests.
+Exit status 1 if any mutation is MISSED or no longer applies; `.ci/run` runs the gate after
+the test suite, so a surviving mutation fails CI. transformers' answers about the default
+model are kept in $VKRT_ORACLE_CACHE (default `.cache/oracle`, tests/reference.py): the
+mutated tree never touches the oracle, so it is asked once, not once per mutation. Each line
+gives the mutation's time; the slowest come last in the summary.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+from reference import ORACLE_CACHE_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 600   # one mutation's tests; a hang counts as caught, and CI keeps going
 GEN_TESTS = ["tests/test_gen_cli.py", "tests/test_gen_reflect.py", "tests/test_gen_fixtures.py",
              "tests/test_gen_variants.py", "tests/test_gen_property.py", "tests/test_gen_corpus.py"]
 
@@ -93,6 +102,18 @@ MUTATIONS = [
      "            other.staging.destroy()\n"
      "            other.staging = self.slots[0].staging\n",
      ["tests/test_stream.py"]),
+    ("device lost: later use not refused (it fails later, at random)", "vkrt/runtime/queue.py",
+     "        if self.device.lost is not None:\n", "        if False:\n",
+     ["tests/test_stream.py::test_device_lost_names_the_work_and_refuses_further_use"]),
+    ("device lost: the error does not name the submission's work", "vkrt/runtime/queue.py",
+     "log, first_name, last_name = self.labels.get(first, ([], \"?\", \"?\"))",
+     "log, first_name, last_name = [], \"?\", \"?\"",
+     ["tests/test_stream.py::test_device_lost_names_the_work_and_refuses_further_use"]),
+    ("host waits scan every buffer's ranges", "vkrt/runtime/queue.py",
+     "        ranges = table.get(serial, _NONE)\n",
+     "        ranges = {r: v for t in table.values() for r, v in t.items() if r[0] == serial}\n"
+     "        self.ranges_scanned += sum(map(len, table.values()))\n",
+     ["tests/test_stream.py::test_a_host_read_looks_only_at_its_own_buffers_ranges"]),
     ("a slot reused without waiting for its last submission", "vkrt/runtime/queue.py",
      "        if slot.value:\n            self.wait(slot.value)",
      "        if slot.value:\n            pass",
@@ -112,6 +133,9 @@ MUTATIONS = [
      "key = (a.arena.serial, self.kv.serial, self.max_seq, len(ring), s.tracker.always,",
      "key = (a.arena.serial, len(ring), s.tracker.always,",
      ["tests/test_llama.py::test_greedy_tokens_exact", "tests/test_llama.py::test_replay_after_the_caches_grow"]),
+    ("replay: a recording naming a closed buffer is submitted", "vkrt/runtime/stream.py",
+     "            if b.closed:\n", "            if False:\n",
+     ["tests/test_stream.py::test_a_recording_naming_a_closed_buffer_is_refused"]),
     ("replay: recording resubmitted while pending, depth unbounded", "vkrt/runtime/queue.py",
      "        if target > 0:\n            self.wait(target)\n", "",
      ["tests/test_llama.py::test_decode_clean_under_validation"]),
@@ -124,8 +148,11 @@ MUTATIONS = [
      ["tests/test_stream.py::test_the_batch_after_a_replay_begins_with_a_full_barrier",
       "tests/test_llama.py::test_decode_clean_under_validation"]),
     ("replay: host waits ignore a replay's writes", "vkrt/runtime/queue.py",
-     "        for rng in rec.writes:\n            writes_at[rng] = value\n", "",
+     "        mark(self.writes_at, rec.writes, value)\n", "",
      ["tests/test_llama.py::test_greedy_tokens_exact", "tests/test_llama.py::test_decode_clean_under_validation"]),
+    ("replay: the work a replay runs not counted (bench reports 0 stages per token)",
+     "vkrt/runtime/queue.py", "        c.replayed_stages += rec.stages\n", "",
+     ["tests/test_bench.py::test_a_replayed_arm_counts_the_work_its_replays_run"]),
     ("the extra decode step's token leaks into the output", "vkrt/models/generate.py",
      "            if stopped:\n                break\n    finally:\n        result.discarded_steps",
      "            if stopped:\n                result.tokens += [int(r.get()[0]) for r in in_flight]"
@@ -211,7 +238,7 @@ MUTATIONS = [
      ": g / (1.0 + exp(-g))) * u;", ": u / (1.0 + exp(-u))) * g;",
      ["tests/test_kernels.py::test_matvec_glu_is_rmsnorm_gate_up_silu"]),
     ("fused: the norm weight not applied", "vkrt/glsl/rms_in.glsl",
-     "return x[k] * norm_w[k];", "return x[k];",
+     "return ldexp(x[k], ivec4(-rms_shift)) * norm_w[k];", "return ldexp(x[k], ivec4(-rms_shift));",
      ["tests/test_kernels.py::test_matvec_glu_is_rmsnorm_gate_up_silu"]),
     ("fused: Q/K/V ignore the position buffer (a replayed step)", "vkrt/glsl/qkv_rope.comp",
      "uint p = pc.pos0 + (pc.use_pos != 0 ? pos_buf[0] : 0);", "uint p = pc.pos0;",
@@ -336,6 +363,15 @@ MUTATIONS = [
      "v = subgroupAdd(v);\n    uint n = reduce_subgroups();\n    if (n == 1) return v;",
      "v = subgroupAdd(v);\n    uint n = reduce_subgroups();\n    if (n >= 1) return v;",
      ["tests/test_kernels.py::test_matvec_any_workgroup"]),
+    ("rmsnorm: squares past the f32 range not rescaled", "vkrt/glsl/rmsnorm.comp",
+     "    if (!isinf(total)) {", "    if (true) {",
+     ["tests/test_kernels.py::test_rmsnorm_past_the_f32_range_of_squares"]),
+    ("fused norm: squares past the f32 range not rescaled", "vkrt/glsl/rms_in.glsl",
+     "    if (!isinf(total)) return", "    if (true) return",
+     ["tests/test_kernels.py::test_fused_norm_past_the_f32_range_of_squares"]),
+    ("fused norm: the rescaled row's eps not rescaled", "vkrt/glsl/rms_in.glsl",
+     "ldexp(eps, -2 * rms_shift)", "eps",
+     ["tests/test_kernels.py::test_fused_norm_past_the_f32_range_of_squares"]),
     ("argmax: reads past n", "vkrt/glsl/argmax.comp",
      "for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x)",
      "for (uint i = lid; i < pc.n + gl_WorkGroupSize.x; i += gl_WorkGroupSize.x)",
@@ -506,7 +542,8 @@ MUTATIONS = [
      "dst[n] = (GELU != 0 ? gelu_tanh(g) :", "dst[n] = (false ? gelu_tanh(g) :",
      ["tests/test_kernels.py::test_matvec_glu_is_rmsnorm_gate_up_silu"]),
     ("families: rmsnorm_add overwrites the residual", "vkrt/glsl/rmsnorm_add.comp",
-     "y[row + i] += x[row + i] * scale * w[i];", "y[row + i] = x[row + i] * scale * w[i];",
+     "y[row + i] += ldexp(x[row + i], -e) * scale * w[i];",
+     "y[row + i] = ldexp(x[row + i], -e) * scale * w[i];",
      ["tests/test_kernels.py::test_rmsnorm_add"]),
     ("families: prefill attention ignores the window", "vkrt/glsl/attention.comp",
      "uint first = WINDOW != 0 && last >= WINDOW ? last + 1 - WINDOW : 0;", "uint first = 0;",
@@ -610,14 +647,23 @@ MUTATIONS = [
     ("arrays of arrays refused", "vkrt/models/gguf.py",
      "        if depth >= _MAX_NESTING:", "        if depth >= 0:", ["tests/test_gguf.py"]),
     ("VKRT_* parse error escapes as ValueError", "vkrt/config.py",
-     "        except ValueError as e:\n            raise ConfigError",
-     "        except ZeroDivisionError as e:\n            raise ConfigError",
+     "            except ValueError as e:\n                raise ConfigError",
+     "            except ZeroDivisionError as e:\n                raise ConfigError",
      ["tests/test_config.py"]),
+    ("VKRT_* parsed again on every read (every token)", "vkrt/config.py",
+     "        if raw == self._raw:", "        if False:",
+     ["tests/test_llama.py::test_switches_are_parsed_once_per_value_not_per_token"]),
     ("timeout inf refused", "vkrt/config.py", "    if not (value > 0):",
      "    if not (0 < value < math.inf):", ["tests/test_config.py"]),
     ("tiny temperature divides before subtracting", "vkrt/models/generate.py",
-     "z = (x - x.max()) / s.temperature", "z = x / s.temperature - x.max() / s.temperature",
+     "z = (x - top) / s.temperature", "z = x / s.temperature - top / s.temperature",
      ["tests/test_generate.py::test_tiny_temperature_is_greedy"]),
+    ("sampling: every logit -inf gives a NaN distribution", "vkrt/models/generate.py",
+     "    if top == -np.inf:\n", "    if False:\n",
+     ["tests/test_generate.py::test_sampling_infinite_and_nan_logits"]),
+    ("sampling: +inf logits give inf - inf", "vkrt/models/generate.py",
+     "    if top == np.inf:\n", "    if False:\n",
+     ["tests/test_generate.py::test_sampling_infinite_and_nan_logits"]),
     ("non-finite temperature accepted", "vkrt/models/generate.py",
      "math.isfinite(t) and t >= 0", "t >= 0",
      ["tests/test_generate.py::test_bad_sampling_refused"]),
@@ -629,8 +675,19 @@ MUTATIONS = [
      "    except BrokenPipeError:\n        _die_like_sigpipe()",
      "    except ZeroDivisionError:\n        _die_like_sigpipe()",
      ["tests/test_cli.py::test_prompt_from_stdin_into_a_closed_pipe"]),
-    ("Ctrl-C waits for the GPU", "vkrt/cli.py",
+    # (The command line used to wait in a worker thread; the host wait itself now takes
+    # Ctrl-C, for Python callers too, so the rule is broken there.)
+    ("Ctrl-C waits for the GPU (one unsliced host wait)", "vkrt/runtime/queue.py",
+     "timeout_ns(min(left, WAIT_SLICE_S))", "timeout_ns(left)",
+     ["tests/test_stream.py::test_ctrl_c_interrupts_a_host_wait_while_the_gpu_is_held"]),
+    ("Ctrl-C waits for a long C call (the worker runs fn in the main thread)", "vkrt/cli.py",
+     "    worker.start()\n", "    target()\n    worker.start()\n",
+     ["tests/test_cli.py::test_ctrl_c_reaches_the_command_line_during_a_long_c_call"]),
+    ("Ctrl-C waits for a long C call (a command runs outside the worker)", "vkrt/cli.py",
      "        return _in_worker(lambda: args.run(args))", "        return args.run(args)",
+     ["tests/test_cli.py::test_every_command_runs_in_the_worker"]),
+    ("Ctrl-C ends with a traceback", "vkrt/cli.py",
+     "    except KeyboardInterrupt:\n        try:", "    except ZeroDivisionError:\n        try:",
      ["tests/test_cli.py::test_ctrl_c_during_prefill"]),
     ("unencodable output raises", "vkrt/cli.py",
      '(sys.stdout, "replace"), ', "",
@@ -675,7 +732,9 @@ MUTATIONS = [
 ]
 
 
-def run(name: str, file: str, old: str, new: str, tests: list[str]) -> bool:
+def run(name: str, file: str, old: str, new: str, tests: list[str]) -> tuple[bool, str]:
+    """Apply one mutation in a copy of the tree and run its tests: (caught, report line)."""
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vkrt-mut-") as tmp:
         work = Path(tmp) / "work"
         shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(
@@ -683,30 +742,44 @@ def run(name: str, file: str, old: str, new: str, tests: list[str]) -> bool:
         path = work / file
         text = path.read_text()
         if text.count(old) != 1:
-            print(f"STALE   {name}: snippet found {text.count(old)} times in {file}")
-            return False
+            return False, f"STALE   {name}: snippet found {text.count(old)} times in {file}"
         path.write_text(text.replace(old, new))
         env = dict(os.environ, XDG_CACHE_HOME=str(Path(tmp) / "cache"))
+        env.setdefault(ORACLE_CACHE_ENV, str(ROOT / ".cache" / "oracle"))
         if file.startswith("vkrt/glsl/"):
             gen = subprocess.run([sys.executable, "-m", "vkrt.gen.cli"], cwd=work, env=env,
                                  capture_output=True, text=True)
             if gen.returncode:
-                print(f"STALE   {name}: the mutated shader does not compile: {gen.stderr[-200:]}")
-                return False
-        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                            *tests], cwd=work, env=env, capture_output=True, text=True)
-        tail = (r.stdout.strip().splitlines() or [r.stderr[-200:]])[-1]
-        caught = r.returncode != 0
-        print(f"{'CAUGHT' if caught else 'MISSED'}  {name}: {tail}", flush=True)
-        return caught
+                return False, (f"STALE   {name}: the mutated shader does not compile: "
+                               f"{gen.stderr[-200:]}")
+        try:
+            r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
+                                "no:cacheprovider", *tests], cwd=work, env=env,
+                               capture_output=True, text=True, timeout=TIMEOUT_S)
+            tail = (r.stdout.strip().splitlines() or [r.stderr[-200:]])[-1]
+            caught = r.returncode != 0
+        except subprocess.TimeoutExpired:   # the mutated tree hangs its tests: they fail
+            tail, caught = f"the tests did not finish within {TIMEOUT_S} s", True
+        line = (f"{'CAUGHT' if caught else 'MISSED'}  {name}: {tail} "
+                f"[{time.monotonic() - t0:.0f} s]")
+        return caught, line
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-k", default="", help="run the mutations whose name contains this")
+    ap.add_argument("-j", type=int, default=os.cpu_count() or 1,
+                    help="mutations run at once (default: one per CPU)")
     args = ap.parse_args()
-    results = [run(*m) for m in MUTATIONS if args.k in m[0]]
-    print(f"{sum(results)}/{len(results)} mutations caught")
+    chosen = [m for m in MUTATIONS if args.k in m[0]]
+    t0 = time.monotonic()
+    results = []
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.j)) as pool:
+        for caught, line in pool.map(lambda m: run(*m), chosen):
+            print(line, flush=True)
+            results.append(caught)
+    print(f"{sum(results)}/{len(results)} mutations caught in {time.monotonic() - t0:.0f} s "
+          f"({args.j} at once)")
     return 0 if all(results) else 1
 
 

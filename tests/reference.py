@@ -12,43 +12,100 @@ rotates halves (i, i + D/2) in transformers and adjacent pairs (2i, 2i+1) on the
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 
 import numpy as np
 
+ORACLE_CACHE_ENV = "VKRT_ORACLE_CACHE"
+
+
 class TransformersReference:
-    """transformers' fp32 CPU model of a GGUF (loads in ~11-14 s on 2 cores)."""
+    """transformers' fp32 CPU model of a GGUF (loads in ~11-14 s on 2 cores).
+
+    With `VKRT_ORACLE_CACHE` set to a folder, each answer (`logits`, `greedy`) is kept there
+    as a file keyed by the sha256 of the GGUF's bytes, the torch and transformers versions
+    and the question (the ids, n): the same question about the same file by the same
+    library gives the same answer, so the mutation gate (tests/mutations.py) asks
+    transformers once, not once per mutation. The model is loaded on the first question
+    whose answer is not kept. Without the variable nothing is kept.
+    """
 
     def __init__(self, gguf_path: str, **config):
-        """`config`: configuration values the GGUF does not carry (passed to from_pretrained,
-        e.g. Gemma 3's query_pre_attn_scalar)."""
-        import torch
-        from transformers import AutoModelForCausalLM
+        """`config`: configuration values the GGUF does not carry, passed to from_pretrained
+        (Gemma 3's query_pre_attn_scalar); they are part of the cache key."""
+        from importlib.metadata import version   # no import of torch for a cached answer
 
-        self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path),
-            dtype=torch.float32, **config).eval()
+        self.path, self._model, self.config = gguf_path, None, config
+        cache = os.environ.get(ORACLE_CACHE_ENV)
+        self.cache = None
+        if cache:
+            digest = hashlib.sha256()
+            with open(gguf_path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    digest.update(block)
+            if config:
+                digest.update(repr(sorted(config.items())).encode())
+            self.cache = os.path.join(cache, f"{digest.hexdigest()[:32]}-torch{version('torch')}"
+                                      f"-transformers{version('transformers')}")
+
+    @property
+    def torch(self):
+        import torch
+
+        return torch
+
+    @property
+    def model(self):
+        if self._model is None:
+            from transformers import AutoModelForCausalLM
+
+            self._model = AutoModelForCausalLM.from_pretrained(
+                os.path.dirname(self.path), gguf_file=os.path.basename(self.path),
+                dtype=self.torch.float32, **self.config).eval()
+        return self._model
+
+    def _kept(self, question: str, answer):
+        """`answer()` (a numpy array), from the cache when it holds the question."""
+        if self.cache is None:
+            return answer()
+        name = hashlib.sha256(question.encode()).hexdigest()[:32] + ".npy"
+        path = os.path.join(self.cache, name)
+        if os.path.exists(path):
+            return np.load(path)
+        value = np.asarray(answer())
+        os.makedirs(self.cache, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp.npy"
+        np.save(tmp, value)
+        os.replace(tmp, path)        # whole files only, also with two writers
+        return value
 
     @classmethod
     def from_model(cls, model) -> "TransformersReference":
         """The oracle over a transformers model already built (e.g. from a config and a
-        state dict), in eval mode."""
-        import torch
-
+        state dict), in eval mode. Nothing is kept (`VKRT_ORACLE_CACHE` is for files)."""
         self = cls.__new__(cls)
-        self.torch, self.model = torch, model.eval()
+        self._model, self.cache = model.eval(), None
         return self
 
     def logits(self, token_ids: list[int]) -> np.ndarray:
         """One teacher-forced forward: float32 [T, vocab], row t predicts token t+1."""
+        ids = [int(i) for i in token_ids]
+        return self._kept(f"logits {ids}", lambda: self._logits(ids))
+
+    def _logits(self, token_ids: list[int]) -> np.ndarray:
         with self.torch.no_grad():
             out = self.model(self.torch.tensor([list(token_ids)]), use_cache=False)
         return out.logits[0].float().numpy()
 
     def greedy(self, prompt_ids: list[int], n: int) -> list[int]:
         """The n tokens greedy decoding appends to prompt_ids (argmax, no sampling; KV cache)."""
+        ids = [int(i) for i in prompt_ids]
+        return [int(t) for t in self._kept(f"greedy {n} {ids}",
+                                           lambda: np.array(self._greedy(ids, n), np.int64))]
+
+    def _greedy(self, prompt_ids: list[int], n: int) -> list[int]:
         torch = self.torch
         # transformers 5.x renames past_key_values to cache (the old name warns until 5.40).
         cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters \

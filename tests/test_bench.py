@@ -51,6 +51,23 @@ def test_report_counts_match_the_arms(opt_folder, device):
         assert any(k.startswith("self_attn") for k in g["gpu_us_per_token_by_kernel"])
 
 
+def test_a_replayed_arm_counts_the_work_its_replays_run(default_model_path, device):
+    """With decode replay (the default for Llama) the host records nothing per token, yet the
+    GPU runs the captured step every token: the report's per-token dispatches, barriers and
+    stages are the recording's, not 0."""
+    with vkrt.load(default_model_path, device=device) as model:
+        r = bench.run(model, prompt_tokens=6, tokens=5, repeat=1, batch_size=8,
+                      barriers=["tracked"], inflights=[2])
+        recordings = list(model.lm._replays.values())   # the arm's, one per ring phase
+    (arm,) = r["arms"].values()
+    per = arm["per_decoded_token"]
+    assert per["replays"] == 1 and per["recorded_dispatches"] == 0, per
+    rec = recordings[0]
+    assert rec.dispatches > 100, rec.dispatches            # SmolLM2: 30 layers, fused
+    assert (per["dispatches"], per["barriers"], per["stages"]) == (
+        rec.dispatches, rec.barriers, rec.stages), per
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "vkrt", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=600)

@@ -237,8 +237,60 @@ def test_prompt_from_stdin_into_a_closed_pipe(default_model_path):
     assert head == b" 6, 7" and err == "", err   # " 6, 7, 8": the reference greedy tokens
 
 
+def test_ctrl_c_reaches_the_command_line_during_a_long_c_call():
+    """The command line runs in a worker thread (`cli._in_worker`) so that Ctrl-C arrives at
+    once even while the work sits in a C call that signals do not interrupt (a driver
+    compiling a pipeline; here a read(2) restarted after the signal, SA_RESTART, on a pipe
+    nothing writes to until the fallback below). Without the worker the main thread is in
+    that call and sees the interrupt only once the fallback has written: the test fails,
+    whatever the machine's speed."""
+    import ctypes
+    import threading
+
+    from vkrt import cli
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    r, w = os.pipe()
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.siginterrupt(signal.SIGINT, False)
+    main, done, fell_back = threading.get_ident(), threading.Event(), threading.Event()
+
+    def interrupt():
+        time.sleep(0.2)
+        signal.pthread_kill(main, signal.SIGINT)
+        if not done.wait(10):
+            fell_back.set()
+            while not done.wait(0.1):     # every read that blocks returns, until the end
+                os.write(w, b"x")
+
+    helper = threading.Thread(target=interrupt)
+    try:
+        helper.start()
+        with pytest.raises(KeyboardInterrupt):
+            cli._in_worker(lambda: libc.read(r, ctypes.create_string_buffer(1), 1))
+        assert not fell_back.is_set(), "Ctrl-C arrived only when the C call returned"
+    finally:
+        done.set()
+        helper.join()
+        os.write(w, b"x")          # lets the abandoned worker's read return
+        signal.signal(signal.SIGINT, old)
+
+
+def test_every_command_runs_in_the_worker(monkeypatch, capsys):
+    """`main` runs the chosen command through `_in_worker` (what the test above checks)."""
+    from vkrt import cli
+
+    ran = []
+    monkeypatch.setattr(cli, "_in_worker", lambda fn: ran.append(fn) or fn())
+    assert cli.main(["devices"]) == 0 and len(ran) == 1
+    assert capsys.readouterr().out
+
+
 def test_ctrl_c_during_prefill(default_model_path):
-    # A 600-token prompt on stdin (`-`); SIGINT while the first chunk runs on the GPU.
+    # A 600-token prompt on stdin (`-`); SIGINT while the first chunks run: one line, status
+    # 130, no traceback, soon. That the host wait itself takes the interrupt while the GPU
+    # provably still works is test_stream.py's
+    # test_ctrl_c_interrupts_a_host_wait_while_the_gpu_is_held (here the GPU may be fast).
     # SIGINT back to its default in the child: a shell running this suite in the background
     # (`cmd &` without job control) starts it ignored, and Python then installs no handler.
     proc = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "generate", "-", "--max-tokens",
@@ -261,7 +313,7 @@ def test_ctrl_c_during_prefill(default_model_path):
         proc.kill()
     err += proc.stderr.read()
     assert proc.returncode == 130
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 10.0   # the 600-token prefill takes a minute on lavapipe
     lines = [l for l in err.decode().replace("\r", "\n").splitlines() if l.strip()]
     assert lines[-1] == "vkrt: interrupted" and b"Traceback" not in err, err
 

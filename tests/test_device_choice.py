@@ -82,3 +82,31 @@ def test_vkrt_devices_lists_then_refuses_a_bad_vkrt_device(fake_devices, capsys)
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 3 and "*" not in out
     assert err == "vkrt: error: device index 5 out of range: 3 Vulkan device(s) (see `vkrt devices`)\n"
+
+
+def test_a_device_without_a_compute_queue_is_refused_in_one_line():
+    from vkrt.runtime.device import compute_queue_family
+    from vkrt.runtime.vk import vk
+
+    graphics, transfer = vk.VK_QUEUE_GRAPHICS_BIT, vk.VK_QUEUE_TRANSFER_BIT
+    assert compute_queue_family("gpu", [graphics, transfer | vk.VK_QUEUE_COMPUTE_BIT]) == 1
+    for flags in ([graphics, transfer], []):
+        with pytest.raises(VkrtError, match=r"^gpu: none of its \d queue families supports "
+                                            r"compute") as e:
+            compute_queue_family("gpu", flags)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("missing", ["basic", "arithmetic", "shuffle"])
+def test_a_device_without_the_subgroup_operations_is_refused_in_one_line(missing):
+    from vkrt.runtime.device import SUBGROUP_OPERATIONS, check_subgroup_support
+    from vkrt.runtime.vk import vk
+
+    every = sum(SUBGROUP_OPERATIONS.values())
+    compute = vk.VK_SHADER_STAGE_COMPUTE_BIT
+    check_subgroup_support("gpu", compute, every)       # all there: nothing raised
+    with pytest.raises(VkrtError, match=rf"^gpu: subgroup operations {missing} are not "
+                                        r"supported \(supportedOperations 0x"):
+        check_subgroup_support("gpu", compute, every & ~SUBGROUP_OPERATIONS[missing])
+    with pytest.raises(VkrtError, match="not supported in compute shaders"):
+        check_subgroup_support("gpu", vk.VK_SHADER_STAGE_FRAGMENT_BIT, every)

@@ -71,6 +71,23 @@ def test_tiny_temperature_is_greedy(temperature):
     assert {_sample(logits, s, gen) for _ in range(20)} == {int(logits.argmax())}
 
 
+@pytest.mark.parametrize("temperature", [1.0, 1e-30])
+def test_sampling_infinite_and_nan_logits(temperature):
+    """-inf logits are never drawn and +inf ones share all the mass, at any temperature
+    (no inf - inf = NaN); every logit -inf, or a NaN, is one clear error, never a NaN
+    distribution handed to the generator."""
+    gen = np.random.Generator(np.random.PCG64(2))
+    s = Sampling(temperature, 1.0, 2)
+    x = np.array([-np.inf, 1.0, -np.inf, 2.0], np.float32)
+    assert {_sample(x, s, gen) for _ in range(200)} <= {1, 3}
+    x = np.array([np.inf, 5.0, np.inf, -np.inf], np.float32)
+    assert {_sample(x, s, gen) for _ in range(200)} == {0, 2}
+    with pytest.raises(VkrtError, match="^every one of the 4 logits is -inf"):
+        _sample(np.full(4, -np.inf, np.float32), s, gen)
+    with pytest.raises(VkrtError, match=r"^the logits hold NaN \(at id 1\)"):
+        _sample(np.array([0.0, np.nan, 1.0], np.float32), s, gen)
+
+
 def test_sampling_follows_softmax():
     # Two tokens with logits 0 and log 3 at temperature 1: P(second) = 3/4.
     logits = np.array([0.0, np.log(3.0)], np.float32)

@@ -270,6 +270,7 @@ def test_rmsnorm_add(gpu, subgroups):
     outputs of test_rmsnorm_rows, each added to y with one more rounding."""
     r, n_tokens, n, eps = rng(8), 5, 333, 1e-6
     x = randn(r, n_tokens, n) * np.float32(3)
+    x[3] *= np.float32(1e25)   # squares past the f32 range: rmsnorm.comp's scaling
     w, y0 = randn(r, n), randn(r, n_tokens, n) * np.float32(4)
     bx, bw = gpu.upload(x), gpu.upload(w)
     by = gpu.upload(np.concatenate([y0.reshape(-1), np.full(4, SENTINEL, np.float32)]))
@@ -384,6 +385,27 @@ def test_rmsnorm_any_workgroup(gpu, subgroups, n):
     want = x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * w
     # As test_rmsnorm_rows: a sum of positive terms, relative error of a few ulp.
     np.testing.assert_allclose(got[:-4].reshape(n_tokens, n), want, rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(got[-4:], SENTINEL)
+
+
+@pytest.mark.parametrize("subgroups", [1, 4], ids=["one-subgroup", "four-subgroups"])
+def test_rmsnorm_past_the_f32_range_of_squares(gpu, subgroups):
+    """Rows whose squares overflow f32 (|x| from 1e20 up to near FLT_MAX, where x * x is inf)
+    are normed as finite rows are: the kernel scales the row by a power of two first. A
+    row of ordinary size beside them keeps the plain path."""
+    r, n, eps = rng(33), 333, 1e-5
+    x = randn(r, 4, n)
+    for row, scale in ((0, 1e20), (1, 1e30), (2, 1e38)):
+        x[row] *= np.float32(scale)
+    x[2, 7] = np.float32(3.3e38)                     # near FLT_MAX: its square is inf
+    w = randn(r, n)
+    bx, bw, bo = gpu.upload(x), gpu.upload(w), gpu.filled(4 * n + 4)
+    gpu.run("rmsnorm", {0: gpu.sg * subgroups}, (bx, bw, bo), (4, 1, 1), push(n, eps, 4))
+    got = gpu.read(bo)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * w
+    # As test_rmsnorm_rows: the power-of-two scaling is exact, so the same few ulp.
+    np.testing.assert_allclose(got[:-4].reshape(4, n), want, rtol=1e-6, atol=0)
     np.testing.assert_array_equal(got[-4:], SENTINEL)
 
 
@@ -1102,6 +1124,29 @@ def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype, gelu):
     bound += 1e-6 * np.abs(silu * u) + (1e-6 * 0.5 * np.abs(g * u) if gelu else 0)
     assert np.all(np.abs(got[:-5] - silu * u) <= bound), \
         np.max(np.abs(got[:-5] - silu * u) / bound)
+    np.testing.assert_array_equal(got[-5:], SENTINEL)
+
+
+def test_fused_norm_past_the_f32_range_of_squares(gpu, row_kernels):
+    """The RMSNorm folded into matvec_glu (rms_in.glsl, shared with qkv_rope) of a row whose
+    squares overflow f32 (x * 1e30): checked as test_matvec_glu_is_rmsnorm_gate_up_silu
+    checks an ordinary row, against float64. Without the power-of-two scaling the sum of
+    squares is inf and the output 0 or NaN."""
+    r, n_ff, n_embd, eps = rng(63), 37, 96, 1e-5
+    tg, g_values = stored_weight(gpu, "float32", randn(r, n_ff, n_embd))
+    tu, u_values = stored_weight(gpu, "float32", randn(r, n_ff, n_embd))
+    x, norm_w = randn(r, n_embd) * np.float32(1e30), randn(r, n_embd)
+    tx, tn, to = gpu.upload(x), gpu.upload(norm_w), gpu.filled(n_ff + 5)
+    gpu.stream.record([row_kernels.glu(tx, tn, tg, tu, to, eps)])
+    got = gpu.read(to)
+    xn = rms_reference(x, norm_w, eps)
+    g_terms, u_terms = g_values * xn, u_values * xn
+    g, u = g_terms.sum(1), u_terms.sum(1)
+    silu = g / (1 + np.exp(-g))
+    bound = 2e-7 * (1.1 * np.abs(g_terms).sum(1) * np.abs(u)
+                    + np.abs(silu) * np.abs(u_terms).sum(1))
+    assert np.all(np.abs(got[:-5] - silu * u) <= bound + 1e-6 * np.abs(silu * u)), \
+        np.max(np.abs(got[:-5] - silu * u) / (bound + 1e-6 * np.abs(silu * u)))
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 

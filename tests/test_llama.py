@@ -458,16 +458,22 @@ def test_replay_after_the_caches_grow(llama, tok, stream_of):
     stay those of recorded steps."""
     from vkrt import config
 
+    from vkrt.models.generate import BATCH_SIZE
+
     s = stream_of(2, "tracked")
+    # Activations for a full prefill chunk first: below, the KV cache is the only buffer
+    # reallocated, so only its part of the replay key can ask for the new captures.
+    llama.activations(BATCH_SIZE)
     short = tok.encode("1, 2, 3,")
     generate(llama, short, 3)                          # captured against a small cache
     llama.setup_caches(64)
     generate(llama, short, 3)
-    captures = s.counters.captures
+    captures, arena, kv = s.counters.captures, llama.acts.arena.serial, llama.kv.serial
     prompt = tok.encode("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,"
                         " 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30,")
     assert len(prompt) > 64
     replayed = generate(llama, prompt, 6).tokens       # the cache grows to 256
+    assert llama.kv.serial != kv and llama.acts.arena.serial == arena
     # every ring phase again (the ring keeps the most slots any stream asked for)
     assert s.counters.captures == captures + len(llama.acts.tokens)
     with config.REPLAY.override("0"):
@@ -489,3 +495,25 @@ def test_replay_recaptures_when_fusion_changes(llama, tok, stream_of):
     assert s.counters.captures == captures + len(llama.acts.tokens)
     (rec, *_) = [v for (sid, _), v in llama._replays.items() if sid == s.serial]
     assert rec.dispatches == per_token(llama.hp.n_layer, fused=False)["dispatches"] + 1
+
+
+def test_switches_are_parsed_once_per_value_not_per_token(llama, tok):
+    """Every VKRT_* switch the token loop reads (fusion, replay, prefill flush, the host
+    wait's timeout, ...) is parsed once per distinct value, however many tokens are decoded
+    and whichever path reads it (`Switch.parses` counts parser calls). Each switch is given
+    an explicit value here, so an unparsed default cannot hide a per-token parse."""
+    import contextlib
+
+    from vkrt import config
+
+    values = [(config.FUSE, "1"), (config.REPLAY, "1"), (config.PREFILL_FLUSH, "32"),
+              (config.FENCE_TIMEOUT_S, "600"), (config.BARRIERS, "tracked"),
+              (config.INFLIGHT, "2"), (config.TIMESTAMPS, "0")]
+    with contextlib.ExitStack() as stack:
+        for switch, raw in values:
+            stack.enter_context(switch.override(raw))
+        before = {s.name: s.parses for s in config.ALL}
+        tokens = generate(llama, tok.encode("1, 2, 3,"), 12).tokens
+        assert len(tokens) == 12
+        parsed = {s.name: s.parses - before[s.name] for s in config.ALL}
+    assert all(n <= 1 for n in parsed.values()), parsed

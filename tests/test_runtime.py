@@ -503,22 +503,21 @@ def test_spec_constant_value_out_of_type(rt, value):
 
 def test_fence_timeout_is_a_clear_error():
     """A submission that outlasts VKRT_FENCE_TIMEOUT_S raises a VkrtError naming the switch
-    (the CLI prints it as one line), not a bare TimeoutError."""
+    (the CLI prints it as one line), not a bare TimeoutError. The submission waits for the
+    host (`Stream.hold`), so it outlasts the timeout on any GPU."""
     with Device() as dev:
         stream, cache = Stream(dev), PipelineCache(dev)
-        rows, cols = 4096, 4096            # 64 MiB of weights: tens of ms on lavapipe
-        w = stream.upload(np.ones((rows, cols), np.float32))
-        x = stream.upload(np.ones(cols, np.float32))
-        y = Tensor.of(Buffer(dev, rows * 4), "float32")
-        # An H200 reads the weights in ~15 us, less than the host takes to reach its wait:
-        # a GPU gets 500 products (milliseconds) so that the submission is still running.
-        repeats = 1 if dev.info.kind == "cpu" else 500
-        stream.record([matvec_op(dev, cache)(w, x, y, grid=(rows, 1, 1), n_cols=cols,
-                                             x_offset=0, n_rows=rows)] * repeats)
-        with config.FENCE_TIMEOUT_S.override("1e-9"):
-            with pytest.raises(VkrtError, match=r"did not finish within 1e-09 s \(VKRT_FENCE_TIMEOUT_S\)"):
+        x, y = (stream.upload(np.ones(4, np.float32)) for _ in range(2))
+        stream.synchronize()
+        stream.hold()
+        add_n(stream, cache, x, y, 4)
+        with config.FENCE_TIMEOUT_S.override("0.2"):
+            with pytest.raises(VkrtError, match=r"did not finish within 0.2 s "
+                                                r"\(VKRT_FENCE_TIMEOUT_S\) on .*: waited for "
+                                                r"submission \d+, \d+ done$"):
                 stream.finish()
-        dev.wait_idle()
+        stream.release()
+        np.testing.assert_array_equal(stream.read(x), 2)
 
 
 @pytest.mark.parametrize("seconds,ns", [(0.5, 500_000_000), (0.0, 0), (float("inf"), 2**64 - 1),
@@ -536,3 +535,53 @@ def test_infinite_fence_timeout_waits(rt):
         np.testing.assert_array_equal(stream.read(x), 2)
     x.buffer.close()
     y.buffer.close()
+
+
+INF_MODULES = ("argmax", "attention", "attention_combine", "attention_decode",
+               "attention_split", "rmsnorm", "matvec_glu_f32", "qkv_rope_f32")
+
+
+def test_modules_relying_on_infinities_declare_them_kept():
+    """Kernels that compare with -inf or test for overflow (inf.glsl) carry the execution
+    mode SignedZeroInfNanPreserve 32, as the reflection reports it and as spirv-dis (the
+    independent disassembler) shows it; a kernel that does not include inf.glsl has none."""
+    from vkrt.gen.metadata import load_modules
+
+    modules = load_modules()
+    dis = next(Path(sys.prefix).glob("lib/python*/site-packages/cmeel.prefix/bin/spirv-dis"))
+    for name in INF_MODULES + ("add", "matvec_f32"):
+        spv = REPO / "vkrt" / "spirv" / f"{name}.spv"
+        text = subprocess.run([dis, spv], capture_output=True, text=True, check=True,
+                              env={**os.environ, "LD_LIBRARY_PATH": str(dis.parent.parent / "lib")}
+                              ).stdout
+        declared = "OpExecutionMode %main SignedZeroInfNanPreserve 32" in text
+        assert declared == (name in INF_MODULES), name
+        assert modules[name].signed_zero_inf_nan_preserve == ((32,) if declared else ()), name
+
+
+def test_pipeline_refuses_a_device_that_does_not_keep_infinities(rt):
+    device, _, _ = rt
+    kept = device.inf_nan_preserve
+    device.inf_nan_preserve = {**kept, 32: False}
+    try:
+        with pytest.raises(ShaderInterfaceError, match=r"^argmax: keeps IEEE infinities and "
+                           r"NaNs of 32-bit floats .* \(shaderSignedZeroInfNanPreserveFloat32\)$"):
+            PipelineCache(device).get_pipeline("argmax", {0: 64})
+        PipelineCache(device).get_pipeline("add", {0: 64})   # declares nothing: built
+    finally:
+        device.inf_nan_preserve = kept
+
+
+def test_workgroup_past_the_device_limits_refused_before_the_pipeline(rt):
+    """attention runs one invocation per head dimension (local_size_x = head_dim): a head
+    size past maxComputeWorkGroupSize or maxComputeWorkGroupInvocations is refused in one
+    line naming the module and the numbers, and so is a model needing it (its Kernels)."""
+    device, _, cache = rt
+    lim = device.limits
+    too_many = min(lim.maxComputeWorkGroupInvocations, lim.maxComputeWorkGroupSize[0]) + 4
+    with pytest.raises(ShaderInterfaceError, match=rf"^attention: workgroup {too_many}x1x1 "
+                       rf"\({too_many} invocations\) is past .*maxComputeWorkGroupInvocations "
+                       rf"{lim.maxComputeWorkGroupInvocations}$"):
+        cache.get_pipeline("attention", {0: too_many})
+    with pytest.raises(ShaderInterfaceError, match="^attention: workgroup"):
+        Kernels(cache, head_dim=too_many)

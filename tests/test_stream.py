@@ -5,7 +5,7 @@ waits for, deferred frees, timestamps. On lavapipe, which runs submissions on it
 the GPU provably has not started, so a host access that does not wait for its writer reads
 stale bytes, a wait that should not happen blocks (and times out after VKRT_FENCE_TIMEOUT_S,
 set short here), and a buffer freed too early is visibly gone. `release_after(s)` signals from
-a timer thread while the test's host blocks on the submission.
+another thread once the test's host blocks on the submission.
 """
 from __future__ import annotations
 
@@ -48,10 +48,26 @@ def make(stream, value, name=""):
     return stream.upload(np.full(N, value, np.float32), name=name)
 
 
-def release_after(stream, seconds=0.3):
-    timer = threading.Timer(seconds, stream.release)
-    timer.start()
-    return timer
+def release_after(stream):
+    """Release the held submissions from another thread once the host has blocked in a wait
+    for them (in `vkWaitSemaphores`, whatever the machine's speed or load); returns the
+    thread (join it)."""
+    q, entered = stream.queue, threading.Event()
+    real = q.wait_semaphores
+
+    def wait(*args):
+        entered.set()
+        return real(*args)
+
+    def release():
+        entered.wait(60)
+        q.wait_semaphores = real
+        stream.release()
+
+    q.wait_semaphores = wait
+    thread = threading.Thread(target=release)
+    thread.start()
+    return thread
 
 
 def test_timeline_semaphore_feature_is_enabled(device):
@@ -283,6 +299,26 @@ def test_a_recording_begins_with_a_full_barrier(device, kernels):
         stream.close()
 
 
+def test_a_recording_naming_a_closed_buffer_is_refused(device, kernels):
+    """A recording holds handles and descriptor sets of the buffers it names: once one of
+    them is closed (freed now or once its last submission is done) the recording is stale
+    and replaying it is refused before anything is submitted, whatever its key says."""
+    stream = Stream(device, inflight=2)
+    try:
+        x, y = make(stream, 0, "x"), make(stream, 1, "y")
+        stream.synchronize()
+        rec = stream.capture([kernels.add(x, y, N)])
+        stream.replay(rec)
+        submitted = stream.submitted
+        y.buffer.close()
+        with pytest.raises(VkrtError, match="names buffer 'y', closed since the capture"):
+            stream.replay(rec)
+        assert stream.submitted == submitted
+        np.testing.assert_array_equal(stream.read(x), 1)
+    finally:
+        stream.close()
+
+
 @pytest.mark.parametrize("replayed", [True, False], ids=["after-a-replay", "no-replay"])
 def test_the_batch_after_a_replay_begins_with_a_full_barrier(device, kernels, replayed):
     """The replay writes x; the add after it reads x, but the stream's tracker never saw that
@@ -331,5 +367,97 @@ def test_a_long_record_is_submitted_every_flush_every_records(device, kernels, i
         assert d["submits"] == 3 and d["dispatches"] == 7
         assert d["barriers_raw"] == 6   # every add reads x, which the one before wrote
         np.testing.assert_array_equal(stream.read(x), 7)
+    finally:
+        stream.close()
+
+
+def test_ctrl_c_interrupts_a_host_wait_while_the_gpu_is_held(device, kernels):
+    """A KeyboardInterrupt reaches a host blocked on GPU work before that work ends, from
+    Python as from the command line (Submitter._block waits in slices). The submission is
+    held until the host signals it, so the GPU provably has not finished when SIGINT
+    arrives, whatever the machine's speed: an unsliced wait sees the interrupt only after
+    the fallback release below, and the test fails."""
+    import signal
+    import time
+
+    stream = Stream(device, inflight=2)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    main, done, released = threading.get_ident(), threading.Event(), threading.Event()
+
+    def interrupt_then_release():
+        time.sleep(0.2)
+        signal.pthread_kill(main, signal.SIGINT)
+        if not done.wait(10):          # only when the wait ignored the interrupt
+            released.set()
+            stream.release()
+
+    try:
+        x, y = make(stream, 0, "x"), make(stream, 1, "y")
+        stream.synchronize()
+        stream.hold()
+        stream.record([kernels.add(x, y, N)])
+        stream.submit()
+        helper = threading.Thread(target=interrupt_then_release)
+        with config.FENCE_TIMEOUT_S.override("120"):
+            helper.start()
+            with pytest.raises(KeyboardInterrupt):
+                stream.read(x)
+        assert not released.is_set(), "the interrupt arrived only once the GPU was done"
+        done.set()
+        helper.join()
+        stream.release()
+        np.testing.assert_array_equal(stream.read(x), 1)   # the held work still ran, once
+    finally:
+        done.set()
+        signal.signal(signal.SIGINT, old)
+        stream.close()
+
+
+def test_device_lost_names_the_work_and_refuses_further_use():
+    """VK_ERROR_DEVICE_LOST from a host wait (a desktop driver's watchdog ending a long
+    submission; here the driver's answer stands in for one, the work held so that the wait
+    blocks) raises one line naming the submission and what it ran; every later use of the
+    device, by this stream or another, raises at once instead of failing later at random;
+    closing does not hang."""
+    from vkrt.errors import DeviceLostError
+    from vkrt.runtime.vk import vk
+
+    with Device() as device:
+        ks = Kernels(PipelineCache(device))
+        stream = Stream(device, inflight=2)
+        try:
+            x, y = make(stream, 0, "x"), make(stream, 1, "y")
+            stream.synchronize()
+            stream.hold()
+            stream.record([ks.add(x, y, N, name="blk.7.attn_output")])
+            value = stream.submit()
+            stream.queue.wait_semaphores = lambda *args: vk.VK_ERROR_DEVICE_LOST
+            with pytest.raises(DeviceLostError) as e:
+                stream.read(x)
+            msg = str(e.value)
+            assert "\n" not in msg and "VK_ERROR_DEVICE_LOST" in msg, msg
+            assert f"submission {value} of {value}" in msg and "blk.7.attn_output" in msg, msg
+            for use in (lambda: stream.record([ks.add(x, y, N)]), lambda: stream.read(y),
+                        lambda: Stream(device).record([ks.add(y, y, N)])):
+                with pytest.raises(DeviceLostError, match="device lost .* load the model again"):
+                    use()
+        finally:
+            stream.release()     # the held work runs, so that closing does not wait forever
+            stream.close()
+
+
+def test_a_host_read_looks_only_at_its_own_buffers_ranges(device, kernels):
+    """The last-use tables are kept by buffer: reading x after 40 other buffers were written
+    looks at x's one range, however many ranges the stream ever bound (they grow with every
+    view and staging slice: a decode step read them all, every token)."""
+    stream = Stream(device, inflight=2)
+    try:
+        x, y = make(stream, 0, "x"), make(stream, 1, "y")
+        others = [make(stream, i, f"o{i}") for i in range(40)]
+        stream.record([kernels.add(o, y, N) for o in others] + [kernels.add(x, y, N)])
+        stream.synchronize()
+        before = stream.queue.ranges_scanned
+        np.testing.assert_array_equal(stream.read(x), 1)
+        assert stream.queue.ranges_scanned - before <= 2
     finally:
         stream.close()

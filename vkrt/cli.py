@@ -269,8 +269,10 @@ def _parser() -> argparse.ArgumentParser:
 def _in_worker(fn):
     """Run `fn()` in a worker thread while the main thread waits in short joins: Python runs
     signal handlers only in the main thread and only between bytecodes, so a main thread
-    blocked in a fence wait would take Ctrl-C only when the GPU work ends; this way
-    KeyboardInterrupt arrives at once (the worker is abandoned; see `main`)."""
+    blocked in any long C call (a driver compiling a pipeline, a read of the weights) would
+    take Ctrl-C only when it returns; this way KeyboardInterrupt arrives at once (the worker
+    is abandoned; see `main`). Host waits for the GPU take it on their own (in slices,
+    vkrt/runtime/queue.py), which is what Python callers of `generate()` rely on."""
     box: dict = {}
 
     def target():
@@ -318,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, AttributeError):
             pass
         print("\nvkrt: interrupted", file=sys.stderr, flush=True)
-        # The worker may be inside a fence wait holding Vulkan objects: leave without
-        # running finalizers that would destroy them under it.
+        # The worker may be inside a driver call holding Vulkan objects, and submitted GPU
+        # work may still run: leave without running finalizers that would destroy them.
         os._exit(130)
 
 

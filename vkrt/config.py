@@ -26,18 +26,30 @@ class Switch(Generic[T]):
     default: T
     doc: str
     _override: str | None = None
+    _raw: str | None = None       # the raw value last parsed, and what it parsed to
+    _value: object = None
+    parses: int = 0               # how many times a raw value was parsed (tests count them)
+
+    def __post_init__(self):
+        self._value = self.default
 
     @property
     def value(self) -> T:
         """The parsed value, the default when unset or empty. Raises ConfigError (one line:
         variable, value, what is accepted) when the value does not parse."""
         raw = self._override if self._override is not None else os.environ.get(self.name)
+        if raw == self._raw:          # parsed once per distinct value: hot paths read this
+            return self._value
         if raw is None or raw.strip() == "":
-            return self.default
-        try:
-            return self.parse(raw.strip())
-        except ValueError as e:
-            raise ConfigError(f"{self.name}={raw!r} is not valid: expected {e}") from None
+            value = self.default
+        else:
+            self.parses += 1
+            try:
+                value = self.parse(raw.strip())
+            except ValueError as e:
+                raise ConfigError(f"{self.name}={raw!r} is not valid: expected {e}") from None
+        self._raw, self._value = raw, value
+        return value
 
     @contextlib.contextmanager
     def override(self, raw: str | None) -> Iterator[None]:

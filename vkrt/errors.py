@@ -37,3 +37,9 @@ class ModelFormatError(VkrtError):
 class ConfigError(VkrtError, ValueError):
     """A `VKRT_*` environment variable or a command-line value has a value of the wrong type
     or range; the message names it, the value, and what is accepted."""
+
+
+class DeviceLostError(VkrtError):
+    """The device was lost (VK_ERROR_DEVICE_LOST: a driver reset, or a desktop driver's
+    watchdog ending a submission that ran too long). Every later use of that device raises
+    this too: load the model again on a new `Device`."""

@@ -12,8 +12,9 @@ Schema 2 (1 lacked `push_constants`):
                               "bindings", "spec_ids", "local_size", "local_size_spec_ids",
                               "push_constant_size", "push_constants"}}}
 The per-module fields are documented in `reflect.py`. A `spec_ids` entry may carry an optional
-`defaults` list (a SpecId whose constants disagree on their default); a file without it
-loads as before, so the schema stays 2.
+`defaults` list (a SpecId whose constants disagree on their default), and a module an optional
+`signed_zero_inf_nan_preserve` list; a file without them loads as before, so the schema
+stays 2.
 """
 from __future__ import annotations
 
@@ -78,7 +79,9 @@ class ModuleMeta:
     `binding_count`: distinct set-0 storage-buffer bindings; `writable_mask`: bit b = binding b
     written; `local_size`: workgroup size defaults; `local_size_spec_ids`: SpecId overriding each
     dimension, or None; `push_constant_size`: bytes of push constants from offset 0;
-    `push_constants`: the block's members by declaration order.
+    `push_constants`: the block's members by declaration order; `signed_zero_inf_nan_preserve`:
+    float widths whose infinities and NaNs the module keeps (execution mode
+    SignedZeroInfNanPreserve; the device must support each).
     """
 
     name: str
@@ -91,6 +94,7 @@ class ModuleMeta:
     local_size_spec_ids: tuple[int | None, int | None, int | None]
     push_constant_size: int
     push_constants: tuple[PushConstant, ...]
+    signed_zero_inf_nan_preserve: tuple[int, ...] = ()
 
 
 def render(compiler: dict, modules: dict[str, dict]) -> bytes:
@@ -133,7 +137,8 @@ def _module(name: str, d: dict) -> ModuleMeta:
         local_size=tuple(d["local_size"]), local_size_spec_ids=tuple(d["local_size_spec_ids"]),
         push_constant_size=int(d["push_constant_size"]),
         push_constants=tuple(PushConstant(p["name"], p["offset"], p["size"], p["type"])
-                             for p in d["push_constants"]))
+                             for p in d["push_constants"]),
+        signed_zero_inf_nan_preserve=tuple(d.get("signed_zero_inf_nan_preserve", ())))
 
 
 def read_spirv(name: str, spirv_dir: Path = DEFAULT_SPIRV_DIR) -> bytes:

@@ -31,6 +31,9 @@ the same result but `sha256`: literal strings are decoded from the word values (
   type name as for `spec_ids`, or `vector`, `matrix`, `array`, `struct`, `pointer`: a
   GL_EXT_buffer_reference pointer, PhysicalStorageBuffer, 8 bytes, also inside structs and
   arrays). The runtime packs push constants by these names (`vkrt/runtime/op.py`).
+- `signed_zero_inf_nan_preserve` (only when declared): the float widths of the entry point's
+  SignedZeroInfNanPreserve execution modes (SPIR-V 1.4 / SPV_KHR_float_controls), e.g. [32]:
+  the module relies on IEEE infinities and NaNs, which the device must then preserve.
 - `sha256`: hex digest of the module bytes.
 
 Access rule (as SPIRV-Cross and SPIRV-Reflect): a buffer is read-only when the variable is
@@ -73,6 +76,7 @@ OP_SPEC_CONSTANT_COMPOSITE, OP_SPEC_CONSTANT_OP = 51, 52
 OP_FUNCTION, OP_VARIABLE = 54, 59
 OP_DECORATE, OP_MEMBER_DECORATE, OP_DECORATION_GROUP = 71, 72, 73
 OP_EXECUTION_MODE_ID = 331
+MODE_SIGNED_ZERO_INF_NAN_PRESERVE = 4461   # execution mode (SPIR-V spec 3.6)
 # Type declarations (3.52.6) and what a message calls them. Types outside this table (ray
 # queries, cooperative matrices, ...) never reach the interface that is reflected.
 _TYPE_WORDS = {19: "void", 20: "bool", 21: "integer", 22: "float", 23: "vector", 24: "matrix",
@@ -530,7 +534,10 @@ def reflect(spirv: bytes, module: str) -> dict:
     ssbo_set0 = [b for b in bindings if b["set"] == 0 and b["descriptor_type"] == "storage_buffer"]
     local_size, local_size_spec_ids = _local_size(m, entry_id)
     push_constant_size, push_constants = _push_constants(m)
-    return {
+    preserve = sorted({args[0] for eid, mode, args in m.modes
+                       if eid == entry_id and mode == MODE_SIGNED_ZERO_INF_NAN_PRESERVE and args})
+    optional = {"signed_zero_inf_nan_preserve": preserve} if preserve else {}
+    return {**optional,
         "sha256": hashlib.sha256(spirv).hexdigest(),
         "binding_count": len(ssbo_set0),
         "writable_mask": sum(1 << b["binding"] for b in ssbo_set0 if b["writable"]),

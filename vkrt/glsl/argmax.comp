@@ -8,12 +8,14 @@ layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Logits { float logits[]; };
 layout(set = 0, binding = 1) writeonly buffer Out { uint token[]; };
 layout(push_constant) uniform Push { uint n; uint offset; } pc;
+#extension GL_GOOGLE_include_directive : require
+#include "inf.glsl"
 shared float best_value[gl_WorkGroupSize.x];
 shared uint best_index[gl_WorkGroupSize.x];
 
 void main() {
     uint lid = gl_LocalInvocationID.x;
-    float bv = -1.0 / 0.0;
+    float bv = NEG_INF;
     uint bi = 0xFFFFFFFFu;  // "none": loses every comparison below
     for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) {
         float v = logits[pc.offset + i];

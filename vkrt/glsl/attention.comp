@@ -38,7 +38,7 @@ const uint B = gl_WorkGroupSize.x;   // == head_dim
 shared vec4 q_s[B / 4];
 shared float w_s[B];
 
-const float NEG_INF = -1.0 / 0.0;
+#include "inf.glsl"
 
 // exp(s - mx) for s <= mx, without NaN when both are infinite: an all -inf prefix (mx = -inf)
 // weighs nothing yet, and a score equal to the maximum weighs exactly 1 (also +inf = +inf).

@@ -11,7 +11,8 @@ layout(set = 0, binding = 0) readonly buffer Part { float part[]; };
 layout(set = 0, binding = 1) writeonly buffer Out { float dst[]; };
 layout(push_constant) uniform Push { uint head_dim; uint n_splits; } pc;
 
-const float NEG_INF = -1.0 / 0.0;
+#extension GL_GOOGLE_include_directive : require
+#include "inf.glsl"
 
 float weight(float s, float mx) {
     if (mx == NEG_INF) return 0.0;

@@ -47,7 +47,7 @@ shared vec4 q_s[G];
 shared float w_s[MAX_POSITIONS];      // scores, then weights
 shared vec4 acc_s[T];
 
-const float NEG_INF = -1.0 / 0.0;
+#include "inf.glsl"
 
 float weight(float s, float mx) {
     if (mx == NEG_INF) return 0.0;

@@ -39,7 +39,7 @@ const uint B = gl_WorkGroupSize.x;   // == head_dim
 shared vec4 q_s[B / 4];
 shared float w_s[B];
 
-const float NEG_INF = -1.0 / 0.0;
+#include "inf.glsl"
 
 float weight(float s, float mx) {
     if (mx == NEG_INF) return 0.0;

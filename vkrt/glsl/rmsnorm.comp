@@ -2,10 +2,12 @@
 // RMSNorm (Zhang & Sennrich 2019; llama.cpp ggml_rms_norm then multiply by weight):
 // out[t, i] = x[t, i] / sqrt(mean_i(x[t, :]^2) + eps) * w[i].
 // x, out: [n_rows, n] f32; w: [n] f32. Dispatch: spread(n_rows) workgroups (grid.glsl), one
-// per row.
+// per row. Rows whose squares overflow f32 (|x| beyond ~1.8e19) are normed after an exact
+// power-of-two scaling (below), so any finite row gives a finite result.
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
 #include "reduce.glsl"
+#include "inf.glsl"
 layout(set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(set = 0, binding = 1) readonly buffer W { float w[]; };
 layout(set = 0, binding = 2) writeonly buffer Out { float dst[]; };
@@ -16,6 +18,24 @@ void main() {
     uint row = linear_workgroup() * pc.n, lid = gl_LocalInvocationID.x;
     float ss = 0.0;
     for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) ss += x[row + i] * x[row + i];
-    float scale = 1.0 / sqrt(workgroup_sum(ss) / float(pc.n) + pc.eps);
-    for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) dst[row + i] = x[row + i] * scale * w[i];
+    float total = workgroup_sum(ss);
+    int e = 0;   // x is normed as x * 2^-e: 0 unless the sum of squares overflows
+    float scale;
+    if (!isinf(total)) {   // uniform: every invocation has the same sum
+        scale = 1.0 / sqrt(total / float(pc.n) + pc.eps);
+    } else {
+        // |x| past the f32 range of squares: the norm of x * 2^-e, e the exponent of max|x|
+        // (exact, no subnormals), with eps * 2^-2e (as rms_in.glsl).
+        float amax = 0.0;
+        for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) amax = max(amax, abs(x[row + i]));
+        frexp(workgroup_max(amax), e);
+        ss = 0.0;
+        for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) {
+            float v = ldexp(x[row + i], -e);
+            ss += v * v;
+        }
+        scale = 1.0 / sqrt(workgroup_sum(ss) / float(pc.n) + ldexp(pc.eps, -2 * e));
+    }
+    for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x)
+        dst[row + i] = ldexp(x[row + i], -e) * scale * w[i];
 }

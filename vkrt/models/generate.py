@@ -98,10 +98,23 @@ def _sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
     """One id drawn from softmax(logits / temperature) restricted to the top-p nucleus.
     The maximum is subtracted before dividing, so every z is <= 0 and the maximum's is 0:
     a temperature so small that the division overflows gives z = -inf for every other token,
-    probability 1 for the maximum (greedy), never inf - inf = nan."""
+    probability 1 for the maximum (greedy), never inf - inf = nan. Logits of -inf have
+    probability 0; +inf ones share all of it (softmax's limit).
+
+    Raises: VkrtError when a logit is NaN or every logit is -inf (no distribution)."""
     x = logits.astype(np.float64)
+    if np.isnan(x).any():
+        raise VkrtError(f"the logits hold NaN (at id {int(np.flatnonzero(np.isnan(x))[0])}): "
+                        "nothing to sample from")
+    top = x.max()
+    if top == -np.inf:
+        raise VkrtError(f"every one of the {x.size} logits is -inf: no token can be sampled")
+    if top == np.inf:
+        # The limit of softmax as those logits grow: the +inf ones share all the mass.
+        x = np.where(x == np.inf, 0.0, -np.inf)
+        top = 0.0
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        z = (x - x.max()) / s.temperature
+        z = (x - top) / s.temperature
     p = np.exp(z)
     p /= p.sum()
     order = np.argsort(-p, kind="stable")

@@ -24,6 +24,37 @@ _TYPE_NAMES = {vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: "discrete",
                vk.VK_PHYSICAL_DEVICE_TYPE_OTHER: "other"}
 
 
+# Subgroup operations the kernels use (GL_KHR_shader_subgroup_basic, _arithmetic, _shuffle;
+# Vulkan spec, VkSubgroupFeatureFlagBits), in compute shaders.
+SUBGROUP_OPERATIONS = {"basic": vk.VK_SUBGROUP_FEATURE_BASIC_BIT,
+                       "arithmetic": vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT,
+                       "shuffle": vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT}
+
+
+def check_subgroup_support(name: str, stages: int, operations: int) -> None:
+    """Raise VkrtError (one line, naming the device and what is missing) unless compute
+    shaders of device `name` support every operation of SUBGROUP_OPERATIONS
+    (VkPhysicalDeviceSubgroupProperties.supportedStages / supportedOperations)."""
+    if not stages & vk.VK_SHADER_STAGE_COMPUTE_BIT:
+        raise VkrtError(f"{name}: subgroup operations are not supported in compute shaders "
+                        f"(supportedStages {stages:#x}); vkrt's kernels reduce with them")
+    missing = [op for op, bit in SUBGROUP_OPERATIONS.items() if not operations & bit]
+    if missing:
+        raise VkrtError(f"{name}: subgroup operations {', '.join(missing)} are not supported "
+                        f"(supportedOperations {operations:#x}); vkrt's kernels use "
+                        f"{', '.join(SUBGROUP_OPERATIONS)}")
+
+
+def compute_queue_family(name: str, flags: list[int]) -> int:
+    """The first queue family whose flags (VkQueueFamilyProperties.queueFlags, one per family)
+    include VK_QUEUE_COMPUTE_BIT. Raises VkrtError naming device `name` when none does."""
+    for i, f in enumerate(flags):
+        if f & vk.VK_QUEUE_COMPUTE_BIT:
+            return i
+    raise VkrtError(f"{name}: none of its {len(flags)} queue families supports compute "
+                    f"(queueFlags {', '.join(f'{f:#x}' for f in flags) or 'none'})")
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """What `vkrt devices` prints for one physical device."""
@@ -158,6 +189,7 @@ class Device:
         self._closers: list = []
         self._children: dict[int, object] = {}  # buffers, pipelines, streams: closed first
         self.bytes_in_use = 0  # device memory allocated by Buffer, in bytes
+        self.lost: str | None = None   # why VK_ERROR_DEVICE_LOST ended it (queue.py), else None
         self.instance = _create_instance(self.validation)
         try:
             self._setup(config.DEVICE.value if index is None else index)
@@ -184,9 +216,12 @@ class Device:
         self.timestamp_period_ns = props.limits.timestampPeriod
         maintenance3 = new("VkPhysicalDeviceMaintenance3Properties*",
                            {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES})
+        float_controls = new("VkPhysicalDeviceFloatControlsProperties*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES,
+            "pNext": maintenance3})
         subgroup = new("VkPhysicalDeviceSubgroupProperties*",
                        {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
-                        "pNext": maintenance3})
+                        "pNext": float_controls})
         driver = new("VkPhysicalDeviceDriverProperties*",
                      {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES,
                       "pNext": subgroup})
@@ -194,6 +229,15 @@ class Device:
                      {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": driver})
         lib.vkGetPhysicalDeviceProperties2(self.physical, props2)
         self.subgroup_size = subgroup.subgroupSize  # 8 on lavapipe, 32 on NVIDIA
+        check_subgroup_support(self.info.name, subgroup.supportedStages,
+                               subgroup.supportedOperations)
+        # Float widths whose infinities, NaNs and signed zeros a shader may ask to keep
+        # (SignedZeroInfNanPreserve; Vulkan 1.2 VkPhysicalDeviceFloatControlsProperties):
+        # pipeline.py refuses a module that declares a width missing here.
+        self.inf_nan_preserve = {
+            16: bool(float_controls.shaderSignedZeroInfNanPreserveFloat16),
+            32: bool(float_controls.shaderSignedZeroInfNanPreserveFloat32),
+            64: bool(float_controls.shaderSignedZeroInfNanPreserveFloat64)}
         # VkPhysicalDeviceDriverProperties (Vulkan 1.2): e.g. "NVIDIA" / "580.159.04",
         # "llvmpipe" / "Mesa 22.3.6 (LLVM 15.0.6)".
         self.driver_name = ffi.string(driver.driverName).decode("utf-8", "replace")
@@ -202,8 +246,8 @@ class Device:
         # allocations no larger than this).
         self.max_memory_allocation_size = maintenance3.maxMemoryAllocationSize
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
-        self.queue_family = next(i for i, f in enumerate(families)
-                                 if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)
+        self.queue_family = compute_queue_family(self.info.name,
+                                                 [f.queueFlags for f in families])
         self.timestamp_valid_bits = families[self.queue_family].timestampValidBits
         self.memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
         self._create_device()

@@ -35,7 +35,8 @@ class Buffer:
         host_visible: a staging buffer in host-visible, coherent memory (always mapped).
         name: shown in errors and profiles.
     Attributes: `handle` (VkBuffer), `nbytes`, `serial`, `mapped` (a writable cffi buffer over the whole
-    allocation, or None when the host cannot reach the memory directly).
+    allocation, or None when the host cannot reach the memory directly), `closed` (close()
+    or destroy() was called: the buffer may already be gone, or go once its last use is done).
     Raises: DeviceMemoryError (with the size asked and the bytes in use) when Vulkan is out of
     memory; VkrtError for a size <= 0.
     """
@@ -45,6 +46,7 @@ class Buffer:
             raise VkrtError(f"buffer {name!r}: size must be positive, got {nbytes}")
         self.device, self.nbytes, self.name = device, int(nbytes), name
         self.handle = self.memory = self.mapped = None
+        self.closed = False   # close() called: no new command may name it (its destroy may wait)
         self.serial = next(_serials)
         info = new("VkBufferCreateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, "size": self.nbytes,
@@ -101,6 +103,7 @@ class Buffer:
         destroys it then, `Device.retire`); no queue is drained. Safe to call twice.
         `drain=False` destroys now: for an owner that knows no command names the buffer."""
         dev = self.device
+        self.closed = True
         if drain and self.handle is not None and dev.handle is not None:
             if dev.retire(self):
                 return
@@ -109,6 +112,7 @@ class Buffer:
     def destroy(self) -> None:
         """Unmap, free and destroy now; safe to call twice."""
         dev = self.device
+        self.closed = True
         if self.memory is not None:
             if self.mapped is not None:
                 lib.vkUnmapMemory(dev.handle, self.memory)

@@ -109,6 +109,7 @@ class Pipeline:
                 raise ShaderInterfaceError(
                     f"{meta.name}: specialization constant {sc.name or sc.id} is {sc.type}; "
                     f"cannot take {value!r}") from None
+        self._check_device(dev)   # after the values are known to fit their types
         map_entries = new("VkSpecializationMapEntry[]", entries or 1)
         spec_data = new("char[]", data or b"\0")
         spec_info = new("VkSpecializationInfo*", {
@@ -125,6 +126,29 @@ class Pipeline:
         check(lib.vkCreateComputePipelines(dev.handle, NULL, 1, info, NULL, out),
               f"{meta.name}: vkCreateComputePipelines")
         self.handle = out[0]
+
+    def _check_device(self, dev: Device) -> None:
+        """Refuse, before the pipeline is made, a specialized workgroup past the
+        device's maxComputeWorkGroupSize / maxComputeWorkGroupInvocations (e.g. attention's
+        one invocation per head dimension), and a module declaring SignedZeroInfNanPreserve
+        (it relies on IEEE infinities) for a float width the device does not preserve
+        (shaderSignedZeroInfNanPreserveFloat16/32/64; Vulkan spec, "Float Controls").
+
+        Raises: ShaderInterfaceError, one line naming the module and the numbers."""
+        size, lim = self.local_size, dev.limits
+        most = tuple(lim.maxComputeWorkGroupSize)
+        total = size[0] * size[1] * size[2]
+        if any(s > m for s, m in zip(size, most)) or total > lim.maxComputeWorkGroupInvocations:
+            raise ShaderInterfaceError(
+                f"{self.name}: workgroup {size[0]}x{size[1]}x{size[2]} ({total} invocations) "
+                f"is past {dev.name}'s maxComputeWorkGroupSize {most[0]}x{most[1]}x{most[2]} "
+                f"or maxComputeWorkGroupInvocations {lim.maxComputeWorkGroupInvocations}")
+        for bits in self.meta.signed_zero_inf_nan_preserve:
+            if not dev.inf_nan_preserve.get(bits):
+                raise ShaderInterfaceError(
+                    f"{self.name}: keeps IEEE infinities and NaNs of {bits}-bit floats "
+                    f"(SignedZeroInfNanPreserve), which {dev.name} does not support "
+                    f"(shaderSignedZeroInfNanPreserveFloat{bits})")
 
     def _specialize(self, spec: dict) -> list:
         """Resolve `spec` (keys: constant name or id) against the reflected constants and

@@ -21,6 +21,9 @@ class Counters:
     submits: int = 0           # vkQueueSubmit calls (one per batch, one timeline value each)
     captures: int = 0          # record lists captured into a Recording (replay.py)
     replays: int = 0           # ... submissions of a Recording (nothing recorded for them)
+    replayed_dispatches: int = 0   # dispatches, barriers and stages those replays ran (each
+    replayed_barriers: int = 0     # adds its recording's counts from the capture): the work
+    replayed_stages: int = 0       # a replay hides from the counters above
     waits_blocked: int = 0     # host waits for a submission value that had not signalled
     waits_ready: int = 0       # host waits whose value had already signalled (no blocking)
     max_inflight: int = 0      # high-water mark: most submissions the host had not waited for,

@@ -20,7 +20,8 @@ for right after it is made: the plain submit-and-wait path.
 What waits for what (the host side; device-to-device ordering is the barrier tracker's job,
 barriers.py). The stream records, per byte range `(buffer serial, start, end)` it ever bound,
 the value of the last submission that wrote it and of the last that read it (`writes_at`,
-`reads_at`, updated as records are recorded, with the value the recording batch will signal).
+`reads_at`, updated as records are recorded, with the value the recording batch will signal;
+kept by buffer, so that a host access looks at its own buffer's ranges only).
 - a host read of a tensor waits for the last writer of an overlapping range;
 - a host write into mapped memory waits for the last reader or writer;
 - a buffer's free waits for its last use: it is deferred until that value signals (spec,
@@ -42,15 +43,31 @@ import time
 import numpy as np
 
 from vkrt import config
-from vkrt.errors import VkrtError
+from vkrt.errors import DeviceLostError, VkrtError
 from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
 
 STAGING_MIN_BYTES = 1 << 20
 QUERIES_PER_SLOT = 4096    # timestamps of one submission: its start plus one per record
 _WORK_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
 UINT64_MAX = 2**64 - 1
+# The longest one vkWaitSemaphores call blocks the host (Submitter._block): how late a
+# Ctrl-C may be seen while the GPU works.
+WAIT_SLICE_S = 0.05
 # Command log entries (stream.py): what a command buffer holds, in recording order.
 BARRIER, DISPATCH, COPY, HOST_BARRIER = "barrier", "dispatch", "copy", "host_barrier"
+
+
+_NONE: dict = {}
+
+
+def mark(table: dict, ranges, value: int) -> None:
+    """Record `value` as the last use of each (serial, start, end) of `ranges` in `table`
+    (`Submitter.writes_at` / `reads_at`: serial -> {range: value})."""
+    for rng in ranges:
+        try:
+            table[rng[0]][rng] = value
+        except KeyError:
+            table[rng[0]] = {rng: value}
 
 
 def timeout_ns(timeout_s: float) -> int:
@@ -82,6 +99,7 @@ class Slot:
         self.readbacks: list = []
         self.timed: list[str] = []
         self.commands: list[str] = []
+        self.first_name = self.last_name = ""   # the first and last record of its batch
         self.timing = False
         self.submit_ns = 0
         h = device.handle
@@ -188,15 +206,22 @@ class Submitter:
         self.waited = 0           # last value the host waited for (synchronized with)
         self.recording = False
         self.slot: Slot | None = None
-        self.writes_at: dict[tuple, int] = {}   # (serial, start, end) -> last writing value
-        self.reads_at: dict[tuple, int] = {}    # ... -> last reading value
+        # serial -> {(serial, start, end): value}: the last value writing / reading each range,
+        # by buffer, so that a host access scans only the ranges of its own buffer.
+        self.writes_at: dict[int, dict[tuple, int]] = {}
+        self.reads_at: dict[int, dict[tuple, int]] = {}
+        self.ranges_scanned = 0   # ranges host accesses looked at (tests: no scan of others)
         self.deferred: list[tuple[int, object]] = []   # (value, buffer) to free once signalled
+        self.labels: dict[int, tuple] = {}   # value -> (log, first, last record name)
         self.on_complete = None   # called with each slot whose value signalled (timestamps)
         self.on_begin = None      # called with each slot as its batch begins (timestamps)
         self.slots: list[Slot] = []
         self.semaphore = self._gate = None
         self._gate_value = 0
         self.held = 0             # while > 0, submissions wait for the host (tests: hold())
+        # vkWaitSemaphores, an attribute so that a test can stand in for a driver's answer
+        # (VK_ERROR_DEVICE_LOST) without a device that loses itself.
+        self.wait_semaphores = lib.vkWaitSemaphores
         self._create()
 
     def _timeline(self):
@@ -249,6 +274,7 @@ class Submitter:
         slot, waiting for the value it last submitted, and begin its command buffer."""
         if self.recording:
             return self.slot.cmd
+        self.check_lost()
         slot = self.slots[self.submitted % self.inflight]
         if slot.value:
             self.wait(slot.value)
@@ -260,6 +286,7 @@ class Submitter:
         check(lib.vkResetCommandPool(self.device.handle, slot.pool, 0), "vkResetCommandPool")
         check(lib.vkBeginCommandBuffer(slot.cmd, self._begin_info), "vkBeginCommandBuffer")
         slot.commands = []        # its log restarts with its command buffer
+        slot.first_name = slot.last_name = ""
         self.slot, self.recording = slot, True
         if self.on_begin is not None:
             self.on_begin(slot)
@@ -275,7 +302,8 @@ class Submitter:
         self.end_commands(slot.cmd, slot.commands)
         self.recording = False
         slot.value, slot.submit_ns = self.submitted + 1, t
-        return self._queue_submit(slot.cmds, t)
+        return self._queue_submit(slot.cmds, t, (slot.commands, slot.first_name,
+                                                 slot.last_name))
 
     def end_commands(self, cmd, log: list) -> None:
         """End a command buffer with the barrier that makes its writes visible to the host,
@@ -302,17 +330,23 @@ class Submitter:
         rec.readbacks = []
         t = time.perf_counter_ns()
         value = rec.value = self.submitted + 1
-        writes_at, reads_at = self.writes_at, self.reads_at
-        for rng in rec.writes:
-            writes_at[rng] = value
-        for rng in rec.reads:
-            reads_at[rng] = value
-        self.counters.replays += 1
-        return self._queue_submit(rec.cmds, t)
+        mark(self.writes_at, rec.writes, value)
+        mark(self.reads_at, rec.reads, value)
+        c = self.counters
+        c.replays += 1
+        c.replayed_dispatches += rec.dispatches
+        c.replayed_barriers += rec.barriers
+        c.replayed_stages += rec.stages
+        return self._queue_submit(rec.cmds, t, (rec.commands, "a replay", rec.last_name))
 
-    def _queue_submit(self, cmds, t: int) -> int:
-        """vkQueueSubmit of one ended command buffer signalling the next value."""
+    def _queue_submit(self, cmds, t: int, label: tuple) -> int:
+        """vkQueueSubmit of one ended command buffer signalling the next value; `label`
+        (its command log, first and last record names) is what an error names if the device
+        is lost while it runs."""
+        self.check_lost()
         value = self.submitted + 1
+        self.labels[value] = label
+        self.labels.pop(value - 2 * self.inflight - 1, None)   # long done: keep a few
         self._signal_value[0] = value
         submit = self._submit
         submit.pCommandBuffers = cmds
@@ -320,14 +354,15 @@ class Submitter:
             submit.waitSemaphoreCount = self._timeline_info.waitSemaphoreValueCount = 1
             submit.pWaitSemaphores = self._gate
             self._gate_wait_value[0] = self._gate_value + 1
-        check(lib.vkQueueSubmit(self.device.queue, 1, submit, NULL), "vkQueueSubmit")
+        try:
+            check(lib.vkQueueSubmit(self.device.queue, 1, submit, NULL), "vkQueueSubmit")
+        except DeviceLostError:
+            self._lost(value, "vkQueueSubmit")
         submit.waitSemaphoreCount = self._timeline_info.waitSemaphoreValueCount = 0
         self.submitted = value
         c = self.counters
         c.submits += 1
-        check(lib.vkGetSemaphoreCounterValue(self.device.handle, self.semaphore[0],
-                                             self._counter), "vkGetSemaphoreCounterValue")
-        self.completed = max(self.completed, self._counter[0])
+        self._poll(value)
         # Pipelining depth as the host sees it: submissions it has not synchronized with.
         # (Whether the GPU kept up is what waits_ready / waits_blocked say; a GPU-side depth
         # would depend on the race between host and GPU, and differ from run to run.)
@@ -344,6 +379,7 @@ class Submitter:
         already signalled, else `waits_blocked`. Then frees what was deferred until then.
 
         Raises: VkrtError after VKRT_FENCE_TIMEOUT_S seconds; ValidationError (validation on)."""
+        self.check_lost()
         if value > self.submitted:
             if value > self.pending or not self.recording:
                 raise VkrtError(f"waiting for submission {value}: only {self.submitted} made")
@@ -353,27 +389,73 @@ class Submitter:
             self.counters.waits_ready += 1
             self._retire()
             return
-        h = self.device.handle
-        check(lib.vkGetSemaphoreCounterValue(h, self.semaphore[0], self._counter),
-              "vkGetSemaphoreCounterValue")
-        self.completed = max(self.completed, self._counter[0])
+        self._poll(value)
         if value <= self.completed:
             self.counters.waits_ready += 1
         else:
             t = time.perf_counter_ns()
-            timeout_s = config.FENCE_TIMEOUT_S.value
             self._wait_value[0] = value
-            result = lib.vkWaitSemaphores(h, self._wait_info, timeout_ns(timeout_s))
-            if result == vk.VK_TIMEOUT:
-                raise VkrtError(f"GPU work did not finish within {timeout_s:g} s "
-                                f"(VKRT_FENCE_TIMEOUT_S) on {self.device.name}: waited for "
-                                f"submission {value}, {self.completed} done")
-            check(result, "vkWaitSemaphores")
+            self._block(value)
             self.completed = value
             self.counters.waits_blocked += 1
             self.profiler.add("wait", t)
         self._retire()
         self.device.check_validation()
+
+    def _block(self, value: int) -> None:
+        """Block until `value` signals, in vkWaitSemaphores calls of at most WAIT_SLICE_S:
+        Python runs signal handlers only between bytecodes of the main thread, so a Ctrl-C
+        (KeyboardInterrupt) arrives within one slice instead of when the GPU work ends,
+        from the command line and from Python alike. What was submitted stays submitted:
+        a later wait waits for it again.
+
+        Raises: VkrtError after VKRT_FENCE_TIMEOUT_S seconds in all."""
+        timeout_s = config.FENCE_TIMEOUT_S.value
+        deadline = time.monotonic() + timeout_s
+        h, info = self.device.handle, self._wait_info
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise VkrtError(f"GPU work did not finish within {timeout_s:g} s "
+                                f"(VKRT_FENCE_TIMEOUT_S) on {self.device.name}: waited for "
+                                f"submission {value}, {self.completed} done")
+            result = self.wait_semaphores(h, info, timeout_ns(min(left, WAIT_SLICE_S)))
+            if result != vk.VK_TIMEOUT:
+                try:
+                    check(result, "vkWaitSemaphores")
+                except DeviceLostError:
+                    self._lost(value, "vkWaitSemaphores")
+                return
+
+    def _poll(self, value: int) -> None:
+        """Advance `completed` to the semaphore's value now (`value`: what the caller is
+        about to wait for, named if the device is lost)."""
+        try:
+            check(lib.vkGetSemaphoreCounterValue(self.device.handle, self.semaphore[0],
+                                                 self._counter), "vkGetSemaphoreCounterValue")
+        except DeviceLostError:
+            self._lost(value, "vkGetSemaphoreCounterValue")
+        self.completed = max(self.completed, self._counter[0])
+
+    def check_lost(self) -> None:
+        """Raise DeviceLostError when the device was lost before: nothing runs on it again."""
+        if self.device.lost is not None:
+            raise DeviceLostError(f"{self.device.lost}; the device is gone: load the model "
+                                  "again")
+
+    def _lost(self, value: int, call: str) -> None:
+        """Mark the device lost (VK_ERROR_DEVICE_LOST from `call`) and raise one line that
+        names the first unfinished submission up to `value` and what it ran."""
+        first = min(self.completed + 1, value)
+        log, first_name, last_name = self.labels.get(first, ([], "?", "?"))
+        what = (f"{log.count(DISPATCH)} dispatches and {log.count(COPY)} copies, "
+                f"{first_name} .. {last_name}")
+        self.device.lost = (f"{self.device.name}: device lost (VK_ERROR_DEVICE_LOST from "
+                            f"{call}) while running submission {first} of {self.submitted} "
+                            f"({what}); a desktop driver's watchdog ends a submission that "
+                            f"runs too long: a smaller --batch-size or VKRT_PREFILL_FLUSH "
+                            f"splits the work")
+        raise DeviceLostError(self.device.lost) from None
 
     def _retire(self) -> None:
         """Free deferred buffers and hand finished slots to `on_complete` (timestamps)."""
@@ -398,12 +480,13 @@ class Submitter:
         self.wait(self.pending if self.recording else self.submitted)
 
     # -- host-access bookkeeping -----------------------------------------------------------
-    @staticmethod
-    def _last(table: dict, rng: tuple) -> int:
+    def _last(self, table: dict, rng: tuple) -> int:
         serial, start, end = rng
+        ranges = table.get(serial, _NONE)
+        self.ranges_scanned += len(ranges)
         best = 0
-        for r, v in table.items():
-            if r[0] == serial and r[1] < end and start < r[2] and v > best:
+        for r, v in ranges.items():
+            if r[1] < end and start < r[2] and v > best:
                 best = v
         return best
 
@@ -418,13 +501,12 @@ class Submitter:
 
     def last_use_of(self, serial: int) -> int:
         """The last value that read or wrote any byte of buffer `serial` (0: none)."""
-        return max([v for r, v in self.writes_at.items() if r[0] == serial]
-                   + [v for r, v in self.reads_at.items() if r[0] == serial] + [0])
+        return max([*self.writes_at.get(serial, _NONE).values(),
+                    *self.reads_at.get(serial, _NONE).values(), 0])
 
     def forget(self, serial: int) -> None:
-        for table in (self.writes_at, self.reads_at):
-            for r in [r for r in table if r[0] == serial]:
-                del table[r]
+        self.writes_at.pop(serial, None)
+        self.reads_at.pop(serial, None)
 
     def defer_free(self, buffer, value: int) -> None:
         """Destroy `buffer` once `value` has signalled (now if it has)."""
@@ -484,6 +566,7 @@ class Submitter:
         if self.held:
             self.release()
         if h is not None:
+            # Returns at once, VK_ERROR_DEVICE_LOST, on a lost device (spec: vkQueueWaitIdle).
             lib.vkQueueWaitIdle(self.device.queue)
         for _, buffer in self.deferred:
             buffer.destroy()

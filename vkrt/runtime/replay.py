@@ -36,7 +36,9 @@ class Recording:
     one entry per pipeline barrier, dispatch and copy, "barrier" / "dispatch" / "copy", and
     "host_barrier" last; binds, push constants and timestamps are not logged; stream.py).
     A capture's log begins with "barrier": the full barrier that orders it after everything
-    submitted before it."""
+    submitted before it. `buffers`: every Buffer its commands name; `Stream.replay` refuses
+    the recording once any of them is closed (a stale key would otherwise replay commands on
+    freed memory)."""
 
     def __init__(self, device, key=None):
         self.device, self.key = device, key
@@ -44,10 +46,12 @@ class Recording:
         self.value = 0
         self.writes: list[tuple] = []
         self.reads: list[tuple] = []
+        self.buffers: list = []
         self.dispatches = self.barriers = self.stages = 0
         self.staging = None
         self.readbacks: list = []
         self.commands: list[str] = []
+        self.last_name = ""   # its last record's name (errors name it)
         info = new("VkCommandPoolCreateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             "queueFamilyIndex": device.queue_family})

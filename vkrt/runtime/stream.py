@@ -144,8 +144,10 @@ class Stream:
             self.barrier()
         cmd = q.begin()
         slot = q.slot
-        self._encode(cmd, slot.commands, records, self.tracker, q.pending, q.writes_at,
-                     q.reads_at, slot.timed if slot.timing else None, slot.query_pool)
+        first, last = self._encode(cmd, slot.commands, records, self.tracker, q.pending,
+                                   q.writes_at, q.reads_at, slot.timed if slot.timing else None,
+                                   slot.query_pool)
+        slot.first_name, slot.last_name = slot.first_name or first, last or slot.last_name
         self.profiler.add("record", t0)
 
     def _cmd_barrier(self, cmd, log: list) -> None:
@@ -162,9 +164,12 @@ class Stream:
     def _encode(self, cmd, log: list, records, tracker: Tracker, value: int, writes_at: dict,
                 reads_at: dict, timed: list | None = None, query_pool=None) -> None:
         """Record into `cmd`: barriers as `tracker` decides, each record's byte ranges marked
-        with `value` in `writes_at` / `reads_at` (what host accesses wait for); each barrier,
-        dispatch and copy appended to `log`, the command buffer's log."""
+        with `value` in `writes_at` / `reads_at` (serial -> {range: value}, what host accesses
+        wait for; the loop inlines `queue.mark`); each barrier,
+        dispatch and copy appended to `log`, the command buffer's log. Returns the names of
+        the first and last record ("" when none)."""
         counters = self.counters
+        first = r = None
         compute = vk.VK_PIPELINE_BIND_POINT_COMPUTE
         log_append = log.append
         for r in records:
@@ -183,9 +188,15 @@ class Stream:
                 counters.stages += 1
                 self._new_batch = False
             for rng in r.writes:          # what a host access will wait for (queue.py)
-                writes_at[rng] = value
+                try:
+                    writes_at[rng[0]][rng] = value
+                except KeyError:
+                    writes_at[rng[0]] = {rng: value}
             for rng in r.reads:
-                reads_at[rng] = value
+                try:
+                    reads_at[rng[0]][rng] = value
+                except KeyError:
+                    reads_at[rng[0]] = {rng: value}
             if r.transfer:
                 lib.vkCmdCopyBuffer(cmd, r.src.buffer.handle, r.dst.buffer.handle, 1, self._copy)
                 log_append(COPY)
@@ -208,6 +219,9 @@ class Stream:
                 timed.append(r.name)
                 lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
                                         query_pool, len(timed))
+            if first is None:
+                first = r
+        return (first.name, r.name) if first is not None else ("", "")
 
     @property
     def commands(self) -> list[str]:
@@ -243,8 +257,8 @@ class Stream:
             self._cmd_barrier(rec.cmd, rec.commands)
             self._new_batch = True
             writes, reads = {}, {}
-            self._encode(rec.cmd, rec.commands, records, Tracker(always=self.tracker.always),
-                         0, writes, reads)
+            _, rec.last_name = self._encode(rec.cmd, rec.commands, records,
+                                            Tracker(always=self.tracker.always), 0, writes, reads)
             self.queue.end_commands(rec.cmd, rec.commands)
         except BaseException:
             rec.close()
@@ -259,7 +273,10 @@ class Stream:
         # kept as one hull per buffer (the weights' hundreds of views become one range): a
         # host write then waits for every replay that read any byte of that buffer, which
         # can only wait longer, and each replay marks a few ranges instead of hundreds.
-        rec.writes, rec.reads = list(writes), _hulls(reads)
+        rec.writes = [rng for ranges in writes.values() for rng in ranges]
+        rec.reads = _hulls(rng for ranges in reads.values() for rng in ranges)
+        rec.buffers = list({id(t.buffer): t.buffer for r in records
+                            for t in ((r.src, r.dst) if r.transfer else r.tensors)}.values())
         self.counters.captures += 1
         self._recordings.append(rec)
         self.profiler.add("record", t0)
@@ -268,7 +285,14 @@ class Stream:
     def replay(self, rec: Recording, readback: Tensor | None = None) -> Readback | None:
         """Submit `rec` (after whatever is recorded) and return a `Readback` of `readback`
         (the tensor given at capture, or a mapped one) as that submission leaves it. Nothing
-        is recorded; the next `record` starts with a full barrier."""
+        is recorded; the next `record` starts with a full barrier.
+
+        Raises: VkrtError, before submitting, when a buffer the recording names was closed
+        since the capture (it must be captured again)."""
+        for b in rec.buffers:
+            if b.closed:
+                raise VkrtError(f"replaying a recording keyed {rec.key!r}: it names buffer "
+                                f"{b.name!r}, closed since the capture (capture it again)")
         value = self.queue.submit_recording(rec)
         self._replayed = True
         if readback is None:

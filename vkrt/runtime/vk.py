@@ -7,7 +7,7 @@ against 32-39 us through the binding's per-call wrappers, measured on lavapipe's
 """
 from __future__ import annotations
 
-from vkrt.errors import DeviceMemoryError, NoVulkanDriverError, VkrtError
+from vkrt.errors import DeviceLostError, DeviceMemoryError, NoVulkanDriverError, VkrtError
 
 INSTALL_HINT = ("install a Vulkan loader and driver, e.g. on Debian/Ubuntu "
                 "`apt-get install libvulkan1 mesa-vulkan-drivers` (lavapipe, a CPU Vulkan driver)")
@@ -29,13 +29,16 @@ _OOM = {vk.VK_ERROR_OUT_OF_DEVICE_MEMORY: "VK_ERROR_OUT_OF_DEVICE_MEMORY",
 def check(result: int, what: str) -> int:
     """Raise for a negative VkResult returned by a direct `lib` call; return it otherwise.
 
-    Raises: DeviceMemoryError for out-of-memory results, the binding's own exception class for
-    the others (so VkErrorDeviceLost propagates by its name), VkrtError when none is known.
+    Raises: DeviceMemoryError for out-of-memory results, DeviceLostError for
+    VK_ERROR_DEVICE_LOST, the binding's own exception class for the others, VkrtError when
+    none is known.
     """
     if result >= 0:
         return result
     if result in _OOM:
         raise DeviceMemoryError(f"{what}: {_OOM[result]}")
+    if result == vk.VK_ERROR_DEVICE_LOST:
+        raise DeviceLostError(f"{what}: VK_ERROR_DEVICE_LOST")
     exc = vk.exception_codes.get(result)
     if exc is not None:
         raise exc(f"{what}: VkResult {result}")
