@@ -32,10 +32,12 @@ class TransformersReference:
     whose answer is not kept. Without the variable nothing is kept.
     """
 
-    def __init__(self, gguf_path: str):
+    def __init__(self, gguf_path: str, **config):
+        """`config`: configuration values the GGUF does not carry, passed to from_pretrained
+        (Gemma 3's query_pre_attn_scalar); they are part of the cache key."""
         from importlib.metadata import version   # no import of torch for a cached answer
 
-        self.path, self._model = gguf_path, None
+        self.path, self._model, self.config = gguf_path, None, config
         cache = os.environ.get(ORACLE_CACHE_ENV)
         self.cache = None
         if cache:
@@ -43,6 +45,8 @@ class TransformersReference:
             with open(gguf_path, "rb") as f:
                 for block in iter(lambda: f.read(1 << 24), b""):
                     digest.update(block)
+            if config:
+                digest.update(repr(sorted(config.items())).encode())
             self.cache = os.path.join(cache, f"{digest.hexdigest()[:32]}-torch{version('torch')}"
                                       f"-transformers{version('transformers')}")
 
@@ -59,7 +63,7 @@ class TransformersReference:
 
             self._model = AutoModelForCausalLM.from_pretrained(
                 os.path.dirname(self.path), gguf_file=os.path.basename(self.path),
-                dtype=self.torch.float32).eval()
+                dtype=self.torch.float32, **self.config).eval()
         return self._model
 
     def _kept(self, question: str, answer):
@@ -120,7 +124,7 @@ class TransformersReference:
 def numpy_forward(g, hp, token_ids: list[int]) -> np.ndarray:
     """Llama forward in float32 numpy straight from a GGUFFile (llama.cpp tensor order).
 
-    g: `GGUFFile`; hp: `LlamaHParams`. Returns logits float32 [T, vocab]. RoPE rotates adjacent
+    g: `GGUFFile`; hp: `vkrt.models.arch.Arch`. Returns logits float32 [T, vocab]. RoPE rotates adjacent
     pairs (2i, 2i+1) of each head because the GGUF keeps Q/K rows in llama.cpp's order.
     Slow-ish (dequantizes every weight per call); for checking, not for speed.
     """

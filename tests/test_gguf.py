@@ -8,7 +8,8 @@ import pytest
 
 from reference import numpy_forward
 from vkrt.errors import ModelFormatError
-from vkrt.models.gguf import LlamaHParams, load_gguf
+from vkrt.models.arch import Arch
+from vkrt.models.gguf import load_gguf
 from vkrt.models.tokenizer import load_tokenizer
 
 # The first bytes of the default GGUF hold the 24-byte header, 33 KVs (tokenizer included) and
@@ -17,7 +18,7 @@ HEADER_END = 1_785_664
 
 
 def test_default_model_hparams(default_gguf):
-    hp = LlamaHParams.from_gguf(default_gguf)
+    hp = Arch.from_gguf(default_gguf)
     assert default_gguf.architecture == "llama"
     assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim) == (30, 576, 9, 3, 64)
     assert (hp.n_ff, hp.n_vocab, hp.n_ctx) == (1536, 49152, 8192)
@@ -179,20 +180,20 @@ def test_unsupported_architecture(tmp_path):
     g = load_gguf(path)
     assert g.architecture == "gpt9"
     with pytest.raises(ModelFormatError, match="unsupported architecture 'gpt9'"):
-        LlamaHParams.from_gguf(g)
+        Arch.from_gguf(g)
 
 
 def test_missing_hparam_key(tmp_path):
     path = tmp_path / "tiny.gguf"
     _write_tiny(path)
     with pytest.raises(ModelFormatError, match="missing metadata key 'llama.embedding_length'"):
-        LlamaHParams.from_gguf(load_gguf(path))
+        Arch.from_gguf(load_gguf(path))
 
 
 def test_numpy_forward_matches_transformers(default_gguf, reference):
     # The GGUF read in llama.cpp's Q/K order with RoPE on adjacent pairs must give what
     # transformers gives with its un-permuted weights and rotate-half RoPE.
-    hp = LlamaHParams.from_gguf(default_gguf)
+    hp = Arch.from_gguf(default_gguf)
     ids = [1, 4093, 198, 31530, 429, 216, 33, 288, 216, 33, 32, 30, 2, 198]
     ours = numpy_forward(default_gguf, hp, ids)
     theirs = reference.logits(ids)
@@ -288,7 +289,7 @@ def _write_llama(path, n_rows=8, tokens=None, output_rows=None, **ids):
 
 
 def test_tiny_llama_hparams(tmp_path):
-    hp = LlamaHParams.from_gguf(load_gguf(_write_llama(tmp_path / "ok.gguf", eos_token_id=1,
+    hp = Arch.from_gguf(load_gguf(_write_llama(tmp_path / "ok.gguf", eos_token_id=1,
                                                        output_rows=8)))
     assert (hp.n_vocab, hp.n_embd, hp.eos_id, hp.tied_embeddings) == (8, N_EMBD, 1, False)
 
@@ -299,7 +300,7 @@ def test_tokens_appended_without_embedding_rows(tmp_path):
     tokens = ["<s>", "</s>", "a", "b", "ab", "c", "d", "e"] + [f"<extra_{i}>" for i in range(8)]
     g = load_gguf(_write_llama(tmp_path / "extra.gguf", tokens=tokens))
     with pytest.raises(ModelFormatError) as info:
-        LlamaHParams.from_gguf(g)
+        Arch.from_gguf(g)
     assert "16 tokens but token_embd.weight has 8 rows" in str(info.value)
     assert "\n" not in str(info.value)
 
@@ -307,14 +308,14 @@ def test_tokens_appended_without_embedding_rows(tmp_path):
 def test_fewer_tokens_than_embedding_rows(tmp_path):
     g = load_gguf(_write_llama(tmp_path / "short.gguf", n_rows=9))
     with pytest.raises(ModelFormatError, match="8 tokens but token_embd.weight has 9 rows"):
-        LlamaHParams.from_gguf(g)
+        Arch.from_gguf(g)
 
 
 def test_output_matrix_rows_against_vocabulary(tmp_path):
     g = load_gguf(_write_llama(tmp_path / "out.gguf", output_rows=7))
     with pytest.raises(ModelFormatError, match=r"output.weight has shape \(7, 32\), expected "
                                                r"\(8, 32\)"):
-        LlamaHParams.from_gguf(g)
+        Arch.from_gguf(g)
 
 
 @pytest.mark.parametrize("key", ["bos_token_id", "eos_token_id", "eot_token_id",
@@ -322,6 +323,6 @@ def test_output_matrix_rows_against_vocabulary(tmp_path):
 def test_special_token_id_outside_vocabulary(tmp_path, key):
     g = load_gguf(_write_llama(tmp_path / "ids.gguf", **{key: 8}))
     with pytest.raises(ModelFormatError) as info:
-        LlamaHParams.from_gguf(g)
+        Arch.from_gguf(g)
     assert f"tokenizer.ggml.{key} is 8, outside the 8-token vocabulary" in str(info.value)
-    LlamaHParams.from_gguf(load_gguf(_write_llama(tmp_path / "ok.gguf", **{key: 7})))
+    Arch.from_gguf(load_gguf(_write_llama(tmp_path / "ok.gguf", **{key: 7})))

@@ -155,6 +155,36 @@ def test_silu_mul(gpu):
     np.testing.assert_allclose(got[:n], want, rtol=1e-6, atol=0)
     np.testing.assert_array_equal(got[n:], SENTINEL)
 
+def test_gelu_mul(gpu):
+    """Specialization constant GELU: torch's gelu(approximate="tanh") (Gemma's GeGLU), in
+    float64 with torch's formula."""
+    r, n = rng(3), 1001
+    g, u = randn(r, n) * 4, randn(r, n)
+    g[:5] = [0.0, 1e-4, -1e-4, 30.0, -30.0]     # the cancellation near 0, saturation
+    bg, bu, bo = gpu.upload(g), gpu.upload(u), gpu.filled(n + 5)
+    gpu.run("silu_mul", {0: ELEMENTWISE, 1: 1}, (bg, bu, bo), (groups(n, ELEMENTWISE), 1, 1),
+            push(n))
+    got = gpu.read(bo)
+    g64 = g.astype(np.float64)
+    want = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u
+    # tanh as 1 - 2 / (exp(2x) + 1): an absolute error of a few ulp of 1 in tanh (exp's
+    # 3 + 2|x| ulp are relative to a term that then saturates), times 0.5 |g u|; the rest
+    # relative. Bound: 1e-6 relative plus 1e-6 * 0.5 |g u|.
+    err = np.abs(got[:n] - want)
+    bound = 1e-6 * np.abs(want) + 1e-6 * 0.5 * np.abs(g64 * u)
+    assert np.all(err <= bound), np.max(err / bound)
+    np.testing.assert_array_equal(got[n:], SENTINEL)
+
+
+def test_scale_in_place(gpu):
+    r, n, sc = rng(4), 1001, float(np.float32(np.sqrt(96)))
+    x = randn(r, n)
+    bx = gpu.upload(np.concatenate([x, np.full(5, SENTINEL, np.float32)]))
+    gpu.run("scale", {0: ELEMENTWISE}, (bx,), (groups(n, ELEMENTWISE), 1, 1), push(n, sc))
+    got = gpu.read(bx)
+    np.testing.assert_array_equal(got[:n], x * np.float32(sc))   # one f32 rounding, as torch
+    np.testing.assert_array_equal(got[n:], SENTINEL)
+
 
 def test_embed_gathers_rows(gpu):
     # n_embd = 70: two workgroups per token, the second mostly past the row end.
@@ -181,27 +211,33 @@ def test_copy_rows_into_larger_buffer(gpu):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("neox", [False, True], ids=["adjacent", "halves"])
 @pytest.mark.parametrize("n_heads,head_dim,n_tokens,pos0,dst_row,rows", [
     (3, 16, 4, 7, 5, 12),    # Q-like: rotated rows land at dst_row in a larger buffer
     (2, 32, 1, 30, 30, 33),  # decode step writing K straight into a cache row
 ])
-def test_rope_adjacent_pairs(gpu, n_heads, head_dim, n_tokens, pos0, dst_row, rows):
+def test_rope_pairs(gpu, n_heads, head_dim, n_tokens, pos0, dst_row, rows, neox):
+    """Adjacent pairs (2i, 2i + 1) of each head (`llama` files), or halves (i, i + D/2) with
+    specialization constant NEOX (`qwen2`, `qwen3` files, transformers' rotate_half)."""
     r = rng(5)
     x = randn(r, n_tokens, n_heads, head_dim)
     table = rope_table(head_dim, 10000.0, pos0 + n_tokens)   # [positions, head_dim/2, (cos, sin)]
     pairs = n_heads * head_dim // 2
     bx, bf, bd = gpu.upload(x), gpu.upload(table), gpu.filled(rows * n_heads * head_dim)
-    gpu.run("rope", {0: ELEMENTWISE}, (bx, bf, bd), (groups(pairs, ELEMENTWISE), n_tokens, 1),
-            push(n_heads, head_dim, pos0, dst_row))
+    gpu.run("rope", {0: ELEMENTWISE, 1: int(neox)}, (bx, bf, bd),
+            (groups(pairs, ELEMENTWISE), n_tokens, 1), push(n_heads, head_dim, pos0, dst_row))
     got = gpu.read(bd).reshape(rows, n_heads, head_dim)
 
     # Rotation in float64 with the table's f32 (cos, sin) of each position.
     cos = table[pos0:pos0 + n_tokens, None, :, 0].astype(np.float64)   # [T, 1, D/2]
     sin = table[pos0:pos0 + n_tokens, None, :, 1].astype(np.float64)
-    x0, x1 = x[..., 0::2].astype(np.float64), x[..., 1::2].astype(np.float64)
+    h = head_dim // 2
+    first, second = (np.s_[..., :h], np.s_[..., h:]) if neox else (np.s_[..., 0::2],
+                                                                    np.s_[..., 1::2])
+    x0, x1 = x[first].astype(np.float64), x[second].astype(np.float64)
     want = np.empty((n_tokens, n_heads, head_dim))
-    want[..., 0::2] = x0 * cos - x1 * sin
-    want[..., 1::2] = x0 * sin + x1 * cos
+    want[first] = x0 * cos - x1 * sin
+    want[second] = x0 * sin + x1 * cos
     # Two f32 products and a sum that may cancel: absolute bound for |x| < ~4 of a few f32
     # ulps of 4 (4.8e-7 each); bound 1e-6.
     np.testing.assert_allclose(got[dst_row:dst_row + n_tokens], want, rtol=0, atol=1e-6)
@@ -227,6 +263,27 @@ def test_rmsnorm_rows(gpu, subgroups):
     # and two multiplies: every output is off by a few ulp relative to itself. Measured max
     # relative error 2.0e-7; bound 1e-6 with no absolute slack.
     np.testing.assert_allclose(got[:-4].reshape(n_tokens, n), want, rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(got[-4:], SENTINEL)
+
+
+@pytest.mark.parametrize("subgroups", [1, 4], ids=["one-subgroup", "four-subgroups"])
+def test_rmsnorm_add(gpu, subgroups):
+    """y += rmsnorm(x) * w per row (Gemma's post-norms into the residual): the rmsnorm
+    outputs of test_rmsnorm_rows, each added to y with one more rounding."""
+    r, n_tokens, n, eps = rng(8), 5, 333, 1e-6
+    x = randn(r, n_tokens, n) * np.float32(3)
+    x[3] *= np.float32(1e25)   # squares past the f32 range: rmsnorm.comp's scaling
+    w, y0 = randn(r, n), randn(r, n_tokens, n) * np.float32(4)
+    bx, bw = gpu.upload(x), gpu.upload(w)
+    by = gpu.upload(np.concatenate([y0.reshape(-1), np.full(4, SENTINEL, np.float32)]))
+    gpu.run("rmsnorm_add", {0: gpu.sg * subgroups}, (bx, bw, by), (n_tokens, 1, 1),
+            push(n, eps, n_tokens))
+    got = gpu.read(by)
+    x64 = x.astype(np.float64)
+    normed = x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * w
+    # the norm's bound (1e-6 of each normed value) plus the add's rounding of the sum
+    err = np.abs(got[:-4].reshape(n_tokens, n) - (y0 + normed))
+    assert np.all(err <= 1e-6 * np.abs(normed) + 6e-8 * np.abs(y0 + normed)), err.max()
     np.testing.assert_array_equal(got[-4:], SENTINEL)
 
 
@@ -404,17 +461,19 @@ def test_matmul_tiled_any_tile(gpu, rows, tokens, n_cols):
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
-def attention_reference(q, k_cache, v_cache, pos0, scale):
-    """Causal softmax attention with grouped-query heads, float64.
+def attention_reference(q, k_cache, v_cache, pos0, scale, window=0):
+    """Causal softmax attention with grouped-query heads, float64; `window` > 0: each query
+    sees its last `window` positions only.
     q: [T, H, D]; k_cache, v_cache: [n_ctx, H_kv, D] -> [T, H, D]."""
     n_tokens, n_heads, _ = q.shape
     group = n_heads // k_cache.shape[1]
     out = np.zeros(q.shape)
     for t in range(n_tokens):
         last = pos0 + t
+        first = max(0, last + 1 - window) if window else 0
         for h in range(n_heads):
-            k = k_cache[:last + 1, h // group].astype(np.float64)  # [S, D]
-            v = v_cache[:last + 1, h // group].astype(np.float64)
+            k = k_cache[first:last + 1, h // group].astype(np.float64)  # [S, D]
+            v = v_cache[first:last + 1, h // group].astype(np.float64)
             s = k @ q[t, h].astype(np.float64) * scale
             p = np.exp(s - s.max())
             out[t, h] = p @ v / p.sum()
@@ -487,26 +546,27 @@ def safe_attention_reference(q, k_cache, v_cache, pos0, scale):
 ATTENTION_MODES = ["one-pass", "split", "decode"]
 
 
-def run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode="one-pass"):
+def run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode="one-pass", window=0):
     """attention.comp on q [T, H, D], caches [n_ctx, H_kv, D]; returns [T, H, D] and checks
     the sentinel tail after the output. `mode` "split" or "decode": each token as a decode
     step instead, through attention_split.comp + attention_combine.comp
-    (`run_attention_decode`) or attention_decode.comp (`run_attention_one_dispatch`)."""
+    (`run_attention_decode`) or attention_decode.comp (`run_attention_one_dispatch`).
+    `window`: specialization constant WINDOW (a sliding-window layer)."""
     if mode != "one-pass":
         run = run_attention_decode if mode == "split" else run_attention_one_dispatch
-        return np.stack([run(gpu, q[t], k_cache, v_cache, pos0 + t, scale)
+        return np.stack([run(gpu, q[t], k_cache, v_cache, pos0 + t, scale, window=window)
                          for t in range(q.shape[0])])
     n_tokens, n_heads, head_dim = q.shape
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     bo = gpu.filled(q.size + 3)
-    gpu.run("attention", {0: head_dim}, (bq, bk, bv, bo), (n_heads, n_tokens, 1),
+    gpu.run("attention", {0: head_dim, 1: window}, (bq, bk, bv, bo), (n_heads, n_tokens, 1),
             push(n_heads, k_cache.shape[1], head_dim, pos0, float(scale)))
     got = gpu.read(bo)
     np.testing.assert_array_equal(got[-3:], SENTINEL)
     return got[:-3].reshape(q.shape)
 
 
-def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale):
+def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale, window=0):
     """One query q [H, D] at position pos0: the split kernel over chunks of
     `attention_chunk(pos0 + 1)` positions (the model's choice), then the combine; [H, D]."""
     from vkrt.kernels import attention_chunk
@@ -516,7 +576,8 @@ def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale):
     splits = -(-(pos0 + 1) // chunk)
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     part, bo = gpu.filled(n_heads * splits * (head_dim + 2) + 3), gpu.filled(q.size + 3)
-    gpu.run("attention_split", {0: head_dim}, (bq, bk, bv, part), (n_heads, splits, 1),
+    gpu.run("attention_split", {0: head_dim, 1: window}, (bq, bk, bv, part),
+            (n_heads, splits, 1),
             push(n_heads, k_cache.shape[1], head_dim, pos0, chunk, float(scale)))
     gpu.run("attention_combine", {0: head_dim}, (part, bo), (n_heads, 1, 1),
             push(head_dim, splits))
@@ -527,14 +588,14 @@ def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale):
 
 
 def run_attention_one_dispatch(gpu, q, k_cache, v_cache, pos0, scale, threads=64,
-                               max_positions=4096, pos_buffer=None, dim_splits=1):
+                               max_positions=4096, pos_buffer=None, dim_splits=1, window=0):
     """One query q [H, D] at position pos0 (plus `pos_buffer`, the replay variant's u32)
     through attention_decode.comp, `threads` invocations per workgroup and `dim_splits`
     workgroups per head; [H, D]."""
     n_heads, head_dim = q.shape
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     bo = gpu.filled(q.size + 3)
-    spec = {0: threads, 1: head_dim, 2: max_positions, 3: dim_splits}
+    spec = {0: threads, 1: head_dim, 2: max_positions, 3: dim_splits, 4: window}
     name, bound = "attention_decode", ()
     if pos_buffer is not None:
         name, bound = "attention_decode_pos", (gpu.upload(np.array([pos_buffer], np.uint32)),)
@@ -638,6 +699,31 @@ def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol):
     want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
     assert -(-(pos0 + 1) // attention_chunk(pos0 + 1, head_dim)) <= 32
+
+
+# Sliding-window layers (gemma3): each query attends to its last `window` positions. Cache
+# rows before the first query's window are NaN, so a kernel that reads them (a score, or a
+# value weighed 0) fails; windows shorter and longer than a block of head_dim positions, one
+# wider than every query's history (nothing masked), and many splits.
+@pytest.mark.parametrize("mode", ATTENTION_MODES)
+@pytest.mark.parametrize("window,pos0,n_tokens", [(5, 20, 4), (21, 30, 3), (100, 20, 4),
+                                                  (40, 1300, 2)],
+                         ids=["inside-a-block", "across-blocks", "wider-than-history",
+                              "many-splits"])
+def test_attention_sliding_window(gpu, mode, window, pos0, n_tokens):
+    r, head_dim, n_heads, n_kv_heads = rng(25), 16, 4, 2
+    q = randn(r, n_tokens, n_heads, head_dim)
+    k_cache = randn(r, pos0 + n_tokens + 2, n_kv_heads, head_dim)
+    v_cache = randn(r, pos0 + n_tokens + 2, n_kv_heads, head_dim)
+    k_cache[pos0 + n_tokens:] = np.nan
+    v_cache[pos0 + n_tokens:] = np.nan
+    first = max(0, pos0 + 1 - window)
+    k_cache[:first] = np.nan
+    v_cache[:first] = np.nan
+    scale = float(np.float32(1 / np.sqrt(head_dim)))
+    got = run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode, window=window)
+    want = attention_reference(q, k_cache, v_cache, pos0, scale, window)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
 def test_attention_four_minus_infinity_scores_give_zeros(gpu):
@@ -1058,25 +1144,34 @@ def test_matvec_add_accumulates_into_y(gpu, row_kernels, dtype):
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
+@pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu-tanh"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
-def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype):
+def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype, gelu):
+    """silu(gate) * up, or with `gelu` (specialization constant GELU, Gemma's GeGLU)
+    gelu_tanh(gate) * up, as test_gelu_mul."""
     r, n_ff, n_embd, eps = rng(61), 37, cols(dtype), 1e-5
     tg, g_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd), seed=61)
     tu, u_values = stored_weight(gpu, dtype, randn(r, n_ff, n_embd), seed=62)
     x, norm_w = randn(r, n_embd) * 3, randn(r, n_embd)
     tx, tn, to = gpu.upload(x), gpu.upload(norm_w), gpu.filled(n_ff + 5)
-    gpu.stream.record([row_kernels.glu(tx, tn, tg, tu, to, eps)])
+    gpu.stream.record([row_kernels.glu(tx, tn, tg, tu, to, eps, gelu=gelu)])
     got = gpu.read(to)
     xn = rms_reference(x, norm_w, eps)
     g_terms, u_terms = g_values * xn, u_values * xn
     g, u = g_terms.sum(1), u_terms.sum(1)
-    silu = g / (1 + np.exp(-g))
-    # Errors of g and u (2e-7 of sum|terms|) carried through silu (slope within [-0.1, 1.1])
-    # and the product; exp and the division add a few ulps of the result.
-    bound = 2e-7 * (1.1 * np.abs(g_terms).sum(1) * np.abs(u)
+    if gelu:
+        silu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+    else:
+        silu = g / (1 + np.exp(-g))
+    # Errors of g and u (2e-7 of sum|terms|) carried through the activation (slope within
+    # [-0.1, 1.1] for SiLU, [-0.17, 1.13] for GELU-tanh) and the product; exp and the
+    # division add a few ulps of the result (GELU's tanh an absolute few ulps of 1, times
+    # 0.5 |g u|: test_gelu_mul).
+    bound = 2e-7 * ((1.2 if gelu else 1.1) * np.abs(g_terms).sum(1) * np.abs(u)
                     + np.abs(silu) * np.abs(u_terms).sum(1))
-    assert np.all(np.abs(got[:-5] - silu * u) <= bound + 1e-6 * np.abs(silu * u)), \
-        np.max(np.abs(got[:-5] - silu * u) / (bound + 1e-6 * np.abs(silu * u)))
+    bound += 1e-6 * np.abs(silu * u) + (1e-6 * 0.5 * np.abs(g * u) if gelu else 0)
+    assert np.all(np.abs(got[:-5] - silu * u) <= bound), \
+        np.max(np.abs(got[:-5] - silu * u) / bound)
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
@@ -1103,12 +1198,22 @@ def test_fused_norm_past_the_f32_range_of_squares(gpu, row_kernels):
     np.testing.assert_array_equal(got[-5:], SENTINEL)
 
 
+# layout: (RoPE on halves, Q/K/V biases, per-head Q/K RMSNorm)
+QKV_LAYOUTS = {"adjacent": (False, False, False), "halves-biased": (True, True, False),
+               "halves-qk-norm": (True, False, True),
+               "adjacent-biased-qk-norm": (False, True, True)}
+
+
+@pytest.mark.parametrize("layout", list(QKV_LAYOUTS))
 @pytest.mark.parametrize("use_pos", [False, True], ids=["pos0", "pos-buffer"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
-def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos):
+def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, layout):
     # 3 query heads and 1 KV head of 32: 80 row pairs; position 5 as pos0 = 5, or as pos0 = 3
     # plus 2 from the position buffer (a replayed step). Cache rows other than 5 keep their
-    # sentinels.
+    # sentinels. "halves-biased": RoPE on halves (NEOX) and Q/K/V biases added before it
+    # (qwen2's layout); "...-qk-norm": each Q and K head RMS-normed before RoPE (QK_NORM:
+    # qwen3, gemma3), a workgroup per head.
+    neox, biased, qk_norm = QKV_LAYOUTS[layout]
     r, n_embd, head_dim, n_heads, n_kv, rows, eps = rng(62), cols(dtype), 32, 3, 1, 8, 1e-5
     pos0, shift = (3, 2) if use_pos else (5, 7)  # the buffer's 7 must be ignored without use_pos
     p = pos0 + (shift if use_pos else 0)
@@ -1123,24 +1228,46 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos):
     tk, tv = gpu.filled(rows * kvw), gpu.filled(rows * kvw)
     tk, tv = (Tensor.of(t.buffer, "float32", (rows, kvw)) for t in (tk, tv))
     tpos = gpu.upload(np.array([shift], np.uint32))
+    bias = [randn(r, n) if biased else np.zeros(n, np.float32)
+            for n in (n_heads * head_dim, kvw, kvw)]
+    tb = tuple(gpu.upload(b) for b in bias) if biased else None
+    head_w = [randn(r, head_dim), randn(r, head_dim)]   # q_norm, k_norm weights
+    tqk = tuple(gpu.upload(w) for w in head_w) if qk_norm else None
     gpu.stream.record([row_kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv, head_dim,
-                                        pos0, eps, tpos, use_pos)])
+                                        pos0, eps, tpos, use_pos, neox=neox, biases=tb,
+                                        qk_norm=tqk)])
     xn = rms_reference(x, norm_w, eps)
 
-    def rotated(values):
+    def rotated(values, b, w=None):
         terms = values * xn
-        y, scale = terms.sum(1).reshape(-1, 2), np.abs(terms).sum(1).reshape(-1, 2)
+        y, scale = terms.sum(1) + b, np.abs(terms).sum(1) + np.abs(b)
+        if w is not None:
+            # RMSNorm per head: y_e w_e / rms. An error dy_j of every value moves rms by at
+            # most max |dy_j|, so the normed value's error is bounded by
+            # |w_e| / rms (dy_e + |y_e| max_j dy_j / rms), plus its own roundings.
+            heads, sc = y.reshape(-1, head_dim), scale.reshape(-1, head_dim)
+            rms = np.sqrt(np.mean(heads ** 2, axis=1, keepdims=True) + eps)
+            normed = heads / rms * w
+            sc = np.abs(w) / rms * (sc + np.abs(heads) / rms * sc.max(1, keepdims=True)) \
+                + np.abs(normed)
+            y, scale = normed.reshape(-1), sc.reshape(-1)
+        # the pairs RoPE rotates, as rows of [pairs, 2]
+        order = (np.arange(len(y)).reshape(-1, 2, head_dim // 2).swapaxes(1, 2).reshape(-1)
+                 if neox else np.arange(len(y)))
+        y, scale = y[order].reshape(-1, 2), scale[order].reshape(-1, 2)
         c, s = (table[p, np.arange(len(y)) % (head_dim // 2)].astype(np.float64).T)
-        out = np.stack([y[:, 0] * c - y[:, 1] * s, y[:, 0] * s + y[:, 1] * c], 1)
-        return out.reshape(-1), np.repeat(scale.sum(1), 2)
+        out = np.empty(2 * len(y))
+        out[order] = np.stack([y[:, 0] * c - y[:, 1] * s, y[:, 0] * s + y[:, 1] * c], 1).reshape(-1)
+        return out, np.repeat(scale.sum(1), 2)[np.argsort(order)]
 
-    q, q_scale = rotated(wq[1])
+    q, q_scale = rotated(wq[1], bias[0], head_w[0] if qk_norm else None)
     got_q = gpu.read(tq)
     assert rel_err(got_q[:-3], q, q_scale) < 3e-7
     np.testing.assert_array_equal(got_q[-3:], SENTINEL)
-    k, k_scale = rotated(wk[1])
+    k, k_scale = rotated(wk[1], bias[1], head_w[1] if qk_norm else None)
     v_terms = wv[1] * xn
-    for t, want, scale in ((tk, k, k_scale), (tv, v_terms.sum(1), np.abs(v_terms).sum(1))):
+    for t, want, scale in ((tk, k, k_scale), (tv, v_terms.sum(1) + bias[2],
+                                              np.abs(v_terms).sum(1) + np.abs(bias[2]))):
         got = gpu.read(t).reshape(rows, kvw)
         assert rel_err(got[p], want, scale) < 3e-7
         np.testing.assert_array_equal(np.delete(got, p, axis=0), SENTINEL)

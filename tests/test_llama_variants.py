@@ -65,10 +65,11 @@ def hf_model(seed: int = 0, **overrides):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    overrides = {"tie_word_embeddings": False, **overrides}
     config = LlamaConfig(vocab_size=N_VOCAB, hidden_size=HIDDEN, intermediate_size=N_FF,
                          num_hidden_layers=N_LAYER, num_attention_heads=N_HEAD,
                          num_key_value_heads=N_HEAD_KV, max_position_embeddings=512,
-                         rms_norm_eps=1e-5, tie_word_embeddings=False, **overrides)
+                         rms_norm_eps=1e-5, **overrides)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).float().eval()
     g = torch.Generator().manual_seed(seed + 1)
@@ -129,10 +130,12 @@ def llama3_factors(config) -> np.ndarray:
 
 
 def write_gguf(path, model, qtype: str = "F32", keys: dict | None = None,
-               tensors: dict | None = None, raw: dict | None = None):
+               tensors: dict | None = None, raw: dict | None = None,
+               drop: tuple[str, ...] = ()):
     """The GGUF convert_hf_to_gguf.py writes for `model` (metadata order as it writes it);
-    `keys` adds or replaces metadata (None removes), `tensors` adds tensors, `raw` (name ->
-    (uint8 blocks [rows, bytes per row], GGUF type name)) stores those tensors as given."""
+    `keys` adds or replaces metadata (None removes; lists become arrays), `tensors` adds
+    tensors, `raw` (name -> (uint8 blocks [rows, bytes per row], GGUF type name)) stores
+    those tensors as given, `drop` leaves tensors out (`output.weight` of tied embeddings)."""
     c = model.config
     rp = c.rope_parameters
     meta = {"llama.block_count": c.num_hidden_layers,
@@ -165,7 +168,11 @@ def write_gguf(path, model, qtype: str = "F32", keys: dict | None = None,
 
     w = gguf.GGUFWriter(str(path), "llama")
     for k, v in meta.items():
-        if isinstance(v, str):
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, list):
+            w.add_array(k, v)
+        elif isinstance(v, str):
             w.add_string(k, v)
         elif isinstance(v, float):
             w.add_float32(k, v)
@@ -196,6 +203,8 @@ def write_gguf(path, model, qtype: str = "F32", keys: dict | None = None,
     out["output_norm.weight"] = sd["model.norm.weight"]
     out["output.weight"] = sd["lm_head.weight"]
     out.update(tensors or {})
+    for name in drop:
+        del out[name]
     for name, a in out.items():
         if name in (raw or {}):
             blocks, gtype = raw[name]
@@ -277,7 +286,7 @@ REFUSED = {
                           "embedding_length 64 is not a multiple of head_count 3 and no "
                           "llama.attention.key_length gives the head size"),
     "qk_norm_tensor": ({}, {"blk.0.attn_q_norm.weight": np.ones(16, np.float32)},
-                       "tensor 'blk.0.attn_q_norm.weight' [16] is not read by vkrt's Llama "
+                       "tensor 'blk.0.attn_q_norm.weight' [16] is not read by vkrt's llama "
                        "forward (refused, not ignored)"),
     "rot_embd_tensor": ({}, {"blk.1.attn_rot_embd": np.ones(8, np.float32)},
                         "tensor 'blk.1.attn_rot_embd' [8] is not read"),

@@ -114,7 +114,7 @@ def _folder(path, config) -> str:
 
 @pytest.mark.parametrize("make, words", [
     (lambda p: _gguf(p / "m.gguf", "mamba"), ["m.gguf", "unsupported architecture 'mamba'",
-                                              "llama, opt"]),
+                                              "llama, opt, qwen2, qwen3"]),
     (lambda p: _gguf(p / "o.gguf", "opt"), ["o.gguf", "'opt'", "checkpoint folders only"]),
     (lambda p: _folder(p / "gpt2", {"model_type": "gpt2"}), ["config.json",
                                                             "unsupported model_type 'gpt2'"]),

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from vkrt.errors import ModelFormatError, VkrtError
+from vkrt.models.gguf import load_gguf
 from vkrt.models.tokenizer import Tokenizer, load_tokenizer
 
 TEXTS = [
@@ -139,7 +140,7 @@ def test_tiny_vocab():
 
 @pytest.mark.parametrize("over, words", [
     ({"tokenizer.ggml.model": "llama"}, "unsupported tokenizer.ggml.model 'llama'"),
-    ({"tokenizer.ggml.pre": "qwen2"}, "unsupported tokenizer.ggml.pre 'qwen2'"),
+    ({"tokenizer.ggml.pre": "qwen35"}, "unsupported tokenizer.ggml.pre 'qwen35'"),
     ({"tokenizer.ggml.merges": ["a c"]}, "cannot build"),
     ({"tokenizer.ggml.token_type": np.array([3, 1])}, "2 token types for 4 tokens"),
     ({"tokenizer.ggml.bos_token_id": 99}, "outside"),
@@ -147,4 +148,98 @@ def test_tiny_vocab():
 def test_bad_tokenizer_metadata(over, words):
     with pytest.raises(ModelFormatError) as info:
         Tokenizer.from_metadata(_tiny_metadata(**over), "m.gguf")
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+# -- each family's pre-tokenizer against transformers reading the same file -----------------
+HARD = ["3333+777", "x 3333+777=4110", "emoji 🤖🎉👩‍👩‍👧 done", "東京 naïve, 中文字符",
+        "  leading   spaces\n\n\ttabs\r\n", " Hello world", "It's don't I'M", "a" * 20, " ",
+        "<|im_start|>user\nHi<|im_end|>\n", "<|endoftext|>x",
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"]
+FAMILY_PRE = {"qwen2": "qwen2", "llama-bpe": "llama", "gpt-2": "llama"}   # pre -> arch
+
+
+@pytest.fixture(scope="module")
+def family_vocabs(tmp_path_factory):
+    """pre -> (vkrt's Tokenizer, transformers' tokenizer) of one tokenizer-only GGUF."""
+    import transformers
+    from family_files import write_vocab_gguf
+
+    out = {}
+    for pre, arch in FAMILY_PRE.items():
+        path = write_vocab_gguf(tmp_path_factory.mktemp(pre) / "vocab.gguf", pre, arch)
+        hf = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        if pre == "llama-bpe":
+            # Llama 3's tokenizer.json says "ignore_merges": true (a pre-token that is a
+            # vocabulary entry is that token; llama.cpp's llama-vocab.cpp sets ignore_merges
+            # for llama-bpe too); transformers' GGUF reader builds its BPE without it.
+            hf.backend_tokenizer.model.ignore_merges = True
+        out[pre] = (load_tokenizer(load_gguf(path)), hf)
+    return out
+
+
+@pytest.mark.parametrize("pre", list(FAMILY_PRE))
+def test_family_pre_tokenizer_matches_transformers(family_vocabs, pre):
+    ours, theirs = family_vocabs[pre]
+    # transformers' GPT2Tokenizer adds its default <|endoftext|> when the vocabulary has none
+    # (Llama 3's): an id past the file's vocabulary, so texts spelling it are not compared.
+    invented = {t for t, i in theirs.get_vocab().items() if i >= ours.n_vocab}
+    assert invented <= {"<|endoftext|>"}, invented
+    for text in HARD:
+        if any(t in text for t in invented):
+            continue
+        ids = ours.encode(text, add_bos=False)
+        assert ids == theirs.encode(text, add_special_tokens=False), (pre, text)
+        assert ours.decode(ids) == text, (pre, text)
+
+
+def test_pre_tokenizers_split_digits_differently(family_vocabs):
+    """qwen2 splits every digit, llama-bpe runs of up to 3, gpt-2 whole runs: on "3333+777"
+    the three give three different id lists (a pre-tokenizer silently swapped shows)."""
+    ids = {pre: tok.encode("3333+777", add_bos=False) for pre, (tok, _) in family_vocabs.items()}
+    spelled = {pre: [tok.decode([i]) for i in ids[pre]] for pre, (tok, _) in family_vocabs.items()}
+    assert spelled == {"qwen2": ["3", "3", "3", "3", "+", "7", "7", "7"],
+                       "llama-bpe": ["333", "3", "+", "777"],
+                       "gpt-2": ["3333", "+", "777"]}, spelled
+
+
+def test_llama3_ignores_merges_for_whole_tokens(family_vocabs):
+    """" done" is one entry of the test vocabulary that its merges do not reach ("o n"
+    merges first): llama-bpe takes the entry whole, qwen2 runs the merges."""
+    assert family_vocabs["llama-bpe"][0].encode(" done", add_bos=False) == [
+        family_vocabs["llama-bpe"][0].hf.token_to_id("Ġdone")]
+    assert len(family_vocabs["qwen2"][0].encode(" done")) == 3
+
+
+def test_family_special_tokens_and_stops(family_vocabs):
+    """qwen2 stops at <|im_end|> and <|endoftext|>, Llama 3 at <|eot_id|>, <|eom_id|> and
+    <|end_of_text|> (llama.cpp's llama-vocab.cpp finds these by text); Llama 3 adds
+    <|begin_of_text|> once when the file does not say (llama.cpp's default for llama-bpe),
+    qwen2 adds none."""
+    qwen, _ = family_vocabs["qwen2"]
+    sp = qwen.special_tokens
+    assert qwen.eog_ids == {sp["<|im_end|>"], sp["<|endoftext|>"]}
+    assert not qwen.add_bos and qwen.encode("Hi")[:1] != [sp["<|endoftext|>"]]
+    llama, _ = family_vocabs["llama-bpe"]
+    sp = llama.special_tokens
+    assert llama.eog_ids == {sp["<|eot_id|>"], sp["<|eom_id|>"], sp["<|end_of_text|>"]}
+    bos = sp["<|begin_of_text|>"]
+    assert llama.add_bos and llama.encode("Hi")[0] == bos
+    assert llama.encode("<|begin_of_text|>Hi").count(bos) == 1
+    gpt2, _ = family_vocabs["gpt-2"]
+    assert gpt2.eog_ids == {gpt2.eos_id}
+
+
+@pytest.mark.parametrize("pre, words", [
+    (None, "missing metadata key 'tokenizer.ggml.pre' (the pre-tokenizer; supported: "),
+    ("qwen-2", "unsupported tokenizer.ggml.pre 'qwen-2' (supported: "),
+    ("default", "unsupported tokenizer.ggml.pre 'default'"),
+])
+def test_missing_or_misnamed_pre_tokenizer_refused(pre, words, tmp_path):
+    from family_files import write_vocab_gguf
+    from vkrt.models.registry import open_checkpoint
+
+    path = write_vocab_gguf(tmp_path / "v.gguf", "qwen2", keys={"tokenizer.ggml.pre": pre})
+    with pytest.raises(ModelFormatError) as info:
+        load_tokenizer(load_gguf(path))
     assert words in str(info.value) and "\n" not in str(info.value)

@@ -82,7 +82,8 @@ WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
                   "matmul_tiled": ("W", F32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
-                  "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32)}
+                  "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32,
+                               F32, F32)}
 
 
 def _decode_attention_size(limits, head_dim: int, gpu: bool) -> tuple[int, int]:
@@ -131,19 +132,29 @@ class Kernels:
         self.many_rows_per_group = MANY_ROWS_PER_GROUP if gpu else 1
         self.tiled_matmul = gpu       # prefill products: matmul_tiled, else matmul
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
-        self._rope = Op(p("rope", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
+        self._rmsnorm_add = Op(p("rmsnorm_add", {0: sg}), (F32, F32, F32))
+        # rope.comp's pairs: adjacent (False) or halves (True, specialization constant NEOX).
+        self._rope = {neox: Op(p("rope", {0: ELEMENTWISE_BLOCK, 1: int(neox)}), (F32, F32, F32))
+                      for neox in (False, True)}
         self._copy_rows = Op(p("copy_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         # Position from a device buffer (replayed decode steps, see `pos=` below).
-        self._rope_pos = Op(p("rope_pos", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32, U32))
+        self._rope_pos = {neox: Op(p("rope_pos", {0: ELEMENTWISE_BLOCK, 1: int(neox)}),
+                                   (F32, F32, F32, U32)) for neox in (False, True)}
         self._copy_rows_pos = Op(p("copy_rows_pos", {0: ELEMENTWISE_BLOCK}), (F32, F32, U32))
         self._advance_pos = Op(p("advance_pos", {}), (U32,))
-        self._silu_mul = Op(p("silu_mul", {0: ELEMENTWISE_BLOCK}), (F32, F32, F32))
+        # silu_mul.comp's activation: SiLU (False) or GELU-tanh (True, constant GELU).
+        self._silu_mul = {gelu: Op(p("silu_mul", {0: ELEMENTWISE_BLOCK, 1: int(gelu)}),
+                                   (F32, F32, F32)) for gelu in (False, True)}
+        self._scale = Op(p("scale", {0: ELEMENTWISE_BLOCK}), (F32,))
         self._add = Op(p("add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._argmax = Op(p("argmax", {0: ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK}),
                           (F32, U32))
-        # attention's workgroup is one head: local_size_x = head_dim.
+        # attention's workgroup is one head: local_size_x = head_dim. Sliding-window layers
+        # get their own pipelines (specialization constant WINDOW; `_windowed`).
         self._attention = self._attention_split = self._attention_combine = None
+        self._windows: dict[int, tuple] = {}
+        self._head_dim = head_dim
         self.decode_threads = self.decode_positions = 0
         self.decode_dim_splits = 1
         if head_dim:
@@ -170,6 +181,30 @@ class Kernels:
         self._relu = Op(p("relu", {0: ELEMENTWISE_BLOCK}), (F32,))
         self._add_rows = Op(p("add_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._copy_block = Op(p("copy_block", {0: ELEMENTWISE_BLOCK}), (F32, F32))
+
+    def _windowed(self, window: int) -> tuple:
+        """(attention, attention_split, attention_split_pos, attention_decode,
+        attention_decode_pos) ops attending to the last `window` positions (0: all), built on
+        first use for a window."""
+        if window == 0:
+            return (self._attention, self._attention_split, self._attention_split_pos,
+                    getattr(self, "_attention_decode", None),
+                    getattr(self, "_attention_decode_pos", None))
+        ops = self._windows.get(window)
+        if ops is None:
+            p, hd = self._pipelines.get_pipeline, self._head_dim
+            decode = decode_pos = None
+            if self.decode_positions:
+                spec = {0: self.decode_threads, 1: hd, 2: self.decode_positions,
+                        3: self.decode_dim_splits, 4: window}
+                decode = Op(p("attention_decode", spec), (F32, F32, F32, F32))
+                decode_pos = Op(p("attention_decode_pos", spec), (F32, F32, F32, F32, U32))
+            ops = self._windows[window] = (
+                Op(p("attention", {0: hd, 1: window}), (F32, F32, F32, F32)),
+                Op(p("attention_split", {0: hd, 1: window}), (F32, F32, F32, F32)),
+                Op(p("attention_split_pos", {0: hd, 1: window}), (F32, F32, F32, F32, U32)),
+                decode, decode_pos)
+        return ops
 
     def row_threads(self, n_rows: int) -> int:
         """Invocations per output row of a decode product (`matvec*`, `qkv_rope` workgroups)
@@ -220,6 +255,15 @@ class Kernels:
                              need=(n_tokens * n, None, n_tokens * n), n=n, eps=eps,
                              n_rows=n_tokens)
 
+    def rmsnorm_add(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, eps: float,
+                    name: str = "") -> Dispatch:
+        """y[t] += x[t] / sqrt(mean(x[t]^2) + eps) * weight for t < n_tokens (a norm after
+        a block, then the residual add); weight [n], x, y [tokens, n] f32."""
+        n = weight.shape[0]
+        return self._rmsnorm_add(x, weight, y, grid=(*spread(n_tokens, self.limit), 1),
+                                 name=name, need=(n_tokens * n, None, n_tokens * n), n=n,
+                                 eps=eps, n_rows=n_tokens)
+
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
                name: str = "", accumulate: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
@@ -254,30 +298,40 @@ class Kernels:
             n_tokens=n_tokens)
 
     def glu(self, x: Tensor, norm_weight: Tensor, gate: Tensor, up: Tensor, out: Tensor,
-            eps: float, name: str = "") -> Dispatch:
+            eps: float, name: str = "", gelu: bool = False) -> Dispatch:
         """out = silu(gate @ n(x)) * (up @ n(x)) for one token, n(x) = rmsnorm(x) * norm_weight
-        (`matvec_glu`: rmsnorm, two products and silu_mul in one dispatch); gate, up
-        [n_ff, n_embd] of one `WEIGHTS` dtype; x, norm_weight [n_embd], out [n_ff] f32."""
+        (`matvec_glu`: rmsnorm, two products and silu_mul in one dispatch); `gelu`:
+        GELU-tanh instead of SiLU (GeGLU); gate, up [n_ff, n_embd] of one `WEIGHTS` dtype; x,
+        norm_weight [n_embd], out [n_ff] f32."""
         n_out, n_in = gate.shape
         if up.dtype != gate.dtype or up.shape != gate.shape:
             raise ShaderInterfaceError(f"matvec_glu: gate {gate.name!r} {gate.dtype} "
                                        f"{list(gate.shape)} and up {up.name!r} {up.dtype} "
                                        f"{list(up.shape)} differ")
-        return self.weight_op("matvec_glu", gate, self.row_threads(n_out))(
+        return self.weight_op("matvec_glu", gate, self.row_threads(n_out),
+                              {1: 1} if gelu else None)(
             gate, x, out, up, norm_weight, grid=(*spread(n_out, self.limit), 1), name=name,
             need=(None, n_in, n_out, None, n_in), n_cols=n_in, n_rows=n_out, eps=eps)
 
     def qkv_rope(self, x: Tensor, norm_weight: Tensor, wq: Tensor, wk: Tensor, wv: Tensor,
                  cos_sin: Tensor, q_out: Tensor, k_cache: Tensor, v_cache: Tensor,
                  head_dim: int, pos0: int, eps: float, pos: Tensor, use_pos: bool,
-                 name: str = "") -> Dispatch:
+                 name: str = "", neox: bool = False,
+                 biases: tuple[Tensor, Tensor, Tensor] | None = None,
+                 qk_norm: tuple[Tensor, Tensor] | None = None) -> Dispatch:
         """For one token at position p = pos0 (+ pos[0] at run time when `use_pos`): n(x) =
-        rmsnorm(x) * norm_weight, q_out = rope(wq @ n(x), p), k_cache[p] = rope(wk @ n(x),
-        p), v_cache[p] = wv @ n(x) (`qkv_rope`: seven dispatches of three stages in one).
+        rmsnorm(x) * norm_weight, q_out = rope(wq @ n(x) + bq, p), k_cache[p] = rope(wk @
+        n(x) + bk, p), v_cache[p] = wv @ n(x) + bv (`qkv_rope`: seven to ten dispatches of
+        three or four stages in one).
         wq [n_heads * head_dim, n_embd], wk, wv [n_kv_heads * head_dim, n_embd] of one
         `WEIGHTS` dtype; x, norm_weight [n_embd]; cos_sin [positions, head_dim / 2, 2];
-        caches [rows, n_kv_heads * head_dim]; pos [1] u32 (bound either way). Sizes are
-        checked for pos[0] = 0: with `use_pos` the caller keeps p within the caches."""
+        caches [rows, n_kv_heads * head_dim]; pos [1] u32 (bound either way); `biases`
+        (bq [n_heads * head_dim], bk, bv [n_kv_heads * head_dim] f32) or None; `neox`: RoPE
+        on halves (i, i + head_dim / 2) of each head instead of adjacent pairs (rope.comp);
+        `qk_norm` (qn, kn [head_dim] f32) or None: each head of Q and K RMS-normed (eps) with
+        those weights before RoPE (qwen3, gemma3), one workgroup per Q or K head.
+        Sizes are checked for pos[0] = 0: with `use_pos` the caller keeps p within the
+        caches."""
         qw, n_in = wq.shape
         kvw = wk.shape[0]
         if not (wk.dtype == wv.dtype == wq.dtype and wv.shape == wk.shape
@@ -287,19 +341,30 @@ class Kernels:
                 f"{list(wk.shape)}, v {wv.name!r} {wv.dtype} {list(wv.shape)} do not stack "
                 f"(one dtype, one n_embd, heads of {head_dim})")
         pairs = (qw + 2 * kvw) // 2
-        return self.weight_op("qkv_rope", wq, self.row_threads(pairs))(
-            wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos,
-            grid=(*spread(pairs, self.limit), 1), name=name,
+        spec = {1: int(neox), 2: int(biases is not None),
+                3: head_dim if qk_norm is not None else 0}
+        # Without biases (norms) those bindings are not read: norm_weight stands in for them.
+        bq, bk, bv = biases if biases is not None else (norm_weight,) * 3
+        bias_need = (qw, kvw, kvw) if biases is not None else (None,) * 3
+        qn, kn = qk_norm if qk_norm is not None else (norm_weight,) * 2
+        norm_need = (head_dim,) * 2 if qk_norm is not None else (None,) * 2
+        # QK_NORM: a workgroup per Q head and per K head, then one per pair of V rows.
+        groups = pairs if qk_norm is None else (qw + kvw) // head_dim + kvw // 2
+        return self.weight_op("qkv_rope", wq, self.row_threads(pairs), spec)(
+            wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos, bq, bk, bv,
+            qn, kn, grid=(*spread(groups, self.limit), 1), name=name,
             need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,
-                  (pos0 + 1) * kvw, (pos0 + 1) * kvw, 1),
+                  (pos0 + 1) * kvw, (pos0 + 1) * kvw, 1, *bias_need, *norm_need),
             n_cols=n_in, n_heads=qw // head_dim, n_kv_heads=kvw // head_dim, head_dim=head_dim,
             pos0=pos0, use_pos=int(use_pos), eps=eps)
 
     def rope(self, src: Tensor, cos_sin: Tensor, dst: Tensor, n_tokens: int, n_heads: int,
              head_dim: int, pos0: int, dst_row: int = 0, name: str = "",
-             pos: Tensor | None = None, dst_at_pos: bool = False) -> Dispatch:
+             pos: Tensor | None = None, dst_at_pos: bool = False,
+             neox: bool = False) -> Dispatch:
         """dst[dst_row + t] = src[t] rotated by the angles of position pos0 + t (adjacent
-        pairs); src [tokens, n_heads * head_dim]; cos_sin [positions, head_dim / 2, 2].
+        pairs (2i, 2i + 1) of each head, or halves (i, i + head_dim / 2) when `neox`); src
+        [tokens, n_heads * head_dim]; cos_sin [positions, head_dim / 2, 2].
         `pos` (a [1] u32 tensor, P at run time): positions pos0 + P + t instead (a replayed
         step), and rows dst_row + P + t when `dst_at_pos` (K into the cache); the sizes are
         then checked for P = 0 and the caller keeps P + pos0 + n_tokens within the rows of
@@ -308,10 +373,10 @@ class Kernels:
         grid = (_groups(width // 2, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
         need = (n_tokens * width, (pos0 + n_tokens) * head_dim, (dst_row + n_tokens) * width)
         if pos is not None:
-            return self._rope_pos(src, cos_sin, dst, pos, grid=grid, name=name,
+            return self._rope_pos[neox](src, cos_sin, dst, pos, grid=grid, name=name,
                                   need=(*need, 1), n_heads=n_heads, head_dim=head_dim,
                                   pos0=pos0, dst_row=dst_row, dst_at_pos=int(dst_at_pos))
-        return self._rope(src, cos_sin, dst, grid=grid, name=name, need=need,
+        return self._rope[neox](src, cos_sin, dst, grid=grid, name=name, need=need,
                           n_heads=n_heads, head_dim=head_dim, pos0=pos0, dst_row=dst_row)
 
     def copy_rows(self, src: Tensor, dst: Tensor, n_tokens: int, dst_row: int,
@@ -334,7 +399,7 @@ class Kernels:
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor,
                   n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, pos0: int,
                   scale: float, part: Tensor, name: str = "",
-                  pos: Tensor | None = None) -> list[Dispatch]:
+                  pos: Tensor | None = None, window: int = 0) -> list[Dispatch]:
         """Causal grouped-query attention of n_tokens queries at positions pos0.. over the
         cache rows 0 .. pos0 + n_tokens - 1; q, out [tokens, n_heads * head_dim].
         One token (decode) runs `decode_dim_splits` workgroups per head (`attention_decode`,
@@ -345,19 +410,20 @@ class Kernels:
         dispatches. More tokens (prefill) run one workgroup per (head, token) (`attention`):
         one dispatch. `pos` ([1] u32, P at run time; one token):
         the query is at position pos0 + P (a replayed step), and the splits cover every row
-        of the cache (those past the query do nothing)."""
+        of the cache (those past the query do nothing). `window` > 0: a query at position p
+        attends to positions p - window + 1 ..= p only (a sliding-window layer); 0: all."""
         kvn = (pos0 + n_tokens) * n_kv_heads * head_dim
+        attention, split, split_pos, decode, decode_pos = self._windowed(window)
         if n_tokens == 1:
             if head_dim % 4:
                 raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "
                                            "multiple of 4 (vec4 loads)")
-            assert self._attention_split.pipeline.local_size[0] == head_dim, "built for head_dim"
+            assert split.pipeline.local_size[0] == head_dim, "built for head_dim"
             # Replayed (`pos`): sized for the longest context the caches hold.
             n_pos = pos0 + 1 if pos is None else k_cache.shape[0]
             qn = n_heads * head_dim
             if n_pos <= self.decode_positions:
-                op, extra = ((self._attention_decode, ()) if pos is None
-                             else (self._attention_decode_pos, (pos,)))
+                op, extra = (decode, ()) if pos is None else (decode_pos, (pos,))
                 return [op(q, k_cache, v_cache, out, *extra,
                            grid=(n_heads, self.decode_dim_splits, 1), name=name,
                            need=(qn, kvn, kvn, qn) + (1,) * len(extra), n_heads=n_heads,
@@ -365,15 +431,14 @@ class Kernels:
             chunk = attention_chunk(n_pos, head_dim)
             splits = _groups(n_pos, chunk)
             pn = n_heads * splits * (head_dim + 2)
-            op, extra = ((self._attention_split, ()) if pos is None
-                         else (self._attention_split_pos, (pos,)))
+            op, extra = (split, ()) if pos is None else (split_pos, (pos,))
             return [op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1),
                        name=name + "_split", need=(qn, kvn, kvn, pn) + (1,) * len(extra),
                        n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, pos0=pos0,
                        chunk=chunk, scale=scale),
                     self._attention_combine(part, out, grid=(n_heads, 1, 1), name=name,
                                             need=(pn, qn), head_dim=head_dim, n_splits=splits)]
-        op = self._attention
+        op = attention
         assert op is not None and op.pipeline.local_size[0] == head_dim, "built for head_dim"
         if head_dim % 4:
             raise ShaderInterfaceError(f"attention: head_dim {head_dim} is not a multiple of 4 "
@@ -385,10 +450,16 @@ class Kernels:
                    head_dim=head_dim, pos0=pos0, scale=scale)]
 
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor, n: int,
-                 name: str = "") -> Dispatch:
-        """out[i] = silu(gate[i]) * up[i] for i < n."""
+                 name: str = "", gelu: bool = False) -> Dispatch:
+        """out[i] = silu(gate[i]) * up[i] for i < n; with `gelu`, gelu_tanh(gate[i]) * up[i]
+        (GELU's tanh approximation, Gemma's GeGLU)."""
         grid = (*spread(_groups(n, ELEMENTWISE_BLOCK), self.limit), 1)
-        return self._silu_mul(gate, up, out, grid=grid, name=name, need=(n, n, n), n=n)
+        return self._silu_mul[gelu](gate, up, out, grid=grid, name=name, need=(n, n, n), n=n)
+
+    def scale(self, x: Tensor, n: int, s: float, name: str = "") -> Dispatch:
+        """x[i] *= s for i < n (f32 s)."""
+        grid = (*spread(_groups(n, ELEMENTWISE_BLOCK), self.limit), 1)
+        return self._scale(x, grid=grid, name=name, need=(n,), n=n, s=s)
 
     def add(self, x: Tensor, y: Tensor, n: int, name: str = "") -> Dispatch:
         """x[i] += y[i] for i < n (in place)."""

@@ -14,6 +14,9 @@
 // the decode form, is built the same way).
 // Push constants: n_heads, n_kv_heads, head_dim, pos0 (u32), scale (f32; scores are
 // (q * scale) . k, so they overflow only where the scaled score leaves the f32 range).
+// Specialization constant 1 WINDOW: 0 attends to every earlier position; W > 0 only to the
+// last W (positions p with last - p < W: a sliding-window layer, as transformers'
+// sliding-window causal mask and llama.cpp's LLAMA_SWA_TYPE_STANDARD mask them).
 // Infinite scores (masked keys, or scores past the f32 range) never give NaN: a score of -inf
 // weighs 0 and a row whose scores are all -inf gives zeros (a fully masked row); scores of
 // +inf share the weight equally and finite scores then weigh 0 (the limit of softmax as
@@ -30,6 +33,7 @@ layout(set = 0, binding = 3) writeonly buffer Out { float dst[]; };
 layout(push_constant) uniform Push {
     uint n_heads; uint n_kv_heads; uint head_dim; uint pos0; float scale;
 } pc;
+layout(constant_id = 1) const uint WINDOW = 0;
 const uint B = gl_WorkGroupSize.x;   // == head_dim
 shared vec4 q_s[B / 4];
 shared float w_s[B];
@@ -48,29 +52,32 @@ void main() {
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
     uint row = pc.n_kv_heads * B;
     uint last = pc.pos0 + t;  // inclusive
+    uint first = WINDOW != 0 && last >= WINDOW ? last + 1 - WINDOW : 0;  // inclusive
     q_s[d / 4][d % 4] = q[(t * pc.n_heads + h) * B + d] * pc.scale;
     barrier();
     // Online softmax: m is the largest score so far, l = sum weight(s, m), acc = sum
     // weight(s, m) * v[d]. l >= 1 once any score is above -inf (the maximum weighs 1).
     float m = NEG_INF, l = 0.0, acc = 0.0;
-    for (uint base = 0; base <= last; base += B) {   // uniform: every invocation runs it
+    for (uint base = first / B * B; base <= last; base += B) {   // uniform per workgroup
         uint p = base + d;
         float s = NEG_INF;
-        if (p <= last) {
+        if (p <= last && p >= first) {
             uint k0 = (p * row + kvh * B) / 4;
             s = 0.0;
             for (uint j = 0; j < B / 4; ++j) s += dot(q_s[j], k_cache[k0 + j]);
         }
         float block_max = max(m, workgroup_max(s));
-        float e = weight(s, block_max);        // 0 past `last`
+        float e = weight(s, block_max);        // 0 outside first ..= last
         w_s[d] = e;
         float correction = weight(m, block_max);
         l = l * correction + workgroup_sum(e);
         acc *= correction;
         barrier();
-        // Rows past `last` weigh 0; their index is clamped to `last` (a row the cache holds).
+        // Rows outside first ..= last weigh 0; their index is clamped into it (a row the
+        // cache holds, inside the window).
         uint v0 = kvh * B + d;
-        for (uint j = 0; j < B; ++j) acc += w_s[j] * v_cache[min(base + j, last) * row + v0];
+        for (uint j = 0; j < B; ++j)
+            acc += w_s[j] * v_cache[clamp(base + j, first, last) * row + v0];
         m = block_max;
         barrier();
     }

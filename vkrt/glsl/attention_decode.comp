@@ -15,7 +15,8 @@
 // the weight() of attention.comp (an all -inf row gives zeros, +inf scores share the weight).
 // Specialization constants: 0 = local_size_x (a multiple of head_dim / 4), 1 = HEAD_DIM (a
 // multiple of 4), 2 = MAX_POSITIONS (pos0 + 1 must not exceed it), 3 = DIM_SPLITS (dividing
-// head_dim / 4). Dispatch: (n_heads, DIM_SPLITS, 1).
+// head_dim / 4), 4 = WINDOW (0: every position; W > 0: only the last W, a sliding-window
+// layer as attention.comp; the scores before them are -inf). Dispatch: (n_heads, DIM_SPLITS, 1).
 // Push constants: n_heads, n_kv_heads, pos0 (u32), scale (f32).
 // Variant attention_decode_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay).
 #extension GL_GOOGLE_include_directive : require
@@ -24,6 +25,7 @@
 layout(constant_id = 1) const uint HEAD_DIM = 64;
 layout(constant_id = 2) const uint MAX_POSITIONS = 1024;
 layout(constant_id = 3) const uint DIM_SPLITS = 1;
+layout(constant_id = 4) const uint WINDOW = 0;
 layout(set = 0, binding = 0) readonly buffer Q { vec4 q[]; };
 layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
 layout(set = 0, binding = 2) readonly buffer V { vec4 v_cache[]; };
@@ -61,6 +63,7 @@ void main() {
 #else
     uint n = pc.pos0 + 1;
 #endif
+    uint lo = WINDOW != 0 && n > WINDOW ? n - WINDOW : 0;   // first position attended
     if (t < G) q_s[t] = q[h * G + t] * pc.scale;
     barrier();
     // Scores: C consecutive invocations share a position, each reading PER consecutive vec4
@@ -73,13 +76,14 @@ void main() {
         for (uint u = 0; u < K_UNROLL; ++u) {
             uint p = base + u * SLOTS;
             float s = 0.0;
-            if (p < n) {
+            if (p < n && p >= lo) {
                 for (uint j = c * PER; j < c * PER + PER; ++j)
                     s += dot(q_s[j], k_cache[p * row + head + j]);
             }
             if (C >= 2) s += subgroupShuffleXor(s, 1);   // every invocation: uniform flow
             if (C >= 4) s += subgroupShuffleXor(s, 2);
             if (p < n) {
+                if (p < lo) s = NEG_INF;
                 if (c == 0) w_s[p] = s;
                 mx = max(mx, s);
             }
@@ -104,7 +108,7 @@ void main() {
     for (uint base = lane; base < n; base += LANES * UNROLL) {
         for (uint u = 0; u < UNROLL; ++u) {
             uint p = base + u * LANES;
-            if (p < n) acc += w_s[p] * v_cache[p * row + head + g];
+            if (p < n && p >= lo) acc += w_s[p] * v_cache[p * row + head + g];
         }
     }
     acc_s[t] = acc;

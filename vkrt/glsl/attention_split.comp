@@ -17,6 +17,8 @@
 // invocation scores its position with vec4 loads; each weight is computed once, by the
 // invocation of its position, and shared.
 // Push constants: n_heads, n_kv_heads, head_dim, pos0, chunk (u32), scale (f32).
+// Specialization constant 1 WINDOW (as attention.comp): W > 0 attends to the last W
+// positions only; splits wholly before them write an empty state.
 // Variant attention_split_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay); the
 // grid is then sized for the longest position and splits past the query's position write an
 // empty state (m = -inf, l = 0), which the merge weighs 0.
@@ -32,6 +34,7 @@ layout(push_constant) uniform Push {
 #ifdef POS_BUFFER
 layout(set = 0, binding = 4) readonly buffer Pos { uint pos_buf[]; };
 #endif
+layout(constant_id = 1) const uint WINDOW = 0;
 const uint B = gl_WorkGroupSize.x;   // == head_dim
 shared vec4 q_s[B / 4];
 shared float w_s[B];
@@ -54,6 +57,7 @@ void main() {
 #endif
     // inclusive; last < first (nothing to do) for a split past the query's position
     uint first = split * pc.chunk, last = min(first + pc.chunk - 1, pos0);
+    if (WINDOW != 0 && pos0 >= WINDOW) first = max(first, pos0 + 1 - WINDOW);
     q_s[d / 4][d % 4] = q[h * B + d] * pc.scale;
     barrier();
     float m = NEG_INF, l = 0.0, acc = 0.0;

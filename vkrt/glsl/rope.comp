@@ -1,7 +1,11 @@
 #version 450
-// Rotary position embedding (Su et al. 2021, RoFormer) on the GGUF's row order: llama.cpp's
-// converter permutes Q/K rows so that each head rotates ADJACENT pairs (2i, 2i+1)
-// (convert_hf_to_gguf.py, LlamaModel.permute). For token t at position p = pos0 + t:
+// Rotary position embedding (Su et al. 2021, RoFormer) on the GGUF's row order. Pair i of a
+// head (i < head_dim / 2) is, by specialization constant NEOX:
+//   0: ADJACENT elements (2i, 2i+1): llama.cpp's converter permutes `llama` Q/K rows so
+//      (convert_hf_to_gguf.py, LlamaModel.permute; llama.cpp's LLAMA_ROPE_TYPE_NORM);
+//   1: HALVES (i, i + head_dim / 2): `qwen2`, `qwen3`, `gemma3` files store Q/K unpermuted,
+//      as transformers' rotate_half reads them (llama.cpp's LLAMA_ROPE_TYPE_NEOX).
+// For token t at position p = pos0 + t:
 //   (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos), (cos, sin) = cos_sin[p, i].
 // The angles come from a host table rather than sin/cos in the shader: GLSL.std.450 Sin/Cos
 // only promise 2^-11 absolute error inside [-pi, pi] (Vulkan spec, "Precision and Operation
@@ -19,6 +23,10 @@ layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Src { vec2 src[]; };
 layout(set = 0, binding = 1) readonly buffer CosSin { vec2 cos_sin[]; };
 layout(set = 0, binding = 2) writeonly buffer Dst { vec2 dst[]; };
+// Scalar views of src and dst for the halves (NEOX) layout.
+layout(set = 0, binding = 0) readonly buffer SrcF { float src_f[]; };
+layout(set = 0, binding = 2) writeonly buffer DstF { float dst_f[]; };
+layout(constant_id = 1) const uint NEOX = 0;
 #ifdef POS_BUFFER
 layout(push_constant) uniform Push {
     uint n_heads; uint head_dim; uint pos0; uint dst_row; uint dst_at_pos;
@@ -38,6 +46,15 @@ void main() {
     uint shift = 0, row_shift = 0;
 #endif
     vec2 r = cos_sin[(pc.pos0 + shift + t) * half_dim + p % half_dim];
+    if (NEOX != 0) {
+        // element e of head h = p / half_dim and its partner e + half_dim
+        uint e = (p / half_dim) * pc.head_dim + p % half_dim;
+        uint a = t * 2 * pairs + e, o = (pc.dst_row + row_shift + t) * 2 * pairs + e;
+        float x0 = src_f[a], x1 = src_f[a + half_dim];
+        dst_f[o] = x0 * r.x - x1 * r.y;
+        dst_f[o + half_dim] = x0 * r.y + x1 * r.x;
+        return;
+    }
     vec2 v = src[t * pairs + p];
     dst[(pc.dst_row + row_shift + t) * pairs + p] =
         vec2(v.x * r.x - v.y * r.y, v.x * r.y + v.y * r.x);

@@ -1,8 +1,11 @@
-"""The Llama family on vkrt: weights from a GGUF, the forward pass as a list of dispatches.
+"""The Llama-like families on vkrt (`llama`, `qwen2`, `qwen3`, `gemma3`: vkrt/models/arch.py
+describes each): weights from a GGUF, the forward pass as a list of dispatches.
 
 Read `Llama.step` top to bottom: it is the architecture (Touvron et al. 2023; the layer
-order of transformers' modeling_llama.py), emitted as data (a list of `Dispatch` records named
-after the GGUF tensors: `token_embd`, `blk.N.attn_q`, ...) that the stream records. Tensor
+order of transformers' modeling_llama.py, with what the file's `Arch` adds: RoPE on halves,
+Q/K/V biases, per-head Q/K norms, post-norms, GeGLU, the embedding scale and sliding-window
+layers, as modeling_qwen2.py, modeling_qwen3.py and modeling_gemma3.py compute them),
+emitted as data (a list of `Dispatch` records named after the GGUF tensors: `token_embd`, `blk.N.attn_q`, ...) that the stream records. Tensor
 names are the GGUF's, so the loader needs no rename table. Shapes: `[tokens, hidden]`.
 
 Weights stay as the GGUF stores them: matrices (and the embedding table) are uploaded as
@@ -23,7 +26,8 @@ from vkrt import config, weight_types
 from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
-from vkrt.models.gguf import GGUFFile, LlamaHParams
+from vkrt.models.arch import LINEAR_LAYERS, QKV_LAYERS, Arch
+from vkrt.models.gguf import GGUFFile
 from vkrt.models.scratch import aligned, arena, grow, kv_cache
 from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Dispatch
@@ -140,6 +144,7 @@ class Activations:
     k: Tensor        # [tokens, n_head_kv * head_dim]
     v: Tensor        # [tokens, n_head_kv * head_dim]
     q_rope: Tensor   # [tokens, n_head * head_dim]
+    kn: Tensor       # [tokens, n_head_kv * head_dim] K normed per head (qk_norm)
     attn: Tensor     # [tokens, n_head * head_dim]
     attn_part: Tensor  # decode attention's partial states (kernels.attention_partials)
     proj: Tensor     # [tokens, n_embd] attention or MLP output before the residual add
@@ -153,7 +158,7 @@ class Activations:
     head: Tensor | None = None  # [logit_rows, slice rows]: one slice's logits (split output)
 
     @classmethod
-    def allocate(cls, device: Device, hp: LlamaHParams, n_tokens: int,
+    def allocate(cls, device: Device, hp: Arch, n_tokens: int,
                  logit_rows: int, ring: int = 1, head_rows: int = 0) -> "Activations":
         """One buffer holding every view, each at an offset aligned to the device's
         minStorageBufferOffsetAlignment; `ring` token slots; `head` when the output matrix
@@ -162,7 +167,8 @@ class Activations:
         layout = {"ids": ("uint32", (T,)), "x": ("float32", (T, hp.n_embd)),
                   "xn": ("float32", (T, hp.n_embd)), "q": ("float32", (T, qw)),
                   "k": ("float32", (T, kvw)), "v": ("float32", (T, kvw)),
-                  "q_rope": ("float32", (T, qw)), "attn": ("float32", (T, qw)),
+                  "q_rope": ("float32", (T, qw)), "kn": ("float32", (T, kvw)),
+                  "attn": ("float32", (T, qw)),
                   "attn_part": ("float32", (attention_partials(hp.n_head, hp.head_dim),)),
                   "proj": ("float32", (T, hp.n_embd)), "gate": ("float32", (T, hp.n_ff)),
                   "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
@@ -189,7 +195,7 @@ class Llama(Decoder):
 
     replayable = True
 
-    def __init__(self, device: Device, hp: LlamaHParams, weights: dict[str, Tensor],
+    def __init__(self, device: Device, hp: Arch, weights: dict[str, Tensor],
                  stream: Stream, pipelines: PipelineCache,
                  rope_freqs: np.ndarray | None = None, arena: WeightArena | None = None,
                  slices: dict[str, list[tuple[int, Tensor]]] | None = None):
@@ -204,10 +210,11 @@ class Llama(Decoder):
         self.k_cache: list[Tensor] = []
         self.v_cache: list[Tensor] = []
         self.rope: Tensor | None = None   # rope_table for positions 0 .. max_seq - 1
+        self.rope_swa: Tensor | None = None   # the sliding layers' table (hp.rope_theta_swa)
         self.max_seq = 0
         self.k = Kernels(pipelines, head_dim=hp.head_dim)
-        self.attn_scale = 1.0 / float(np.sqrt(hp.head_dim))  # softmax(q k^T / sqrt(d))
-        self._fusable = [self.fusable(i) for i in range(hp.n_layer)]
+        self.attn_scale = hp.attn_scale  # softmax(q k^T * attn_scale)
+        self._fused = [self.fused_parts(i) for i in range(hp.n_layer)]
 
     @classmethod
     def from_gguf(cls, device: Device, gguf: GGUFFile, progress: bool = False) -> "Llama":
@@ -233,7 +240,7 @@ class Llama(Decoder):
         """
         from tqdm import tqdm
 
-        hp = LlamaHParams.from_gguf(gguf)
+        hp = Arch.from_gguf(gguf)
         if hp.n_embd % 4 or hp.n_ff % 4 or hp.head_dim % 4:
             raise ModelFormatError(f"{gguf.path}: n_embd {hp.n_embd}, n_ff {hp.n_ff} and "
                                    f"head_dim {hp.head_dim} must be multiples of 4 (vec4 "
@@ -325,6 +332,12 @@ class Llama(Decoder):
         self._close_caches()
         table = rope_table(hp.head_dim, hp.rope_theta, max_seq, hp.rope_scale, self.rope_freqs)
         self.rope = self.stream.upload(table, name="rope")
+        if any(hp.swa_layers):
+            # Sliding layers: their own base, unscaled (llama.cpp get_rope_freq_base /
+            # get_rope_freq_scale for SWA layers; transformers' Gemma3 "sliding_attention"
+            # RoPE parameters).
+            self.rope_swa = self.stream.upload(rope_table(hp.head_dim, hp.rope_theta_swa,
+                                                          max_seq), name="rope_swa")
         self.kv, self.k_cache, self.v_cache = kv_cache(
             self.device, hp.n_layer, max_seq, hp.n_head_kv * hp.head_dim,
             lambda i, what: f"blk.{i}.{what}")
@@ -334,7 +347,9 @@ class Llama(Decoder):
         if self.kv is not None:
             self.kv.close()
             self.rope.buffer.close()
-            self.kv = self.rope = None
+            if self.rope_swa is not None:
+                self.rope_swa.buffer.close()
+            self.kv = self.rope = self.rope_swa = None
 
     def activations(self, n_tokens: int, logit_rows: int = 1) -> Activations:
         """Scratch tensors for a forward of `n_tokens` tokens keeping `logit_rows` rows of
@@ -356,70 +371,127 @@ class Llama(Decoder):
             out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
         return out
 
+    def fused_parts(self, i: int) -> tuple[bool, bool, bool, bool]:
+        """Which parts of layer i a decode step runs fused (`_layer`), from the family and
+        the file: (Q/K/V: `qkv_rope` with the input norm, RoPE on either layout, Q/K/V
+        biases all three or none, per-head Q/K norms, the cache writes; Q/K/V of one dtype),
+        (attention output: `matvec_add`, the residual add inside the product; no bias, no
+        post-norm), (MLP input: `matvec_glu`, SiLU or GELU-tanh; no gate/up biases, gate/up
+        of one dtype), (MLP output: as the attention output)."""
+        hp, w, blk = self.hp, self.w, f"blk.{i}."
+
+        def biased(layer: str) -> bool:
+            return f"{blk}{layer}.bias" in w
+
+        qkv = (len({biased(layer) for layer in QKV_LAYERS}) == 1
+               and len({w[f"{blk}attn_{m}.weight"].dtype for m in "qkv"}) == 1)
+        glu = (not biased("ffn_gate") and not biased("ffn_up")
+               and w[blk + "ffn_gate.weight"].dtype == w[blk + "ffn_up.weight"].dtype)
+        return (qkv, not biased("attn_output") and not hp.post_norms, glu,
+                not biased("ffn_down") and not hp.post_norms)
+
     def fusable(self, i: int) -> bool:
-        """Whether layer i's decode step can run the fused kernels (`_fused_layer`): no
-        biases (the fused products add none), Q/K/V of one dtype, gate/up of one dtype."""
-        w, blk = self.w, f"blk.{i}."
-        return (not any(f"{blk}{layer}.bias" in w for layer in BIASED)
-                and len({w[f"{blk}attn_{m}.weight"].dtype for m in "qkv"}) == 1
-                and w[blk + "ffn_gate.weight"].dtype == w[blk + "ffn_up.weight"].dtype)
+        """Whether layer i's decode step is wholly fused: 5 dispatches in 5 dependent stages
+        (qkv_rope | attention | matvec_add | matvec_glu | matvec_add; `fused_parts`)."""
+        return all(self.fused_parts(i))
 
-    def _fused_layer(self, i: int, a: Activations, pos0: int,
-                     pos: Tensor | None) -> list[Dispatch]:
-        """Layer i for one token in 6 dispatches, each depending on the one before: the same
-        arithmetic as `_attention_block` + `_mlp_block` with the norms folded into the
-        products after them, RoPE and the cache writes into the Q/K/V product, silu_mul into
-        the gate/up product and each residual add into the projection before it
-        (kernels.py `qkv_rope`, `glu`, `linear(accumulate=True)`)."""
+    def _qkv_fused(self, i: int, a: Activations, pos0: int,
+                   pos: Tensor | None) -> list[Dispatch]:
+        """Q, K, V of one token in one dispatch (`qkv_rope`): the arithmetic of `_qkv`
+        with the norm folded into the products, the biases and per-head norms inside, RoPE
+        and the cache writes after them."""
+        hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
+        biases = qk_norm = None
+        if blk + "attn_q.bias" in w:
+            biases = tuple(w[f"{blk}{layer}.bias"] for layer in QKV_LAYERS)
+        if hp.qk_norm:
+            qk_norm = (w[blk + "attn_q_norm.weight"], w[blk + "attn_k_norm.weight"])
+        return [k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
+                           w[blk + "attn_k.weight"], w[blk + "attn_v.weight"],
+                           self.rope_swa if hp.swa_layers[i] else self.rope, a.q_rope,
+                           self.k_cache[i], self.v_cache[i], hp.head_dim, pos0, hp.rms_eps,
+                           a.pos, pos is not None, name=blk + "attn_qkv", neox=hp.rope_neox,
+                           biases=biases, qk_norm=qk_norm)]
+
+    def _qkv(self, i: int, a: Activations, T: int, pos0: int,
+             pos: Tensor | None) -> list[Dispatch]:
+        """Q (RoPE'd into q_rope), K (RoPE'd into the cache) and V (into the cache) of T
+        tokens, unfused: RMSNorm, the three products and their biases, the per-head Q/K
+        norms, RoPE, the V copy."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
-        return [
-            k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
-                       w[blk + "attn_k.weight"], w[blk + "attn_v.weight"], self.rope, a.q_rope,
-                       k_cache, v_cache, hp.head_dim, pos0, hp.rms_eps, a.pos, pos is not None,
-                       name=blk + "attn_qkv"),
-            *k.attention(a.q_rope, k_cache, v_cache, a.attn, 1, hp.n_head, hp.n_head_kv,
-                         hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
-                         pos=pos),
-            k.linear(a.attn, w[blk + "attn_output.weight"], a.x, 1, name=blk + "attn_output",
-                     accumulate=True),
-            k.glu(a.x, w[blk + "ffn_norm.weight"], w[blk + "ffn_gate.weight"],
-                  w[blk + "ffn_up.weight"], a.act, hp.rms_eps, name=blk + "ffn_glu"),
-            k.linear(a.act, w[blk + "ffn_down.weight"], a.x, 1, name=blk + "ffn_down",
-                     accumulate=True),
-        ]
-
-    def _attention_block(self, i: int, a: Activations, T: int, pos0: int,
-                         pos: Tensor | None) -> list[Dispatch]:
-        hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
-        k_cache, v_cache = self.k_cache[i], self.v_cache[i]
-        return [
+        out = [
             k.rmsnorm(a.x, w[blk + "attn_norm.weight"], a.xn, T, hp.rms_eps, blk + "attn_norm"),
             *self._linear(a.xn, blk + "attn_q", a.q, T),
             *self._linear(a.xn, blk + "attn_k", a.k, T),
             *self._linear(a.xn, blk + "attn_v", a.v, T),
-            k.rope(a.q, self.rope, a.q_rope, T, hp.n_head, hp.head_dim, pos0,
-                   name=blk + "rope_q", pos=pos),
-            k.rope(a.k, self.rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
-                   name=blk + "rope_k", pos=pos, dst_at_pos=True),  # K straight into the cache
+        ]
+        q, kk = a.q, a.k
+        if hp.qk_norm:
+            # RMSNorm of each head's Q and K before RoPE (modeling_qwen3.py Qwen3Attention:
+            # q_norm, k_norm over head_dim): rows of head_dim, T * heads of them.
+            out += [k.rmsnorm(a.q, w[blk + "attn_q_norm.weight"], a.attn, T * hp.n_head,
+                              hp.rms_eps, blk + "attn_q_norm"),
+                    k.rmsnorm(a.k, w[blk + "attn_k_norm.weight"], a.kn, T * hp.n_head_kv,
+                              hp.rms_eps, blk + "attn_k_norm")]
+            q, kk = a.attn, a.kn
+        rope = self.rope_swa if hp.swa_layers[i] else self.rope
+        return out + [
+            k.rope(q, rope, a.q_rope, T, hp.n_head, hp.head_dim, pos0,
+                   name=blk + "rope_q", pos=pos, neox=hp.rope_neox),
+            k.rope(kk, rope, k_cache, T, hp.n_head_kv, hp.head_dim, pos0, dst_row=pos0,
+                   name=blk + "rope_k", pos=pos, dst_at_pos=True,
+                   neox=hp.rope_neox),  # K straight into the cache
             k.copy_rows(a.v, v_cache, T, pos0, name=blk + "v_cache", pos=pos),
-            *k.attention(a.q_rope, k_cache, v_cache, a.attn, T, hp.n_head, hp.n_head_kv,
-                         hp.head_dim, pos0, self.attn_scale, a.attn_part, name=blk + "attn",
-                         pos=pos),
-            *self._linear(a.attn, blk + "attn_output", a.proj, T),
-            k.add(a.x, a.proj, T * hp.n_embd, name=blk + "attn_residual"),
         ]
 
-    def _mlp_block(self, i: int, a: Activations, T: int) -> list[Dispatch]:
+    def _projection(self, i: int, a: Activations, src: Tensor, T: int, layer: str,
+                    post_norm: str, residual: str, fused: bool) -> list[Dispatch]:
+        """x += the output projection `layer` of src: fused, the add inside the product
+        (`matvec_add`, one token); else the product (and its bias) into proj, then x +=
+        proj, or x += rmsnorm(proj) * blk.i.<post_norm>.weight where the family puts a norm
+        after the block (Gemma 3: modeling_gemma3.py post_attention_layernorm,
+        post_feedforward_layernorm; `rmsnorm_add`)."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
-        return [
-            k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps, blk + "ffn_norm"),
-            *self._linear(a.xn, blk + "ffn_gate", a.gate, T),
-            *self._linear(a.xn, blk + "ffn_up", a.up, T),
-            k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul"),
-            *self._linear(a.act, blk + "ffn_down", a.proj, T),
-            k.add(a.x, a.proj, T * hp.n_embd, name=blk + "ffn_residual"),
-        ]
+        if fused:
+            return [k.linear(src, w[blk + layer + ".weight"], a.x, 1, name=blk + layer,
+                             accumulate=True)]
+        out = self._linear(src, blk + layer, a.proj, T)
+        if not hp.post_norms:
+            return out + [k.add(a.x, a.proj, T * hp.n_embd, name=blk + residual)]
+        return out + [k.rmsnorm_add(a.proj, w[blk + post_norm + ".weight"], a.x, T,
+                                    hp.rms_eps, blk + post_norm)]
+
+    def _layer(self, i: int, a: Activations, T: int, pos0: int, pos: Tensor | None,
+               fuse: bool) -> list[Dispatch]:
+        """Layer i for T tokens, as the family describes it: attention (`_qkv` or
+        `_qkv_fused`, then attention over the cache, windowed on sliding layers) and the
+        gated MLP, each added into the residual stream x (`_projection`). With `fuse` (one
+        token, VKRT_FUSE) the parts `fused_parts` allows run fused; a wholly fused layer is 5
+        dispatches, each depending on the one before."""
+        hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
+        qkv_f, out_f, glu_f, down_f = self._fused[i] if fuse else (False,) * 4
+        out = self._qkv_fused(i, a, pos0, pos) if qkv_f else self._qkv(i, a, T, pos0, pos)
+        out += k.attention(a.q_rope, self.k_cache[i], self.v_cache[i], a.attn, T, hp.n_head,
+                           hp.n_head_kv, hp.head_dim, pos0, self.attn_scale, a.attn_part,
+                           name=blk + "attn", pos=pos, window=hp.layer_window(i))
+        out += self._projection(i, a, a.attn, T, "attn_output", "post_attention_norm",
+                                "attn_residual", out_f)
+        if glu_f:
+            out.append(k.glu(a.x, w[blk + "ffn_norm.weight"], w[blk + "ffn_gate.weight"],
+                             w[blk + "ffn_up.weight"], a.act, hp.rms_eps, name=blk + "ffn_glu",
+                             gelu=hp.gelu))
+        else:
+            out += [
+                k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps,
+                          blk + "ffn_norm"),
+                *self._linear(a.xn, blk + "ffn_gate", a.gate, T),
+                *self._linear(a.xn, blk + "ffn_up", a.up, T),
+                k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul",
+                           gelu=hp.gelu),
+            ]
+        return out + self._projection(i, a, a.act, T, "ffn_down", "post_ffw_norm",
+                                      "ffn_residual", down_f)
 
     def _output_name(self) -> str:
         return "token_embd.weight" if self.hp.tied_embeddings else "output.weight"
@@ -457,7 +529,8 @@ class Llama(Decoder):
              pos: Tensor | None = None) -> list[Dispatch]:
         """The dispatches of one forward over `n_tokens` token ids (u32 in `ids`) at positions
         pos0 .. pos0 + n_tokens - 1, writing K/V into the cache. Nothing is recorded.
-        One token runs the fused layers (`_fused_layer`) where `fusable` and VKRT_FUSE allow.
+        One token runs the fused parts of each layer (`_layer`) that `fused_parts` and
+        VKRT_FUSE allow.
         `pos` ([1] u32, P at run time): positions pos0 + P .. instead, for a step recorded
         once and replayed (`Decoder.replay_decode`); the caller keeps them in the cache.
 
@@ -472,13 +545,11 @@ class Llama(Decoder):
                              f"{self.max_seq} tokens (setup_caches)")
         a = self.activations(T, T if all_logits else 1)
         out = self._embed(ids, a, T)
+        if hp.embed_scale != 1.0:   # Gemma: embeddings * sqrt(n_embd), the input only
+            out.append(k.scale(a.x, T * hp.n_embd, hp.embed_scale, name="token_embd_scale"))
         fuse = T == 1 and config.FUSE.value
         for i in range(hp.n_layer):
-            if fuse and self._fusable[i]:
-                out += self._fused_layer(i, a, pos0, pos)
-            else:
-                out += self._attention_block(i, a, T, pos0, pos)
-                out += self._mlp_block(i, a, T)
+            out += self._layer(i, a, T, pos0, pos, fuse)
         out.append(k.rmsnorm(a.x, w["output_norm.weight"], a.xn, T, hp.rms_eps, "output_norm"))
         out += self._output(a, T if all_logits else 1, 0 if all_logits else T - 1)
         last_row = (T - 1) * hp.n_vocab if all_logits else 0
@@ -531,17 +602,14 @@ def _stored_bytes(dtype: str, shape: tuple[int, ...]) -> int:
 
 
 ROPE_FREQS = "rope_freqs.weight"  # llama3 RoPE frequency factors, [head_dim / 2]
-# Linear layers that may carry a bias (transformers' LlamaConfig attention_bias: q, k, v and
-# o_proj; mlp_bias: gate, up and down_proj; convert_hf_to_gguf.py names them
-# blk.N.attn_{q,k,v,output}.bias and blk.N.ffn_{gate,up,down}.bias).
-BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
+def _expected_tensors(hp: Arch, g: GGUFFile) -> list[str]:
     """The GGUF tensor names the forward reads (file order), checked present with the shapes
-    it assumes; biases and `rope_freqs.weight` are read when present. Raises
-    ModelFormatError naming the first missing, misshapen or unknown tensor (one the forward
-    would not read: the file is refused rather than run with it ignored)."""
+    it assumes; the biases and `rope_freqs.weight` the family allows (`hp.family`) are read
+    when present, its per-head Q/K norms are required. Raises ModelFormatError naming the
+    first missing, misshapen or unknown tensor (one the forward would not read: the file is
+    refused rather than run with it ignored)."""
 
     qw, kvw = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
     shapes = {"token_embd.weight": (hp.n_vocab, hp.n_embd), "output_norm.weight": (hp.n_embd,)}
@@ -555,6 +623,12 @@ def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
             b + "attn_output.weight": (hp.n_embd, qw), b + "ffn_norm.weight": (hp.n_embd,),
             b + "ffn_gate.weight": (hp.n_ff, hp.n_embd), b + "ffn_up.weight": (hp.n_ff, hp.n_embd),
             b + "ffn_down.weight": (hp.n_embd, hp.n_ff)})
+        if hp.qk_norm:
+            shapes.update({b + "attn_q_norm.weight": (hp.head_dim,),
+                           b + "attn_k_norm.weight": (hp.head_dim,)})
+        if hp.post_norms:
+            shapes.update({b + "post_attention_norm.weight": (hp.n_embd,),
+                           b + "post_ffw_norm.weight": (hp.n_embd,)})
     present = set(g.tensor_names)
     for name, shape in shapes.items():
         if name not in present:
@@ -562,9 +636,9 @@ def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
         if tuple(g.tensor_info(name).shape) != shape:
             raise ModelFormatError(f"{g.path}: tensor {name!r} has shape "
                                    f"{tuple(g.tensor_info(name).shape)}, expected {shape}")
-    optional = {ROPE_FREQS: (hp.head_dim // 2,)}
+    optional = {ROPE_FREQS: (hp.head_dim // 2,)} if hp.family.rope_freqs else {}
     for i in range(hp.n_layer):
-        for layer in BIASED:
+        for layer in hp.family.biases:
             name = f"blk.{i}.{layer}"
             optional[name + ".bias"] = (shapes[name + ".weight"][0],)
     for name in g.tensor_names:
@@ -572,7 +646,8 @@ def _expected_tensors(hp: LlamaHParams, g: GGUFFile) -> list[str]:
             continue
         if name not in optional:
             raise ModelFormatError(f"{g.path}: tensor {name!r} {list(g.tensor_info(name).shape)} "
-                                   "is not read by vkrt's Llama forward (refused, not ignored)")
+                                   f"is not read by vkrt's {hp.arch} forward (refused, not "
+                                   "ignored)")
         if tuple(g.tensor_info(name).shape) != optional[name]:
             raise ModelFormatError(f"{g.path}: tensor {name!r} has shape "
                                    f"{tuple(g.tensor_info(name).shape)}, expected {optional[name]}")
@@ -589,7 +664,7 @@ def checkpoint_from_gguf(g: GGUFFile):
     from vkrt.models.registry import Checkpoint
     from vkrt.models.tokenizer import Tokenizer
 
-    hp = LlamaHParams.from_gguf(g)
+    hp = Arch.from_gguf(g)
     tokenizer = Tokenizer.from_metadata(g.metadata, g.path)
 
     def build(device: Device, progress: bool = False) -> Llama:
@@ -598,5 +673,5 @@ def checkpoint_from_gguf(g: GGUFFile):
         finally:
             g.close()   # the weights are on the device (a later read reopens the file)
 
-    return Checkpoint(g.path, "llama", hp, tokenizer, g.metadata.get("tokenizer.chat_template"),
+    return Checkpoint(g.path, hp.arch, hp, tokenizer, g.metadata.get("tokenizer.chat_template"),
                       build)

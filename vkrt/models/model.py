@@ -59,8 +59,9 @@ class TextStream:
 class Model:
     """A model resident on one device, with its tokenizer. Build with `vkrt.load`.
 
-    Attributes: `path`, `family` ("llama", "opt"), `hparams` (the family's, `n_ctx` tokens of
-    context), `tokenizer`, `device` (a `vkrt.runtime.device.Device`), `lm` (the family's model:
+    Attributes: `path`, `family` (`general.architecture` or `model_type`: "llama", "qwen2",
+    "qwen3", "gemma3", "opt"), `hparams` (the family's, `n_ctx` tokens of context),
+    `tokenizer`, `device` (a `vkrt.runtime.device.Device`), `lm` (the family's model:
     `step`, `forward`, `logits`, its stream and counters).
     Use as a context manager or call `close()`: it frees the weights and caches, and the
     device when `load` opened it.

@@ -2,8 +2,9 @@
 Hugging Face checkpoint folder's `config.json`, looked up in `FAMILIES`.
 
 A family is one module under `vkrt/models/` defining `checkpoint_from_gguf(gguf)` and/or
-`checkpoint_from_folder(path, config)`, each returning a `Checkpoint`; a third family joins by
-adding its module and one line to `FAMILIES`. The model it builds follows
+`checkpoint_from_folder(path, config)`, each returning a `Checkpoint`; a family of another
+shape joins by adding its module and one line to `FAMILIES`, a Llama-like one by its
+description in `vkrt.models.arch.FAMILIES`. The model it builds follows
 `vkrt.models.generate.CausalLM`, so the token loop, sampling and the CLI work on it unchanged.
 """
 from __future__ import annotations
@@ -15,9 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from vkrt.errors import ModelFormatError, VkrtError
+from vkrt.models.arch import FAMILIES as LLAMA_LIKE
 
-# architecture / model_type -> the module of the family that implements it
-FAMILIES = {"llama": "vkrt.models.llama", "opt": "vkrt.models.opt"}
+# architecture / model_type -> the module of the family that implements it: every Llama-like
+# architecture vkrt/models/arch.py describes runs in vkrt/models/llama.py.
+FAMILIES = {**{name: "vkrt.models.llama" for name in LLAMA_LIKE}, "opt": "vkrt.models.opt"}
 
 
 @dataclass

@@ -1,16 +1,18 @@
 """The tokenizer a GGUF file describes, rebuilt as a `tokenizers.Tokenizer` from its metadata.
 
 Supported: `tokenizer.ggml.model` "gpt2" (byte-level BPE). The pre-tokenizer follows
-`tokenizer.ggml.pre` the way llama.cpp's `llama-vocab.cpp` does; control tokens (token_type 3)
-become special tokens, so `<|im_start|>` in text encodes to its one id unless
+`tokenizer.ggml.pre` the way llama.cpp's `llama-vocab.cpp` does (`PRE_TOKENIZERS`: gpt-2,
+smollm, qwen2, llama-bpe; any other is refused); control tokens (token_type 3) become
+special tokens, so `<|im_start|>` in text encodes to its one id unless
 `encode(..., special=False)` (how `vkrt.models.chat` encodes message contents).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer as HFTokenizer
+from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from vkrt.errors import ModelFormatError, VkrtError
@@ -21,23 +23,66 @@ EOG_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
             "tokenizer.ggml.eom_token_id")
 
 
-def _pre_tokenizer(pre: str | None):
-    """The pre-tokenizer for a `tokenizer.ggml.pre` value, or None when unsupported."""
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre == "gpt-2":
+# Pre-tokenizer regexes, as each model's tokenizer.json writes them (llama.cpp's
+# llama-vocab.cpp `llm_tokenizer_bpe` quotes these as the "original regex from
+# tokenizer.json" and runs an adapted form; transformers' models/qwen2/tokenization_qwen2.py
+# PRETOKENIZE_REGEX is the Qwen2 one).
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """How one `tokenizer.ggml.pre` value splits text and what it implies (llama-vocab.cpp,
+    `llama_vocab::impl::load`): `split` a regex whose matches are the pre-tokens (None: the
+    GPT-2 regex of `pre_tokenizers.ByteLevel`), `digits` split every digit first (SmolLM2),
+    `ignore_merges` a pre-token that is a whole vocabulary entry is that token (Llama 3's
+    tokenizer.json `"ignore_merges": true`), `add_bos` the default of
+    `tokenizer.ggml.add_bos_token`, `eog_texts` the control tokens that end generation beside
+    the declared ids (llama.cpp finds these by text: `special_eog_ids`)."""
+    split: str | None = None
+    digits: bool = False
+    ignore_merges: bool = False
+    add_bos: bool = False
+    eog_texts: tuple[str, ...] = ()
+
+    def build(self):
+        if self.split is not None:
+            return pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(self.split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if self.digits:
+            return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                            byte_level])
         return byte_level
-    if pre == "smollm":
-        # llama.cpp: "\p{N}" then the GPT-2 regex; HF SmolLM2's tokenizer.json: the same.
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    return None
+
+
+_QWEN2 = PreTokenizer(split=QWEN2_SPLIT, eog_texts=("<|im_end|>", "<|endoftext|>"))
+_LLAMA3 = PreTokenizer(split=LLAMA3_SPLIT, ignore_merges=True, add_bos=True,
+                       eog_texts=("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"))
+# tokenizer.ggml.pre -> its PreTokenizer; any other value (or none) is refused: llama.cpp
+# would fall back to its default (GPT-2) rules with a warning and tokenize differently from
+# the model's own tokenizer.
+PRE_TOKENIZERS = {
+    "gpt-2": PreTokenizer(),
+    # llama.cpp: "\p{N}" then the GPT-2 regex; HF SmolLM2's tokenizer.json: the same.
+    "smollm": PreTokenizer(digits=True),
+    "qwen2": _QWEN2,
+    "llama-bpe": _LLAMA3, "llama3": _LLAMA3, "llama-v3": _LLAMA3,
+}
 
 
 class Tokenizer:
     """Text <-> token ids for one model.
 
     bos_id, eos_id: ids or None. add_bos: whether `encode` prepends BOS by default
-    (`tokenizer.ggml.add_bos_token`, False when absent). eog_ids: every end-of-generation id
-    the model declares (EOS, `eot_token_id`, `eom_token_id`): generation stops at any of them.
+    (`tokenizer.ggml.add_bos_token`; when absent the pre-tokenizer's default, True for
+    llama-bpe, else False). eog_ids: every end-of-generation id the model declares (EOS,
+    `eot_token_id`, `eom_token_id`) and the control tokens its pre-tokenizer's family ends
+    turns with (`PreTokenizer.eog_texts`): generation stops at any of them.
     """
 
     def __init__(self, hf: HFTokenizer, bos_id: int | None, eos_id: int | None, add_bos: bool,
@@ -55,10 +100,14 @@ class Tokenizer:
         if kind != "gpt2":
             raise ModelFormatError(f"{path}: unsupported tokenizer.ggml.model {kind!r} "
                                    "(supported: 'gpt2')")
-        pre_tok = _pre_tokenizer(pre)
-        if pre_tok is None:
+        supported = ", ".join(map(repr, PRE_TOKENIZERS))
+        if pre is None:
+            raise ModelFormatError(f"{path}: missing metadata key 'tokenizer.ggml.pre' (the "
+                                   f"pre-tokenizer; supported: {supported})")
+        if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
             raise ModelFormatError(f"{path}: unsupported tokenizer.ggml.pre {pre!r} "
-                                   "(supported: 'smollm', 'gpt-2')")
+                                   f"(supported: {supported})")
+        rules = PRE_TOKENIZERS[pre]
         tokens = metadata.get("tokenizer.ggml.tokens")
         merges = metadata.get("tokenizer.ggml.merges")
         if not tokens or merges is None:
@@ -75,10 +124,11 @@ class Tokenizer:
         if any(len(p) != 2 for p in pairs):
             raise ModelFormatError(f"{path}: a merge in tokenizer.ggml.merges has no space")
         try:
-            hf = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+            hf = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False,
+                                        ignore_merges=rules.ignore_merges))
         except Exception as e:  # e.g. a merge naming a token that is not in the vocabulary
             raise ModelFormatError(f"{path}: cannot build the BPE tokenizer: {e}") from None
-        hf.pre_tokenizer = pre_tok
+        hf.pre_tokenizer = rules.build()
         hf.decoder = decoders.ByteLevel()
         if token_type is not None:
             types = [int(t) for t in token_type]
@@ -97,9 +147,12 @@ class Tokenizer:
             return None if i is None else int(i)
 
         eog = frozenset(i for i in map(token_id, EOG_KEYS) if i is not None)
+        if token_type is not None:
+            eog |= {vocab[t] for t in rules.eog_texts
+                    if t in vocab and types[vocab[t]] == _CONTROL}
         return cls(hf, token_id("tokenizer.ggml.bos_token_id"),
                    token_id("tokenizer.ggml.eos_token_id"),
-                   bool(metadata.get("tokenizer.ggml.add_bos_token", False)), eog)
+                   bool(metadata.get("tokenizer.ggml.add_bos_token", rules.add_bos)), eog)
 
     @property
     def special_tokens(self) -> dict[str, int]:
