@@ -19,23 +19,25 @@ void main() {
     float ss = 0.0;
     for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) ss += x[row + i] * x[row + i];
     float total = workgroup_sum(ss);
-    int e = 0;   // x is normed as x * 2^-e: 0 unless the sum of squares overflows
+    float pre = 1.0;   // x is normed as x * pre: 1 unless the sum of squares overflows
     float scale;
     if (!isinf(total)) {   // uniform: every invocation has the same sum
         scale = 1.0 / sqrt(total / float(pc.n) + pc.eps);
     } else {
-        // |x| past the f32 range of squares: the norm of x * 2^-e, e the exponent of max|x|
-        // (exact, no subnormals), with eps * 2^-2e (as rms_in.glsl).
+        // |x| past the f32 range of squares: the norm of x * pre, pre = 2^(2 - e) with e
+        // the exponent of max|x| (exact, a normal float), eps * pre^2 (as rms_in.glsl).
         float amax = 0.0;
         for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) amax = max(amax, abs(x[row + i]));
+        int e;
         frexp(workgroup_max(amax), e);
+        pre = ldexp(1.0, 2 - e);   // max|x| * pre in [2, 4), a normal power of two
         ss = 0.0;
         for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) {
-            float v = ldexp(x[row + i], -e);
+            float v = x[row + i] * pre;
             ss += v * v;
         }
-        scale = 1.0 / sqrt(workgroup_sum(ss) / float(pc.n) + ldexp(pc.eps, -2 * e));
+        scale = 1.0 / sqrt(workgroup_sum(ss) / float(pc.n) + pc.eps * pre * pre);
     }
     for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x)
-        dst[row + i] = ldexp(x[row + i], -e) * scale * w[i];
+        dst[row + i] = x[row + i] * pre * scale * w[i];
 }
