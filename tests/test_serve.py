@@ -274,8 +274,8 @@ def test_queue_full_is_429(srv, served):
         r=complete(srv.client, max_tokens=2)))
     waiting.start()
     assert wait_for(lambda: engine.load()["waiting"] == 1)   # --max-queue 1: full
-    with pytest.raises(openai.RateLimitError) as e:
-        complete(srv.client, max_tokens=2)
+    with pytest.raises(openai.RateLimitError) as e:   # at once, not after waiting
+        complete(srv.client.with_options(timeout=5), max_tokens=2)
     assert e.value.status_code == 429 and e.value.body["code"] == "queue_full"
     engine.resume()
     waiting.join(30)
