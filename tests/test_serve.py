@@ -317,24 +317,23 @@ def test_engine_from_python(srv, served):
 # -- the default model, once ---------------------------------------------------------------
 
 def test_default_model_greedy_equals_generate(default_model_path, device):
+    """SmolLM2 through the server: token-exact with `model.generate` (text and count); its
+    chat template through `Engine.encode_chat` as `vkrt generate --chat` encodes it."""
     with vkrt.load(default_model_path, device=device) as model:
         prompt = "1, 2, 3, 4, 5,"
-        text = model.generate(prompt, max_tokens=6)
+        text = model.generate(prompt, max_tokens=4)
         expected = "".join(text)
-        tokens = text.result.tokens
-        chat_expected = "".join(model.generate("Say hi.", max_tokens=6, chat=True))
+        n_tokens = len(text.result.tokens)
+        chat_ids = model.checkpoint.encode("Say hi.", chat=True)
         with Engine(model) as engine:
+            assert engine.encode_chat([{"role": "user", "content": "Say hi."}]) == chat_ids
             server = Server(engine, "smollm2")
             try:
-                r = server.client.completions.create(model="smollm2", prompt=prompt,
-                                                     max_tokens=6, temperature=0)
-                assert r.choices[0].text == expected
-                outs = list(engine.generate(prompt, SamplingParams(max_tokens=6)))
-                assert [t for o in outs for t in o.token_ids] == tokens
-                c = server.client.chat.completions.create(
-                    model="smollm2", messages=[{"role": "user", "content": "Say hi."}],
-                    max_tokens=6, temperature=0)
-                assert c.choices[0].message.content == chat_expected
+                texts, reasons, chunks = streamed(server.client.completions.create(
+                    model="smollm2", prompt=prompt, max_tokens=4, temperature=0, stream=True,
+                    stream_options={"include_usage": True}))
+                assert texts == {0: expected} and reasons == {0: "length"}
+                assert chunks[-1].usage.completion_tokens == n_tokens == 4
             finally:
                 server.stop()
 
