@@ -84,6 +84,7 @@ def served(chat_folder, device):
     refs["tokens"] = refs["tokens"].result.tokens
     chat_ids = model.checkpoint.encode("Hi there", chat=True)
     refs["chat"] = "".join(model.generate(chat_ids, max_tokens=12))
+    refs["chat4"] = "".join(model.generate(chat_ids, max_tokens=4))
     engine = Engine(model, max_queue=1).start()
     server = Server(engine, NAME)
     server.refs = refs
@@ -312,6 +313,12 @@ def test_engine_from_python(srv, served):
     assert [t for o in outs for t in o.token_ids] == srv.refs["tokens"]
     assert outs[-1].request_finished and outs[-1].finish_reason == "length"
     assert outs[-1].ttft_s > 0 and outs[-1].tpot_s > 0
+    # Closing the iterator early aborts the request (what `vkrt chat` does at Ctrl-C).
+    aborted = engine.stats["aborted"]
+    outputs = engine.generate(PROMPT, SamplingParams(max_tokens=40))
+    next(outputs)
+    outputs.close()
+    assert wait_for(lambda: engine.stats["aborted"] == aborted + 1)
 
 
 # -- the default model, once ---------------------------------------------------------------
@@ -375,3 +382,27 @@ def test_cli_bad_options_are_one_line(chat_folder, flags, words):
     lines = [l for l in p.stderr.splitlines() if l.strip()]
     assert p.returncode == 1 and len(lines) == 1, p.stderr
     assert lines[0].startswith("vkrt: error: ") and all(w in lines[0] for w in words)
+
+
+def test_cli_chat_keeps_the_history_and_survives_ctrl_c(chat_folder, served):
+    """Lines piped in: the first reply is the greedy one for that one message; /clear
+    forgets; Ctrl-C at the prompt does not end the program; /bye does."""
+    reply = served[2].refs["chat4"]
+    p = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "chat", "--model", chat_folder,
+                          "--max-tokens", "4"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, encoding="utf-8",
+                         env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+    try:
+        p.stdin.write("Hi there\n")
+        p.stdin.flush()
+        assert p.stdout.read(len(reply) + 1) == reply + "\n"
+        p.send_signal(signal.SIGINT)      # waiting at the prompt
+        time.sleep(0.5)
+        out, err = p.communicate("Hi there\n/clear\nHi there\n/bye\n", timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert "Ctrl-D or /bye" in err and "Traceback" not in err
+    assert out.endswith("\n" + reply + "\n")             # after /clear: the first reply
+    assert not out.startswith(reply + "\n")              # with the history: another
+    assert "context" not in err

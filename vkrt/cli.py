@@ -1,5 +1,5 @@
 """`vkrt`: the command line. `vkrt generate "PROMPT"` streams a model's text; `vkrt serve`
-runs an OpenAI-compatible HTTP server; `vkrt bench` measures speed; `vkrt devices` lists the
+runs an OpenAI-compatible HTTP server; `vkrt chat` talks in the terminal; `vkrt bench` measures speed; `vkrt devices` lists the
 Vulkan devices. Errors print one line and exit 1
 (2 for a malformed command line); Ctrl-C prints one line and exits 130; a closed pipe
 (`| head`) ends the process as SIGPIPE ends other Unix tools."""
@@ -242,6 +242,94 @@ def _serve(args) -> int:
     return 0 if got or server.started else 1
 
 
+def _chat(args) -> int:
+    """`vkrt chat`: a conversation in the terminal on the serving engine. Each user line is
+    added to the history, the whole history goes through the model's chat template, and the
+    reply streams. Ctrl-C during a reply stops it (what was written stays in the history);
+    at the prompt it only reminds how to leave: Ctrl-D (end of input) or /bye. /clear forgets
+    the history."""
+    from vkrt.models.model import Model, default_model_path
+    from vkrt.models.registry import open_checkpoint
+    from vkrt.runtime.device import Device
+    from vkrt.serve.engine import Engine
+    from vkrt.serve.request import SamplingParams
+
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise VkrtError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    try:
+        params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.seed)
+        from vkrt.models.generate import Sampling
+        Sampling(args.temperature, args.top_p, args.seed)
+    except ConfigError as e:
+        raise VkrtError(f"--{e}") from None
+    checkpoint = open_checkpoint(args.model or default_model_path())
+    if not checkpoint.chat_template:
+        raise VkrtError(f"{checkpoint.path}: the model has no chat template")
+    show_bars = args.progress or (sys.stderr is not None and sys.stderr.isatty())
+
+    def load():
+        device = Device(args.device)
+        try:
+            return Model(checkpoint, device, True, show_bars)
+        except BaseException:
+            device.close()
+            raise
+
+    model = _in_worker(load)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict] = []
+    tty = sys.stdin is not None and sys.stdin.isatty()
+    def reply(engine, line: str) -> None:
+        """One turn: the reply to `line` after the history, streamed; Ctrl-C stops it."""
+        nonlocal history
+        turn = history + [{"role": "user", "content": line}]
+        try:
+            ids = engine.encode_chat(system + turn)
+        except VkrtError as e:   # e.g. a template that refuses the history
+            print(f"vkrt: error: {e}", file=sys.stderr, flush=True)
+            return
+        want = args.max_tokens or 1
+        if len(ids) + want > engine.n_ctx:
+            print(f"vkrt: the conversation is {len(ids)} tokens, past the context of "
+                  f"{engine.n_ctx} with --max-tokens {want}: /clear to start again",
+                  file=sys.stderr, flush=True)
+            return
+        pieces: list[str] = []
+        try:
+            outputs = engine.generate(ids, params)
+            try:
+                for out in outputs:
+                    pieces.append(out.delta)
+                    _write(out.delta)
+            finally:
+                outputs.close()      # at Ctrl-C: aborted at the engine's next step
+        except KeyboardInterrupt:
+            _write(" [stopped]")
+        finally:
+            history = turn + [{"role": "assistant", "content": "".join(pieces)}]
+        _write("\n")
+
+    try:
+        with Engine(model, max_queue=1) as engine:
+            while True:
+                try:   # Ctrl-C anywhere but in a reply: a reminder, not the end
+                    try:
+                        line = input("> " if tty else "")
+                    except EOFError:
+                        break
+                    if line.strip() == "/bye":
+                        break
+                    if line.strip() == "/clear":
+                        history.clear()
+                    elif line.strip():
+                        reply(engine, line)
+                except KeyboardInterrupt:
+                    print("\n(Ctrl-D or /bye to leave)", file=sys.stderr, flush=True)
+    finally:
+        model.close()
+    return 0
+
+
 def _choices(allowed: tuple[str, ...]):
     def parse(text: str) -> list[str]:
         values = text.split(",")
@@ -274,6 +362,12 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 def _non_negative_int(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return int(text)
 
 
@@ -365,7 +459,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=_non_negative_int, default=8000,
                    help="TCP port (0: any free port, printed at start)")
-    p.add_argument("--max-queue", type=_non_negative_int, default=16,
+    p.add_argument("--max-queue", type=_positive_int, default=16,
                    help="requests that may wait while one runs; more get HTTP 429")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the file or folder name)")
@@ -373,6 +467,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds running requests get to finish at Ctrl-C or SIGTERM "
                         "before they are cancelled")
     p.set_defaults(run=_serve, main_thread=True)
+    p = sub.add_parser("chat", help="talk with the model in the terminal",
+                       formatter_class=_DefaultsHelp,
+                       description="A multi-turn conversation through the model's chat "
+                                   "template, on the serving engine. Ctrl-C stops a reply; "
+                                   "Ctrl-D or /bye leaves; /clear forgets the history. Lines "
+                                   "can be piped in.")
+    _model_options(p)
+    p.add_argument("--system", default=None, help="a system message that starts the history")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens per reply at most (default: up to the context)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature, finite and >= 0; 0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
+    p.add_argument("--seed", type=_seed, default=None,
+                   help="sampling seed, an integer from 0 to 2**64 - 1 (default: random)")
+    p.set_defaults(run=_chat, main_thread=True)
     return parser
 
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 from vkrt.errors import VkrtError
 from vkrt.models.generate import Sampling, check_context, stream_tokens
 from vkrt.serve.request import (ABORT, ERROR, LENGTH, STOP, Request, RequestOutput,
-                                RequestStatus, SamplingParams)
+                                SamplingParams)
 from vkrt.serve.scheduler import QueueFullError, Scheduler, SchedulerOutput
 
 log = logging.getLogger("vkrt.serve")
@@ -197,7 +197,10 @@ class Engine:
         done = False
         try:
             while not done:
-                out = box.get()
+                try:   # in slices, so that Ctrl-C (KeyboardInterrupt) reaches the caller
+                    out = box.get(timeout=0.05)
+                except queue.Empty:
+                    continue
                 done = out.request_finished
                 yield out
         finally:
@@ -286,12 +289,12 @@ class Engine:
                             if r.abort_requested]:
                 outputs.append((request, self._retire(request, ABORT)))
             plan = SchedulerOutput() if self._paused else self.scheduler.schedule()
-        for request in plan.scheduled:
-            if not self.runner.running(request):
-                self._start_sequence(request)
         results: dict = {}
         if plan.scheduled:
             try:
+                for request in plan.scheduled:
+                    if not self.runner.running(request):
+                        self._start_sequence(request)
                 results = self.runner.execute(plan.scheduled)
             except Exception as e:   # a failure inside the model: fail the request, go on
                 log.exception("engine step failed")

@@ -33,14 +33,15 @@ class SchedulerOutput:
 
 class Scheduler:
     """FIFO scheduler. max_num_seqs: requests running at once (1 in this slice). max_queue:
-    requests that may wait beyond those (>= 0); `add_request` raises QueueFullError past it."""
+    requests that may wait for a slot (>= 1; a new request waits until the next step admits
+    it); `add_request` raises QueueFullError past it."""
 
     def __init__(self, max_queue: int, max_num_seqs: int = 1):
         if max_num_seqs != 1:
             raise VkrtError("the model runner decodes one sequence at a time: max_num_seqs "
                             f"must be 1, got {max_num_seqs}")
-        if not (isinstance(max_queue, int) and max_queue >= 0):
-            raise VkrtError(f"max_queue must be an integer >= 0, got {max_queue!r}")
+        if not (isinstance(max_queue, int) and max_queue >= 1):
+            raise VkrtError(f"max_queue must be an integer >= 1, got {max_queue!r}")
         self.max_queue, self.max_num_seqs = max_queue, max_num_seqs
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
