@@ -406,3 +406,22 @@ def test_cli_chat_keeps_the_history_and_survives_ctrl_c(chat_folder, served):
     assert out.endswith("\n" + reply + "\n")             # after /clear: the first reply
     assert not out.startswith(reply + "\n")              # with the history: another
     assert "context" not in err
+
+
+def test_cli_chat_ctrl_c_stops_a_reply_not_the_program(default_model_path):
+    """SmolLM2 writes slowly enough on lavapipe to be interrupted mid-reply."""
+    p = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "chat", "--model",
+                          default_model_path, "--max-tokens", "300"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         encoding="utf-8", env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+    try:
+        p.stdin.write("Count from 1 to 200, one number a line.\n")
+        p.stdin.flush()
+        first = p.stdout.read(1)       # the reply has started
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate("/bye\n", timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert first and (first + out).rstrip("\n").endswith(" [stopped]"), first + out
+    assert "Traceback" not in err
