@@ -230,7 +230,8 @@ def test_models_and_health(srv):
 
 @pytest.mark.parametrize("field,value", [("temperature", "hot"), ("top_p", 0), ("n", 0),
                                          ("max_tokens", -1), ("stop", 3), ("seed", -2),
-                                         ("logprobs", 3), ("bogus", 1)])
+                                         ("logprobs", 3), ("bogus", 1), ("prompt", [99999]),
+                                         ("stream", "yes"), ("model", 3)])
 def test_bad_field_is_400_naming_it(srv, field, value):
     body = {"model": NAME, "prompt": PROMPT, field: value}
     status, err = raw(srv.url + "/v1/completions", body)
@@ -281,6 +282,18 @@ def test_queue_full_is_429(srv, served):
     engine.resume()
     waiting.join(30)
     assert results["r"].usage.completion_tokens == 2
+
+
+def test_engine_not_running_is_503(served):
+    model, _, _ = served
+    stopped = Engine(model)            # never started: refuses requests, touches nothing
+    server = Server(stopped, NAME)
+    try:
+        with pytest.raises(openai.InternalServerError) as e:
+            complete(server.client, max_tokens=2)
+        assert e.value.status_code == 503 and e.value.body["code"] == "shutting_down"
+    finally:
+        server.stop()
 
 
 def test_client_disconnect_frees_the_slot(srv, served):

@@ -128,6 +128,11 @@ class Engine:
         self.scheduler = Scheduler(max_queue)
         self.runner = ModelRunner(model)
         self._cond = threading.Condition()
+        # The tokenizer is one `tokenizers.Tokenizer` shared by the threads that encode
+        # prompts and the engine thread that detokenizes; `Tokenizer.encode` flips its
+        # `encode_special_tokens` setting, so uses are serialized (each takes microseconds
+        # to milliseconds, never a GPU wait).
+        self._tokenizer_lock = threading.Lock()
         self._requests: dict[str, Request] = {}
         self._texts: dict[Request, Any] = {}        # (detokenizer, StopChecker) per request
         self._thread: threading.Thread | None = None
@@ -144,7 +149,8 @@ class Engine:
     def encode(self, prompt: str | list[int]) -> list[int]:
         """Token ids of a raw prompt (`Model.encode`). Raises VkrtError (an id outside the
         vocabulary, text that is not UTF-8)."""
-        return self.model.encode(prompt)
+        with self._tokenizer_lock:
+            return self.model.encode(prompt)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Token ids of `messages` through the model's chat template, ending with the opening
@@ -160,8 +166,9 @@ class Engine:
         def text(i):
             return "" if i is None else tok.decode([i])
 
-        return encode_chat(tok, template, messages, add_generation_prompt=True,
-                           bos_token=text(tok.bos_id), eos_token=text(tok.eos_id))
+        with self._tokenizer_lock:
+            return encode_chat(tok, template, messages, add_generation_prompt=True,
+                               bos_token=text(tok.bos_id), eos_token=text(tok.eos_id))
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     sink: Callable[[RequestOutput], None],
@@ -327,9 +334,10 @@ class Engine:
         request.completion_tokens += 1
         self.stats["tokens"] += 1
         detok, checker = self._texts[request]
-        piece = detok.step(token)
-        if reason is not None:
-            piece += detok.finish()
+        with self._tokenizer_lock:
+            piece = detok.step(token)
+            if reason is not None:
+                piece += detok.finish()
         delta, stopped = checker.add(piece, final=reason is not None)
         if stopped:
             reason = STOP
