@@ -384,6 +384,27 @@ def test_cli_serves_and_stops_on_a_signal(chat_folder, sig):
     assert err.splitlines()[-1] == f"vkrt: stopped on {sig.name}" and "Traceback" not in err
 
 
+def test_cli_sigterm_cancels_a_running_stream_and_exits_0(chat_folder):
+    p = serve_cli("--model", chat_folder, "--port", "0", "--shutdown-timeout", "0")
+    try:
+        url = p.stderr.readline().split(" on ")[-1].strip()
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        stream = client.completions.create(model="opt-chat", prompt=PROMPT, max_tokens=50,
+                                           n=16, temperature=1.0, seed=0, stream=True)
+        reasons = []
+        with pytest.raises(openai.APIError):     # the stream ends without [DONE] ...
+            for c in stream:
+                if not reasons:
+                    p.send_signal(signal.SIGTERM)
+                reasons += [ch.finish_reason for ch in c.choices if ch.finish_reason]
+                reasons.append(None)
+        _, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert len([r for r in reasons if r]) < 16        # ... long before its 16 choices end
+    assert p.returncode == 0 and err.splitlines()[-1] == "vkrt: stopped on SIGTERM", err
+
+
 @pytest.mark.parametrize("flags,words", [
     (["--port", "70000"], ["--port", "70000"]),
     (["--model", "/nonexistent/model.gguf"], ["/nonexistent/model.gguf"]),
