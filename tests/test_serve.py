@@ -191,6 +191,17 @@ def test_stop_checker_holds_back_a_possible_start():
     assert c.add("xab") == ("x", False) and c.add("z", final=True) == ("abz", False)
 
 
+@pytest.mark.parametrize("kw,word", [({"top_p": 0}, "top-p"), ({"seed": -1}, "seed"),
+                                     ({"temperature": float("nan")}, "temperature"),
+                                     ({"stop": [""]}, "stop"), ({"max_tokens": 0}, "max_tokens"),
+                                     ({"n": 0}, "n must")])
+def test_sampling_params_refuse_bad_values(kw, word):
+    from vkrt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=word):
+        SamplingParams(**kw)
+
+
 def test_n_and_seed_reproducible(srv):
     kw = dict(max_tokens=8, temperature=1.0, seed=7, n=2)
     a, b = complete(srv.client, **kw), complete(srv.client, **kw)

@@ -8,7 +8,6 @@ that made progress, holding only what is new (`delta` text and token ids).
 from __future__ import annotations
 
 import enum
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -44,10 +43,9 @@ class SamplingParams:
         if not all(isinstance(s, str) and s for s in stop):
             raise ConfigError(f"stop must hold non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", stop)
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
-            raise ConfigError(f"temperature must be a finite number >= 0, "
-                              f"got {self.temperature!r}")
+        from vkrt.models.generate import Sampling
+
+        Sampling(self.temperature, self.top_p, self.seed)   # temperature, top_p, seed checks
 
     def seed_of(self, index: int) -> int | None:
         """The seed sequence `index` draws with (None stays None: random)."""
