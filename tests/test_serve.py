@@ -470,3 +470,16 @@ def test_cli_chat_ctrl_c_stops_a_reply_not_the_program(default_model_path):
     assert p.returncode == 0, err
     assert first and (first + out).rstrip("\n").endswith(" [stopped]"), first + out
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("which,flags,words", [
+    ("chat", ["--top-p", "0"], ["--top-p", "0"]),
+    ("plain", [], ["no chat template"]),
+])
+def test_cli_chat_refusals_are_one_line(chat_folder, opt_folder, which, flags, words):
+    model = chat_folder if which == "chat" else opt_folder
+    p = subprocess.run([sys.executable, "-m", "vkrt.cli", "chat", "--model", model, *flags],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert lines[0].startswith("vkrt: error: ") and all(w in lines[0] for w in words)

@@ -258,8 +258,6 @@ def _chat(args) -> int:
         raise VkrtError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     try:
         params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.seed)
-        from vkrt.models.generate import Sampling
-        Sampling(args.temperature, args.top_p, args.seed)
     except ConfigError as e:
         raise VkrtError(f"--{e}") from None
     checkpoint = open_checkpoint(args.model or default_model_path())
