@@ -328,6 +328,21 @@ def test_client_disconnect_frees_the_slot(srv, served):
     assert complete(srv.client, max_tokens=2).usage.completion_tokens == 2
 
 
+def test_client_gone_from_a_non_streamed_request_frees_the_slot(srv, served):
+    _, engine, _ = served
+    step = engine.step
+    engine.step = lambda: (time.sleep(0.05), step())[1]
+    aborted = engine.stats["aborted"]
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            complete(srv.client.with_options(timeout=0.3), prompt=srv.refs["ids"][:2],
+                     max_tokens=60)
+        # Noticed at the next disconnect poll (app.DISCONNECT_POLL_S), long before 60 tokens.
+        assert wait_for(lambda: engine.stats["aborted"] == aborted + 1, timeout=2.5)
+    finally:
+        del engine.step
+
+
 # -- the engine from Python ----------------------------------------------------------------
 
 def test_engine_from_python(srv, served):

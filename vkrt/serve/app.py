@@ -133,14 +133,20 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
 
     async def collect(request: Request, parsed: ParsedRequest, outputs: asyncio.Queue,
                       n_prompt: int):
+        loop = asyncio.get_running_loop()
         n = parsed.params.n
         texts, reasons = [""] * n, [None] * n
+        checked = loop.time()
         while True:
             try:
                 out = await asyncio.wait_for(outputs.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
+                out = None
+            if loop.time() - checked >= DISCONNECT_POLL_S:   # idle or not
+                checked = loop.time()
                 if await request.is_disconnected():
                     raise ProtocolError("the client disconnected", status=499)
+            if out is None:
                 continue
             if out.finish_reason in (ERROR, ABORT) and out.request_finished:
                 if out.finish_reason == ERROR:
