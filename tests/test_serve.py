@@ -320,6 +320,10 @@ def test_client_disconnect_frees_the_slot(srv, served):
     try:
         stream = complete(srv.client, prompt=srv.refs["ids"][:2], max_tokens=60, stream=True)
         next(iter(stream))
+        # The engine thread is busy (a step is a GPU wait); the event loop still answers.
+        t0 = time.monotonic()
+        status, health = raw(srv.url + "/health")
+        assert status == 200 and health["running"] == 1 and time.monotonic() - t0 < 1.0
         stream.close()
         assert wait_for(lambda: engine.stats["aborted"] == aborted + 1, timeout=2.0)
         assert engine.load()["running"] == 0
