@@ -800,6 +800,26 @@ MUTATIONS = [
      "    if False:\n        # Vulkan binds", GEN_TESTS),
     ("refusal: kinds by opcode", "vkrt/gen/reflect.py",
      "        return _TYPE_WORDS[op]", '        return f"type opcode {op}"', GEN_TESTS),
+    # -- serving: vkrt/serve (the OpenAI-compatible server and its engine) ----------------
+    ("serve: stop string matched per token only", "vkrt/serve/engine.py",
+     "start = max(0, len(self.text) - self.hold)", "start = len(self.text)",
+     ["tests/test_serve.py::test_stop_string_across_token_boundary"]),
+    ("serve: a client disconnect does not free the slot", "vkrt/serve/app.py",
+     "        finally:\n            self._on_close()", "        finally:\n            pass",
+     ["tests/test_serve.py::test_client_disconnect_frees_the_slot"]),
+    ("serve: a non-streamed request's client never checked for", "vkrt/serve/app.py",
+     "if await request.is_disconnected():", "if False:",
+     ["tests/test_serve.py::test_client_gone_from_a_non_streamed_request_frees_the_slot"]),
+    ("serve: the waiting queue's bound ignored", "vkrt/serve/scheduler.py",
+     "if len(self.waiting) >= self.max_queue:", "if False:",
+     ["tests/test_serve.py::test_queue_full_is_429"]),
+    ("serve: stream_options.include_usage ignored", "vkrt/serve/protocol.py",
+     'include_usage = options.get("include_usage", False)', "include_usage = False",
+     ["tests/test_serve.py::test_include_usage_sends_a_last_usage_chunk"]),
+    ("serve: a bad request answered 500, not 400", "vkrt/serve/protocol.py",
+     "def __init__(self, message: str, status: int = 400,",
+     "def __init__(self, message: str, status: int = 500,",
+     ["tests/test_serve.py::test_bad_field_is_400_naming_it"]),
 ]
 
 

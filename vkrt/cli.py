@@ -1,5 +1,6 @@
-"""`vkrt`: the command line. `vkrt generate "PROMPT"` streams a model's text; `vkrt bench`
-measures speed; `vkrt devices` lists the Vulkan devices. Errors print one line and exit 1
+"""`vkrt`: the command line. `vkrt generate "PROMPT"` streams a model's text; `vkrt serve`
+runs an OpenAI-compatible HTTP server; `vkrt chat` talks in the terminal; `vkrt bench` measures speed; `vkrt devices` lists the
+Vulkan devices. Errors print one line and exit 1
 (2 for a malformed command line); Ctrl-C prints one line and exits 130; a closed pipe
 (`| head`) ends the process as SIGPIPE ends other Unix tools."""
 from __future__ import annotations
@@ -152,6 +153,181 @@ def _bench(args) -> int:
     return 0
 
 
+def _listen(host: str, port: int):
+    """A listening TCP socket on host:port (port 0: any free one). Raises VkrtError (one
+    line) when the address cannot be bound."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise VkrtError(f"--host {host!r}: {e.strerror or e}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise VkrtError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _serve(args) -> int:
+    """`vkrt serve`: load the model (in a worker thread, so Ctrl-C takes effect at once),
+    then run uvicorn in the main thread, whose signal handlers take SIGINT and SIGTERM: it
+    stops accepting, lets running requests finish for --shutdown-timeout seconds, cancels
+    the rest (their engine requests are aborted), then the engine and the model are shut
+    down and vkrt exits 0. A second Ctrl-C skips the wait."""
+    import logging
+
+    import uvicorn
+
+    from vkrt.models.model import Model, default_model_path
+    from vkrt.models.registry import open_checkpoint
+    from vkrt.runtime.device import Device
+    from vkrt.serve.app import build_app
+    from vkrt.serve.engine import Engine
+
+    if not 0 <= args.port <= 65535:
+        raise VkrtError(f"--port must be from 0 to 65535, got {args.port}")
+    if not args.shutdown_timeout >= 0:
+        raise VkrtError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    path = args.model or default_model_path()
+    name = args.served_model_name or os.path.splitext(os.path.basename(
+        os.path.normpath(path)))[0]
+    sock = _listen(args.host, args.port)
+    show_bars = args.progress or (sys.stderr is not None and sys.stderr.isatty())
+
+    def load():
+        checkpoint = open_checkpoint(path)
+        device = Device(args.device)
+        try:
+            return Model(checkpoint, device, True, show_bars)
+        except BaseException:
+            device.close()
+            raise
+
+    try:
+        model = _in_worker(load)
+    except BaseException:
+        sock.close()
+        raise
+    got: list[int] = []
+    try:
+        engine = Engine(model, args.max_queue)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        log = logging.getLogger("vkrt.serve")
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        server = uvicorn.Server(uvicorn.Config(
+            build_app(engine, name, owns_engine=True), log_level="info",
+            timeout_graceful_shutdown=args.shutdown_timeout))
+        host, port = sock.getsockname()[:2]
+        print(f"vkrt: serving {name} ({model.family}, context {model.hparams.n_ctx} tokens, "
+              f"one sequence at a time, --max-queue {args.max_queue}) on "
+              f"http://{host}:{port}/v1", file=sys.stderr, flush=True)
+        # uvicorn raises the signal it stopped on again once it is done: let it land here.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: got.append(signum))
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        model.close()
+    if got:
+        print(f"vkrt: stopped on {signal.Signals(got[-1]).name}", file=sys.stderr, flush=True)
+    return 0 if got or server.started else 1
+
+
+def _chat(args) -> int:
+    """`vkrt chat`: a conversation in the terminal on the serving engine. Each user line is
+    added to the history, the whole history goes through the model's chat template, and the
+    reply streams. Ctrl-C during a reply stops it (what was written stays in the history);
+    at the prompt it only reminds how to leave: Ctrl-D (end of input) or /bye. /clear forgets
+    the history."""
+    from vkrt.models.model import Model, default_model_path
+    from vkrt.models.registry import open_checkpoint
+    from vkrt.runtime.device import Device
+    from vkrt.serve.engine import Engine
+    from vkrt.serve.request import SamplingParams
+
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise VkrtError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    try:
+        params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.seed)
+    except ConfigError as e:
+        raise VkrtError(f"--{e}") from None
+    checkpoint = open_checkpoint(args.model or default_model_path())
+    if not checkpoint.chat_template:
+        raise VkrtError(f"{checkpoint.path}: the model has no chat template")
+    show_bars = args.progress or (sys.stderr is not None and sys.stderr.isatty())
+
+    def load():
+        device = Device(args.device)
+        try:
+            return Model(checkpoint, device, True, show_bars)
+        except BaseException:
+            device.close()
+            raise
+
+    model = _in_worker(load)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict] = []
+    tty = sys.stdin is not None and sys.stdin.isatty()
+    def reply(engine, line: str) -> None:
+        """One turn: the reply to `line` after the history, streamed; Ctrl-C stops it."""
+        nonlocal history
+        turn = history + [{"role": "user", "content": line}]
+        try:
+            ids = engine.encode_chat(system + turn)
+        except VkrtError as e:   # e.g. a template that refuses the history
+            print(f"vkrt: error: {e}", file=sys.stderr, flush=True)
+            return
+        want = args.max_tokens or 1
+        if len(ids) + want > engine.n_ctx:
+            print(f"vkrt: the conversation is {len(ids)} tokens, past the context of "
+                  f"{engine.n_ctx} with --max-tokens {want}: /clear to start again",
+                  file=sys.stderr, flush=True)
+            return
+        pieces: list[str] = []
+        try:
+            outputs = engine.generate(ids, params)
+            try:
+                for out in outputs:
+                    pieces.append(out.delta)
+                    _write(out.delta)
+            finally:
+                outputs.close()      # at Ctrl-C: aborted at the engine's next step
+        except KeyboardInterrupt:
+            _write(" [stopped]")
+        finally:
+            history = turn + [{"role": "assistant", "content": "".join(pieces)}]
+        _write("\n")
+
+    try:
+        with Engine(model, max_queue=1) as engine:
+            while True:
+                try:   # Ctrl-C anywhere but in a reply: a reminder, not the end
+                    try:
+                        line = input("> " if tty else "")
+                    except EOFError:
+                        break
+                    if line.strip() == "/bye":
+                        break
+                    if line.strip() == "/clear":
+                        history.clear()
+                    elif line.strip():
+                        reply(engine, line)
+                except KeyboardInterrupt:
+                    print("\n(Ctrl-D or /bye to leave)", file=sys.stderr, flush=True)
+    finally:
+        model.close()
+    return 0
+
+
 def _choices(allowed: tuple[str, ...]):
     def parse(text: str) -> list[str]:
         values = text.split(",")
@@ -184,6 +360,12 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 def _non_negative_int(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return int(text)
 
 
@@ -263,6 +445,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object, with the device, driver and git commit")
     p.set_defaults(run=_bench)
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
+                       formatter_class=_DefaultsHelp,
+                       description="POST /v1/completions and /v1/chat/completions (streamed "
+                                   "or not), GET /v1/models and /health, on Starlette and "
+                                   "uvicorn. One sequence runs at a time (no batching yet); "
+                                   "others wait in a FIFO queue of --max-queue requests, "
+                                   "past which requests get HTTP 429. Ctrl-C or SIGTERM "
+                                   "drains and exits.")
+    _model_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=_non_negative_int, default=8000,
+                   help="TCP port (0: any free port, printed at start)")
+    p.add_argument("--max-queue", type=_positive_int, default=16,
+                   help="requests that may wait while one runs; more get HTTP 429")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send (default: the file or folder name)")
+    p.add_argument("--shutdown-timeout", type=float, default=5.0,
+                   help="seconds running requests get to finish at Ctrl-C or SIGTERM "
+                        "before they are cancelled")
+    p.set_defaults(run=_serve, main_thread=True)
+    p = sub.add_parser("chat", help="talk with the model in the terminal",
+                       formatter_class=_DefaultsHelp,
+                       description="A multi-turn conversation through the model's chat "
+                                   "template, on the serving engine. Ctrl-C stops a reply; "
+                                   "Ctrl-D or /bye leaves; /clear forgets the history. Lines "
+                                   "can be piped in.")
+    _model_options(p)
+    p.add_argument("--system", default=None, help="a system message that starts the history")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens per reply at most (default: up to the context)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature, finite and >= 0; 0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
+    p.add_argument("--seed", type=_seed, default=None,
+                   help="sampling seed, an integer from 0 to 2**64 - 1 (default: random)")
+    p.set_defaults(run=_chat, main_thread=True)
     return parser
 
 
@@ -307,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for switch in config.ALL:   # a malformed VKRT_* variable fails now, not after loading
             switch.value
+        if getattr(args, "main_thread", False):   # serve: uvicorn takes the signals itself
+            return args.run(args)
         return _in_worker(lambda: args.run(args))
     except VkrtError as e:
         print(f"vkrt: error: {e}", file=sys.stderr)

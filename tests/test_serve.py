@@ -1,0 +1,504 @@
+"""`vkrt.serve` through the official `openai` client against a real uvicorn server on
+127.0.0.1 (port 0, in a background thread of this process, so a test can pause the engine
+or slow its steps), on the tiny random OPT checkpoint; once on the default SmolLM2 model;
+`vkrt serve` itself as a subprocess (SIGTERM, one-line errors)."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+import uvicorn
+
+import vkrt
+from vkrt.serve import Engine, SamplingParams
+from vkrt.serve.app import build_app
+from vkrt.serve.engine import StopChecker
+
+NAME = "tiny-opt"
+PROMPT = "Hello world"
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+class Server:
+    """uvicorn serving `build_app(engine, name)` on 127.0.0.1:<free port> in a thread."""
+
+    def __init__(self, engine, name):
+        config = uvicorn.Config(build_app(engine, name), host="127.0.0.1", port=0,
+                                log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "no server"
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
+                                    timeout=60)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def raw(url, body=None, method=None):
+    """(status, parsed JSON) of a request with `body` (bytes or an object) to `url`."""
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def chat_folder(opt_folder, tmp_path_factory):
+    """The tiny OPT checkpoint with a chat template (tokenizer_config.json)."""
+    folder = tmp_path_factory.mktemp("serve") / "opt-chat"
+    shutil.copytree(opt_folder, folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def served(chat_folder, device):
+    """(model, engine, server) on the tiny model, with references computed by
+    `model.generate` before the engine thread owns the model."""
+    model = vkrt.load(chat_folder, device=device)
+    refs = {"greedy": list(model.generate(PROMPT, max_tokens=24)),
+            "ids": model.encode(PROMPT)}
+    refs["tokens"] = model.generate(PROMPT, max_tokens=24)
+    list(refs["tokens"])
+    refs["tokens"] = refs["tokens"].result.tokens
+    chat_ids = model.checkpoint.encode("Hi there", chat=True)
+    refs["chat"] = "".join(model.generate(chat_ids, max_tokens=12))
+    refs["chat4"] = "".join(model.generate(chat_ids, max_tokens=4))
+    engine = Engine(model, max_queue=1).start()
+    server = Server(engine, NAME)
+    server.refs = refs
+    yield model, engine, server
+    server.stop()
+    engine.shutdown()
+    model.close()
+
+
+@pytest.fixture
+def srv(served):
+    model, engine, server = served
+    engine.resume()
+    yield server
+    engine.resume()
+    assert wait_for(lambda: engine.load()["running"] == engine.load()["waiting"] == 0)
+
+
+def wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def complete(client, **kw):
+    kw.setdefault("model", NAME)
+    kw.setdefault("prompt", PROMPT)
+    kw.setdefault("temperature", 0)
+    return client.completions.create(**kw)
+
+
+def streamed(stream):
+    """(texts by choice index, finish reasons by index, chunks) of a completion stream."""
+    texts, reasons, chunks = {}, {}, []
+    for c in stream:
+        chunks.append(c)
+        for ch in c.choices:
+            piece = ch.text if hasattr(ch, "text") else (ch.delta.content or "")
+            texts[ch.index] = texts.get(ch.index, "") + piece
+            if ch.finish_reason is not None:
+                reasons[ch.index] = ch.finish_reason
+    return texts, reasons, chunks
+
+
+# -- completions --------------------------------------------------------------------------
+
+def test_greedy_completion_equals_generate_streamed_or_not(srv):
+    expected = "".join(srv.refs["greedy"])
+    r = complete(srv.client, max_tokens=24)
+    assert r.choices[0].text == expected and r.object == "text_completion"
+    assert r.choices[0].finish_reason == "length" and r.model == NAME
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens,
+            r.usage.total_tokens) == (len(srv.refs["ids"]), 24, len(srv.refs["ids"]) + 24)
+    texts, reasons, chunks = streamed(complete(srv.client, max_tokens=24, stream=True))
+    assert texts == {0: expected} and reasons == {0: "length"}
+    assert all(c.usage is None for c in chunks)
+    # Token ids in, the same text out.
+    assert complete(srv.client, prompt=srv.refs["ids"], max_tokens=24).choices[0].text == \
+        expected
+
+
+def test_include_usage_sends_a_last_usage_chunk(srv):
+    texts, _, chunks = streamed(complete(srv.client, max_tokens=5, stream=True,
+                                         stream_options={"include_usage": True}))
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (
+        len(srv.refs["ids"]), 5)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def stop_spanning_tokens(model_pieces):
+    """A stop string made of the last character of one token's text and the first of the
+    next, occurring first there and inside no single token's text; the text before it."""
+    text = "".join(model_pieces)
+    pos = 0
+    for a, b in zip(model_pieces, model_pieces[1:]):
+        pos += len(a)
+        if a and b:
+            stop = a[-1] + b[0]
+            if text.find(stop) == pos - 1 and not any(stop in p for p in model_pieces):
+                return stop, text[:pos - 1]
+    pytest.fail(f"no stop string spans two tokens of {model_pieces!r}")
+
+
+def test_stop_string_across_token_boundary(srv):
+    stop, before = stop_spanning_tokens(srv.refs["greedy"])
+    r = complete(srv.client, max_tokens=24, stop=stop)
+    assert r.choices[0].text == before and r.choices[0].finish_reason == "stop"
+    texts, reasons, _ = streamed(complete(srv.client, max_tokens=24, stop=[stop, "\x00zz"],
+                                          stream=True))
+    assert texts == {0: before} and reasons == {0: "stop"}
+
+
+def test_stop_checker_holds_back_a_possible_start():
+    c = StopChecker(("abc",))
+    assert c.add("xa") == ("", False)        # the last len("abc") - 1 characters are held
+    assert c.add("b") == ("x", False)
+    assert c.add("cd") == ("", True)         # the stop string and what follows are cut
+    c = StopChecker(("abc",))
+    assert c.add("xab") == ("x", False) and c.add("z", final=True) == ("abz", False)
+
+
+@pytest.mark.parametrize("kw,word", [({"top_p": 0}, "top-p"), ({"seed": -1}, "seed"),
+                                     ({"temperature": float("nan")}, "temperature"),
+                                     ({"stop": [""]}, "stop"), ({"max_tokens": 0}, "max_tokens"),
+                                     ({"n": 0}, "n must")])
+def test_sampling_params_refuse_bad_values(kw, word):
+    from vkrt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=word):
+        SamplingParams(**kw)
+
+
+def test_n_and_seed_reproducible(srv):
+    kw = dict(max_tokens=8, temperature=1.0, seed=7, n=2)
+    a, b = complete(srv.client, **kw), complete(srv.client, **kw)
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert [c.index for c in a.choices] == [0, 1]
+    assert 2 <= a.usage.completion_tokens <= 16     # over both choices
+    other = complete(srv.client, max_tokens=8, temperature=1.0, seed=8, n=2)
+    assert [c.text for c in other.choices] != [c.text for c in a.choices]
+    texts, reasons, _ = streamed(complete(srv.client, stream=True, **kw))
+    assert texts == {i: c.text for i, c in enumerate(a.choices)} and set(reasons) == {0, 1}
+
+
+# -- chat ---------------------------------------------------------------------------------
+
+def test_chat_streamed_and_not(srv):
+    msgs = [{"role": "user", "content": "Hi there"}]
+    r = srv.client.chat.completions.create(model=NAME, messages=msgs, temperature=0,
+                                           max_tokens=12)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == srv.refs["chat"]
+    stream = srv.client.chat.completions.create(model=NAME, messages=msgs, temperature=0,
+                                                max_completion_tokens=12, stream=True,
+                                                stream_options={"include_usage": True})
+    texts, reasons, chunks = streamed(stream)
+    assert texts == {0: srv.refs["chat"]} and reasons == {0: r.choices[0].finish_reason}
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+# -- models, health, errors ---------------------------------------------------------------
+
+def test_models_and_health(srv):
+    assert [m.id for m in srv.client.models.list().data] == [NAME]
+    status, body = raw(srv.url + "/health")
+    assert status == 200 and body["status"] == "ok"
+
+
+@pytest.mark.parametrize("field,value", [("temperature", "hot"), ("top_p", 0), ("n", 0),
+                                         ("max_tokens", -1), ("stop", 3), ("seed", -2),
+                                         ("logprobs", 3), ("bogus", 1), ("prompt", [99999]),
+                                         ("stream", "yes"), ("model", 3)])
+def test_bad_field_is_400_naming_it(srv, field, value):
+    body = {"model": NAME, "prompt": PROMPT, field: value}
+    status, err = raw(srv.url + "/v1/completions", body)
+    assert status == 400 and err["error"]["param"] == field, err
+    assert field in err["error"]["message"] and set(err["error"]) == {
+        "message", "type", "param", "code"}
+
+
+def test_errors_keep_the_server_serving(srv):
+    with pytest.raises(openai.BadRequestError) as e:
+        srv.client.chat.completions.create(model=NAME, messages=[{"role": "wizard",
+                                                                  "content": "x"}])
+    assert "role" in str(e.value)
+    with pytest.raises(openai.NotFoundError) as e:
+        complete(srv.client, model="gpt-9")
+    assert e.value.body["code"] == "model_not_found"
+    assert raw(srv.url + "/v1/completions", b"{not json")[0] == 400
+    assert raw(srv.url + "/v1/nothing")[0] == 404
+    with pytest.raises(openai.BadRequestError):   # past the 64-token context
+        complete(srv.client, max_tokens=60)
+    assert complete(srv.client, max_tokens=3).usage.completion_tokens == 3
+
+
+def test_prompt_past_context_is_400_before_any_event(srv):
+    long = srv.refs["ids"] * 10
+    req = urllib.request.Request(srv.url + "/v1/completions", method="POST",
+                                 data=json.dumps({"model": NAME, "prompt": long,
+                                                  "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400 and e.value.headers["content-type"] == "application/json"
+    err = json.loads(e.value.read())["error"]
+    assert err["param"] == "prompt" and "context" in err["message"]
+
+
+def test_queue_full_is_429(srv, served):
+    _, engine, _ = served
+    engine.pause()
+    results = {}
+    waiting = threading.Thread(target=lambda: results.update(
+        r=complete(srv.client, max_tokens=2)))
+    waiting.start()
+    assert wait_for(lambda: engine.load()["waiting"] == 1)   # --max-queue 1: full
+    with pytest.raises(openai.RateLimitError) as e:   # at once, not after waiting
+        complete(srv.client.with_options(timeout=5), max_tokens=2)
+    assert e.value.status_code == 429 and e.value.body["code"] == "queue_full"
+    engine.resume()
+    waiting.join(30)
+    assert results["r"].usage.completion_tokens == 2
+
+
+def test_engine_not_running_is_503(served):
+    model, _, _ = served
+    stopped = Engine(model)            # never started: refuses requests, touches nothing
+    server = Server(stopped, NAME)
+    try:
+        with pytest.raises(openai.InternalServerError) as e:
+            complete(server.client, max_tokens=2)
+        assert e.value.status_code == 503 and e.value.body["code"] == "shutting_down"
+    finally:
+        server.stop()
+
+
+def test_client_disconnect_frees_the_slot(srv, served):
+    _, engine, _ = served
+    step = engine.step
+
+    def slow_step():
+        time.sleep(0.05)
+        return step()
+
+    engine.step = slow_step      # the loop calls self.step: 60 tokens take 3 s
+    aborted = engine.stats["aborted"]
+    try:
+        stream = complete(srv.client, prompt=srv.refs["ids"][:2], max_tokens=60, stream=True)
+        next(iter(stream))
+        # The engine thread is busy (a step is a GPU wait); the event loop still answers.
+        t0 = time.monotonic()
+        status, health = raw(srv.url + "/health")
+        assert status == 200 and health["running"] == 1 and time.monotonic() - t0 < 1.0
+        stream.close()
+        assert wait_for(lambda: engine.stats["aborted"] == aborted + 1, timeout=2.0)
+        assert engine.load()["running"] == 0
+    finally:
+        del engine.step
+    assert complete(srv.client, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_client_gone_from_a_non_streamed_request_frees_the_slot(srv, served):
+    _, engine, _ = served
+    step = engine.step
+    engine.step = lambda: (time.sleep(0.05), step())[1]
+    aborted = engine.stats["aborted"]
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            complete(srv.client.with_options(timeout=0.3), prompt=srv.refs["ids"][:2],
+                     max_tokens=60)
+        # Noticed at the next disconnect poll (app.DISCONNECT_POLL_S), long before 60 tokens.
+        assert wait_for(lambda: engine.stats["aborted"] == aborted + 1, timeout=2.5)
+    finally:
+        del engine.step
+
+
+# -- the engine from Python ----------------------------------------------------------------
+
+def test_engine_from_python(srv, served):
+    _, engine, _ = served
+    outs = list(engine.generate(PROMPT, SamplingParams(max_tokens=24)))
+    assert "".join(o.delta for o in outs) == "".join(srv.refs["greedy"])
+    assert [t for o in outs for t in o.token_ids] == srv.refs["tokens"]
+    assert outs[-1].request_finished and outs[-1].finish_reason == "length"
+    assert outs[-1].ttft_s > 0 and outs[-1].tpot_s > 0
+    # Closing the iterator early aborts the request (what `vkrt chat` does at Ctrl-C).
+    aborted = engine.stats["aborted"]
+    outputs = engine.generate(PROMPT, SamplingParams(max_tokens=40))
+    next(outputs)
+    outputs.close()
+    assert wait_for(lambda: engine.stats["aborted"] == aborted + 1)
+
+
+# -- the default model, once ---------------------------------------------------------------
+
+def test_default_model_greedy_equals_generate(default_model_path, device):
+    """SmolLM2 through the server: token-exact with `model.generate` (text and count); its
+    chat template through `Engine.encode_chat` as `vkrt generate --chat` encodes it."""
+    with vkrt.load(default_model_path, device=device) as model:
+        prompt = "1, 2, 3, 4, 5,"
+        text = model.generate(prompt, max_tokens=4)
+        expected = "".join(text)
+        n_tokens = len(text.result.tokens)
+        chat_ids = model.checkpoint.encode("Say hi.", chat=True)
+        with Engine(model) as engine:
+            assert engine.encode_chat([{"role": "user", "content": "Say hi."}]) == chat_ids
+            server = Server(engine, "smollm2")
+            try:
+                texts, reasons, chunks = streamed(server.client.completions.create(
+                    model="smollm2", prompt=prompt, max_tokens=4, temperature=0, stream=True,
+                    stream_options={"include_usage": True}))
+                assert texts == {0: expected} and reasons == {0: "length"}
+                assert chunks[-1].usage.completion_tokens == n_tokens == 4
+            finally:
+                server.stop()
+
+
+# -- `vkrt serve` as a user runs it ---------------------------------------------------------
+
+def serve_cli(*args):
+    return subprocess.Popen([sys.executable, "-m", "vkrt.cli", "serve", *args],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_serves_and_stops_on_a_signal(chat_folder, sig):
+    p = serve_cli("--model", chat_folder, "--port", "0", "--max-queue", "1")
+    try:
+        line = p.stderr.readline()
+        assert line.startswith("vkrt: serving opt-chat "), line + p.stderr.read()
+        url = line.split(" on ")[-1].strip()
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        r = client.completions.create(model="opt-chat", prompt=PROMPT, max_tokens=3,
+                                      temperature=0)
+        assert r.usage.completion_tokens == 3
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert err.splitlines()[-1] == f"vkrt: stopped on {sig.name}" and "Traceback" not in err
+
+
+def test_cli_sigterm_cancels_a_running_stream_and_exits_0(chat_folder):
+    p = serve_cli("--model", chat_folder, "--port", "0", "--shutdown-timeout", "0")
+    try:
+        url = p.stderr.readline().split(" on ")[-1].strip()
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        stream = client.completions.create(model="opt-chat", prompt=PROMPT, max_tokens=50,
+                                           n=16, temperature=1.0, seed=0, stream=True)
+        reasons = []
+        with pytest.raises(openai.APIError):     # the stream ends without [DONE] ...
+            for c in stream:
+                if not reasons:
+                    p.send_signal(signal.SIGTERM)
+                reasons += [ch.finish_reason for ch in c.choices if ch.finish_reason]
+                reasons.append(None)
+        _, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert len([r for r in reasons if r]) < 16        # ... long before its 16 choices end
+    assert p.returncode == 0 and err.splitlines()[-1] == "vkrt: stopped on SIGTERM", err
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--port", "70000"], ["--port", "70000"]),
+    (["--model", "/nonexistent/model.gguf"], ["/nonexistent/model.gguf"]),
+    (["--host", "256.1.1.1"], ["256.1.1.1"]),
+])
+def test_cli_bad_options_are_one_line(chat_folder, flags, words):
+    p = subprocess.run([sys.executable, "-m", "vkrt.cli", "serve", "--model", chat_folder,
+                        "--port", "0", *flags], capture_output=True, text=True, timeout=60)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert lines[0].startswith("vkrt: error: ") and all(w in lines[0] for w in words)
+
+
+def test_cli_chat_keeps_the_history_and_survives_ctrl_c(chat_folder, served):
+    """Lines piped in: the first reply is the greedy one for that one message; /clear
+    forgets; Ctrl-C at the prompt does not end the program; /bye does."""
+    reply = served[2].refs["chat4"]
+    p = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "chat", "--model", chat_folder,
+                          "--max-tokens", "4"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, encoding="utf-8",
+                         env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+    try:
+        p.stdin.write("Hi there\n")
+        p.stdin.flush()
+        assert p.stdout.read(len(reply) + 1) == reply + "\n"
+        p.send_signal(signal.SIGINT)      # waiting at the prompt
+        time.sleep(0.5)
+        out, err = p.communicate("Hi there\n/clear\nHi there\n/bye\n", timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert "Ctrl-D or /bye" in err and "Traceback" not in err
+    assert out.endswith("\n" + reply + "\n")             # after /clear: the first reply
+    assert not out.startswith(reply + "\n")              # with the history: another
+    assert "context" not in err
+
+
+def test_cli_chat_ctrl_c_stops_a_reply_not_the_program(default_model_path):
+    """SmolLM2 writes slowly enough on lavapipe to be interrupted mid-reply."""
+    p = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "chat", "--model",
+                          default_model_path, "--max-tokens", "300"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         encoding="utf-8", env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+    try:
+        p.stdin.write("Count from 1 to 200, one number a line.\n")
+        p.stdin.flush()
+        first = p.stdout.read(1)       # the reply has started
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate("/bye\n", timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert first and (first + out).rstrip("\n").endswith(" [stopped]"), first + out
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("which,flags,words", [
+    ("chat", ["--top-p", "0"], ["--top-p", "0"]),
+    ("plain", [], ["no chat template"]),
+])
+def test_cli_chat_refusals_are_one_line(chat_folder, opt_folder, which, flags, words):
+    model = chat_folder if which == "chat" else opt_folder
+    p = subprocess.run([sys.executable, "-m", "vkrt.cli", "chat", "--model", model, *flags],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert lines[0].startswith("vkrt: error: ") and all(w in lines[0] for w in words)

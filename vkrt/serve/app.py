@@ -1,0 +1,223 @@
+"""The HTTP side: a Starlette app speaking OpenAI's API in front of one `Engine`.
+
+Routes: POST /v1/completions, POST /v1/chat/completions (`stream` false: one JSON
+response; true: server-sent events `data: {chunk}` ending with `data: [DONE]`), GET
+/v1/models, GET /health. Errors are OpenAI's error object (`protocol.ProtocolError.body`)
+with status 400 (a bad field, named in `param`; a prompt past the context, before any
+event is sent), 404 (an unknown model or route), 429 (the waiting queue is full), 503 (the
+engine is shutting down), 500 (a failure inside the engine).
+
+The event loop never waits for the GPU: the engine thread hands each output over with
+`loop.call_soon_threadsafe` into an `asyncio.Queue` per request. A streamed request whose
+client goes away is aborted (`Engine.abort`) when Starlette sees the disconnect, so its slot
+frees within a step; a non-streamed one is checked for a disconnect every second.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import asynccontextmanager
+from typing import Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from vkrt.errors import VkrtError
+from vkrt.serve import protocol
+from vkrt.serve.engine import Engine, EngineStoppedError
+from vkrt.serve.protocol import ParsedRequest, ProtocolError
+from vkrt.serve.request import ABORT, ERROR
+from vkrt.serve.scheduler import QueueFullError
+
+DISCONNECT_POLL_S = 1.0
+
+
+def _error(e: ProtocolError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+class _EventStream(StreamingResponse):
+    """A StreamingResponse that calls `on_close()` however it ends: finished, the client
+    gone (Starlette cancels the stream when it receives `http.disconnect`), or the server
+    shutting down."""
+
+    def __init__(self, events, on_close: Callable[[], None]):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Starlette:
+    """The app serving `engine`'s model as `model_name` (the id clients send as `model`).
+    owns_engine: start the engine when the app starts and shut it down (aborting what is
+    left) when the app stops (ASGI lifespan)."""
+    created = int(time.time())
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise ProtocolError(f"the model '{name}' does not exist; this server serves "
+                                f"'{model_name}' (GET /v1/models)", status=404, param="model",
+                                code="model_not_found")
+
+    async def body_of(request: Request):
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ProtocolError(f"the request body is not valid JSON: {e}") from None
+
+    def context_check(ids: list[int], parsed: ParsedRequest, field: str) -> None:
+        n_ctx, want = engine.n_ctx, parsed.params.max_tokens
+        if not ids:
+            raise ProtocolError(f"'{field}': the prompt is empty", param=field)
+        if len(ids) + (want or 1) > n_ctx:
+            extra = f" + max_tokens {want}" if want is not None else ""
+            raise ProtocolError(
+                f"'{field}': the prompt is {len(ids)} tokens{extra}, past the model's context "
+                f"of {n_ctx} tokens", param=field, code="context_length_exceeded")
+
+    async def completions(request: Request):
+        parsed = protocol.parse_completion(await body_of(request))
+        check_model(parsed.model)
+        try:
+            ids = engine.encode(parsed.prompt)
+        except VkrtError as e:
+            raise ProtocolError(f"'prompt': {e}", param="prompt") from None
+        context_check(ids, parsed, "prompt")
+        return await run(request, parsed, ids)
+
+    async def chat(request: Request):
+        parsed = protocol.parse_chat(await body_of(request))
+        check_model(parsed.model)
+        try:
+            ids = engine.encode_chat(parsed.prompt)
+        except VkrtError as e:
+            raise ProtocolError(f"'messages': {e}", param="messages") from None
+        context_check(ids, parsed, "messages")
+        return await run(request, parsed, ids)
+
+    async def run(request: Request, parsed: ParsedRequest, ids: list[int]):
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+
+        def sink(out):   # on the engine thread
+            loop.call_soon_threadsafe(outputs.put_nowait, out)
+
+        try:
+            req = engine.add_request(ids, parsed.params, sink, request_id=parsed.id)
+        except QueueFullError as e:
+            raise ProtocolError(str(e), status=429, type="rate_limit_error",
+                                code="queue_full") from None
+        except EngineStoppedError as e:
+            raise ProtocolError(str(e), status=503, type="server_error",
+                                code="shutting_down") from None
+        except VkrtError as e:   # the engine's own context check
+            raise ProtocolError(str(e), param="max_tokens") from None
+        if parsed.stream:
+            return _EventStream(events(parsed, outputs, len(ids)),
+                                lambda: engine.abort(req.request_id))
+        try:
+            return await collect(request, parsed, outputs, len(ids))
+        finally:
+            engine.abort(req.request_id)   # a no-op once it finished
+
+    async def collect(request: Request, parsed: ParsedRequest, outputs: asyncio.Queue,
+                      n_prompt: int):
+        loop = asyncio.get_running_loop()
+        n = parsed.params.n
+        texts, reasons = [""] * n, [None] * n
+        checked = loop.time()
+        while True:
+            try:
+                out = await asyncio.wait_for(outputs.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                out = None
+            if loop.time() - checked >= DISCONNECT_POLL_S:   # idle or not
+                checked = loop.time()
+                if await request.is_disconnected():
+                    raise ProtocolError("the client disconnected", status=499)
+            if out is None:
+                continue
+            if out.finish_reason in (ERROR, ABORT) and out.request_finished:
+                if out.finish_reason == ERROR:
+                    raise ProtocolError(f"generation failed: {out.error}", status=500,
+                                        type="server_error")
+                raise ProtocolError("the request was cancelled (server shutting down)",
+                                    status=503, type="server_error", code="shutting_down")
+            texts[out.index] += out.delta
+            if out.finished:
+                reasons[out.index] = out.finish_reason
+            if out.request_finished:
+                return JSONResponse(protocol.response(parsed, model_name, texts, reasons,
+                                                      n_prompt, out.completion_tokens))
+
+    async def events(parsed: ParsedRequest, outputs: asyncio.Queue, n_prompt: int):
+        chat_kind = parsed.kind == "chat"
+        started = set()
+        completion_tokens = 0
+        while True:
+            out = await outputs.get()
+            completion_tokens = out.completion_tokens
+            if out.finish_reason in (ERROR, ABORT):
+                message = (f"generation failed: {out.error}" if out.finish_reason == ERROR
+                           else "the request was cancelled (server shutting down)")
+                yield protocol.sse(ProtocolError(message, 500, "server_error").body())
+                return
+            if chat_kind and out.index not in started:
+                started.add(out.index)
+                yield protocol.sse(protocol.chunk(parsed, model_name, out.index, "", role=True))
+            if out.delta:
+                yield protocol.sse(protocol.chunk(parsed, model_name, out.index, out.delta))
+            if out.finished:
+                yield protocol.sse(protocol.chunk(parsed, model_name, out.index, None,
+                                                  out.finish_reason))
+            if out.request_finished:
+                break
+        if parsed.include_usage:
+            yield protocol.sse(protocol.usage_chunk(parsed, model_name, n_prompt,
+                                                    completion_tokens))
+        yield protocol.sse("[DONE]")
+
+    async def models(request: Request):
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": created, "owned_by": "vkrt"}]})
+
+    async def health(request: Request):
+        return JSONResponse({"status": "ok", **engine.load()})
+
+    async def protocol_error(request: Request, e: ProtocolError):
+        return _error(e)
+
+    async def http_error(request: Request, e: HTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return _error(ProtocolError(f"{request.method} {request.url.path}: {e.detail}",
+                                    status=e.status_code, type=kind))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if owns_engine:
+            engine.start()
+        try:
+            yield
+        finally:
+            if owns_engine:
+                # Off the event loop: a step in progress finishes first.
+                await asyncio.to_thread(engine.shutdown)
+
+    return Starlette(routes=[
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ], exception_handlers={ProtocolError: protocol_error, HTTPException: http_error},
+        lifespan=lifespan)

@@ -1,0 +1,380 @@
+"""The serving engine: one thread owns the model and its device stream and runs the engine
+loop; any thread submits requests and gets their outputs through a callback.
+
+Shaped as vLLM v1 splits it (vllm/v1/engine/core.py: `EngineCore.step` = schedule, execute,
+update; vllm/v1/engine/output_processor.py: detokenization and stop strings per request):
+
+    step():  aborts  -> Scheduler.schedule()  -> ModelRunner.execute()  -> per request:
+             detokenize, match stop strings, emit a RequestOutput, retire what finished
+
+Batching is NOT there yet: the scheduler runs one sequence at a time and `ModelRunner`
+advances it with the existing token loop (`vkrt.models.generate.stream_tokens`, one
+iterator per sequence). A batched runner (B sequences per step, a paged KV cache with block
+tables) replaces `ModelRunner` behind the same `execute(scheduled) -> {request: token}`.
+
+Python use, without HTTP:
+
+    with vkrt.load(path) as model, Engine(model) as engine:
+        for out in engine.generate("Once upon a time", SamplingParams(max_tokens=32)):
+            print(out.delta, end="")
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Callable, Iterator
+
+from vkrt.errors import VkrtError
+from vkrt.models.generate import Sampling, check_context, stream_tokens
+from vkrt.serve.request import (ABORT, ERROR, LENGTH, STOP, Request, RequestOutput,
+                                SamplingParams)
+from vkrt.serve.scheduler import QueueFullError, Scheduler, SchedulerOutput
+
+log = logging.getLogger("vkrt.serve")
+
+__all__ = ["Engine", "EngineStoppedError", "QueueFullError", "SamplingParams", "Request",
+           "RequestOutput", "StopChecker"]
+
+
+class EngineStoppedError(VkrtError):
+    """The engine is shutting down (or was never started): no new requests (HTTP 503)."""
+
+
+class StopChecker:
+    """Text of one sequence, released as it becomes final. Stop strings are matched on the
+    accumulated text, so one that spans several tokens is found (vLLM's StopChecker does the
+    same). The last `max(len(stop)) - 1` characters are held back until more text shows they
+    cannot start a stop string, so a streamed client never sees text that is later cut, and
+    the streamed pieces join to exactly the non-streamed text. The stop string itself is not
+    output."""
+
+    def __init__(self, stop: tuple[str, ...]):
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.text = ""
+        self.sent = 0          # characters released
+
+    def add(self, piece: str, final: bool = False) -> tuple[str, bool]:
+        """Append `piece`; return (text now released, whether a stop string ended it).
+        `final`: no more text comes, release everything held."""
+        # A stop string that ends in `piece` starts at most hold characters before it.
+        start = max(0, len(self.text) - self.hold)
+        self.text += piece
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        if hits:
+            self.text = self.text[:min(hits)]
+            final = True
+        end = len(self.text) if final else max(self.sent, len(self.text) - self.hold)
+        delta, self.sent = self.text[self.sent:end], end
+        return delta, bool(hits)
+
+
+class ModelRunner:
+    """Advances running sequences by one token per step. This runner has batch size 1: each
+    sequence is its own `stream_tokens` iterator over the model's one KV cache, so only one
+    may be in progress at a time (`Scheduler(max_num_seqs=1)` guarantees it)."""
+
+    def __init__(self, model):
+        self.model = model
+        self._seqs: dict[Request, tuple[Iterator[int], Any]] = {}
+
+    def start(self, request: Request) -> None:
+        """Begin sequence `request.index` (its prefill runs at the next `execute`)."""
+        from vkrt.models.generate import GenerationResult
+
+        p = request.params
+        result = GenerationResult(len(request.prompt_ids))
+        sampling = Sampling(p.temperature, p.top_p, p.seed_of(request.index))
+        tokens = stream_tokens(self.model.lm, request.prompt_ids, request.max_tokens, sampling,
+                               self.model.tokenizer.eog_ids, result=result)
+        self._seqs[request] = (tokens, result)
+
+    def running(self, request: Request) -> bool:
+        return request in self._seqs
+
+    def execute(self, scheduled: list[Request]) -> dict[Request, tuple[int, str | None]]:
+        """One step: the next token of every scheduled sequence, with its finish reason
+        ("stop" at an end-of-generation token, "length" at max_tokens, else None)."""
+        out = {}
+        for request in scheduled:
+            tokens, result = self._seqs[request]
+            token = next(tokens)
+            reason = (STOP if result.stopped_at_eos else
+                      LENGTH if len(result.tokens) >= request.max_tokens else None)
+            out[request] = (token, reason)
+        return out
+
+    def release(self, request: Request) -> None:
+        """Drop the sequence's state (steps already submitted finish on the GPU, unread)."""
+        entry = self._seqs.pop(request, None)
+        if entry is not None:
+            entry[0].close()
+
+
+class Engine:
+    """The engine loop on its own thread, which alone touches `model` (a `vkrt.Model`) once
+    `start()` ran. `add_request`, `abort`, `pause`, `resume` and `shutdown` may be called from
+    any thread; outputs reach each request's `sink` on the engine thread.
+
+    max_queue: requests that may wait while one runs (`Scheduler`). `stats`: counters
+    (requests finished, aborted, tokens generated). Use as a context manager (start, then
+    shutdown) or call `start()` and `shutdown()`."""
+
+    def __init__(self, model, max_queue: int = 16):
+        self.model = model
+        self.scheduler = Scheduler(max_queue)
+        self.runner = ModelRunner(model)
+        self._cond = threading.Condition()
+        # The tokenizer is one `tokenizers.Tokenizer` shared by the threads that encode
+        # prompts and the engine thread that detokenizes; `Tokenizer.encode` flips its
+        # `encode_special_tokens` setting, so uses are serialized (each takes microseconds
+        # to milliseconds, never a GPU wait).
+        self._tokenizer_lock = threading.Lock()
+        self._requests: dict[str, Request] = {}
+        self._texts: dict[Request, Any] = {}        # (detokenizer, StopChecker) per request
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._paused = False
+        self.stats = {"finished": 0, "aborted": 0, "tokens": 0}
+
+    # -- any thread -----------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.hparams.n_ctx
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of a raw prompt (`Model.encode`). Raises VkrtError (an id outside the
+        vocabulary, text that is not UTF-8)."""
+        with self._tokenizer_lock:
+            return self.model.encode(prompt)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of `messages` through the model's chat template, ending with the opening
+        of an assistant turn (`vkrt.models.chat.encode_chat`). Raises VkrtError when the model
+        has no chat template or the template fails."""
+        from vkrt.models.chat import encode_chat
+
+        template = self.model.checkpoint.chat_template
+        if not template:
+            raise VkrtError("the model has no chat template: use /v1/completions")
+        tok = self.model.tokenizer
+
+        def text(i):
+            return "" if i is None else tok.decode([i])
+
+        with self._tokenizer_lock:
+            return encode_chat(tok, template, messages, add_generation_prompt=True,
+                               bos_token=text(tok.bos_id), eos_token=text(tok.eos_id))
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    sink: Callable[[RequestOutput], None],
+                    request_id: str | None = None) -> Request:
+        """Queue a request for `prompt_ids` (token ids). `params.max_tokens` None becomes the
+        rest of the context. Returns the Request (its `request_id` for `abort`).
+        Raises VkrtError when the prompt is empty or prompt + max_tokens exceeds the context
+        (`check_context`), QueueFullError when max_queue requests wait already,
+        EngineStoppedError after shutdown."""
+        ids = list(prompt_ids)
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, self.n_ctx - len(ids))
+            params = SamplingParams(max_tokens, params.temperature, params.top_p, params.seed,
+                                    params.stop, params.n)
+        check_context(self.n_ctx, len(ids), max_tokens)
+        request = Request(request_id or uuid.uuid4().hex, ids, params, sink)
+        with self._cond:
+            if self._stopping or self._thread is None:
+                raise EngineStoppedError("the engine is not running (shutting down)")
+            self.scheduler.add_request(request)
+            self._requests[request.request_id] = request
+            self._cond.notify_all()
+        return request
+
+    def generate(self, prompt: str | list[int],
+                 params: SamplingParams = SamplingParams()) -> Iterator[RequestOutput]:
+        """Submit `prompt` (text is encoded raw) and yield its outputs as they come, on the
+        calling thread. Closing the iterator early aborts the request. Raises as
+        `add_request`."""
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        request = self.add_request(self.encode(prompt), params, box.put)
+        done = False
+        try:
+            while not done:
+                try:   # in slices, so that Ctrl-C (KeyboardInterrupt) reaches the caller
+                    out = box.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                done = out.request_finished
+                yield out
+        finally:
+            if not done:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request: it is retired at the start of the next step (its slot freed, a
+        last output with finish_reason "abort" sent). Unknown or finished ids are ignored."""
+        with self._cond:
+            request = self._requests.get(request_id)
+            if request is not None:
+                request.abort_requested = True
+                self._cond.notify_all()
+
+    def pause(self) -> None:
+        """Stop scheduling after the current step: running requests hold their slot and new
+        ones wait in the queue (aborts are still processed). `resume()` goes on."""
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def load(self) -> dict:
+        """{"running", "waiting", "max_queue"}: the scheduler's occupancy now."""
+        with self._cond:
+            return {"running": len(self.scheduler.running),
+                    "waiting": len(self.scheduler.waiting),
+                    "max_queue": self.scheduler.max_queue}
+
+    def start(self) -> "Engine":
+        """Start the engine thread (from then on only it touches the model)."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="vkrt-engine",
+                                                daemon=True)
+                self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Refuse new requests, abort every waiting and running one (each gets its "abort"
+        output), and join the engine thread (`timeout` seconds at most, None: until it
+        ends; a step in progress finishes first)."""
+        with self._cond:
+            self._stopping = True
+            for request in self._requests.values():
+                request.abort_requested = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # -- the engine thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._has_work():
+                    if self._stopping:
+                        return
+                    self._cond.wait()
+            self.step()
+
+    def _has_work(self) -> bool:
+        s = self.scheduler
+        if any(r.abort_requested for r in (*s.running, *s.waiting)):
+            return True
+        return not self._paused and s.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step (engine thread only): retire aborted requests, schedule, run one
+        token of every scheduled sequence, detokenize and check stop strings, emit outputs,
+        retire what finished. Returns the outputs it sent."""
+        outputs: list[tuple[Request, RequestOutput]] = []
+        with self._cond:
+            for request in [r for r in (*self.scheduler.running, *self.scheduler.waiting)
+                            if r.abort_requested]:
+                outputs.append((request, self._retire(request, ABORT)))
+            plan = SchedulerOutput() if self._paused else self.scheduler.schedule()
+        results: dict = {}
+        if plan.scheduled:
+            try:
+                for request in plan.scheduled:
+                    if not self.runner.running(request):
+                        self._start_sequence(request)
+                results = self.runner.execute(plan.scheduled)
+            except Exception as e:   # a failure inside the model: fail the request, go on
+                log.exception("engine step failed")
+                with self._cond:
+                    for request in plan.scheduled:
+                        out = self._retire(request, ERROR)
+                        out.error = f"{type(e).__name__}: {e}"
+                        outputs.append((request, out))
+        for request, (token, reason) in results.items():
+            outputs.append((request, self._update(request, token, reason)))
+        for request, out in outputs:
+            try:
+                request.sink(out)
+            except Exception:   # a consumer's failure must not stop the engine
+                log.exception("request %s: output callback failed", request.request_id)
+        return [out for _, out in outputs]
+
+    def _start_sequence(self, request: Request) -> None:
+        self.runner.start(request)
+        detok = self.model.tokenizer.stream(skip_special=True)
+        self._texts[request] = (detok, StopChecker(request.params.stop))
+
+    def _update(self, request: Request, token: int, reason: str | None) -> RequestOutput:
+        """Fold one new token of `request` into its text; retire the sequence (and the
+        request after its n-th) when it stopped."""
+        now = time.perf_counter()
+        if request.first_token_at is None:
+            request.first_token_at = now
+        request.last_token_at = now
+        request.completion_tokens += 1
+        self.stats["tokens"] += 1
+        detok, checker = self._texts[request]
+        with self._tokenizer_lock:
+            piece = detok.step(token)
+            if reason is not None:
+                piece += detok.finish()
+        delta, stopped = checker.add(piece, final=reason is not None)
+        if stopped:
+            reason = STOP
+        out = RequestOutput(request.request_id, request.index, delta, [token],
+                            prompt_tokens=len(request.prompt_ids),
+                            completion_tokens=request.completion_tokens)
+        if reason is None:
+            return out
+        out.finished, out.finish_reason = True, reason
+        self.runner.release(request)
+        del self._texts[request]
+        if request.index + 1 < request.params.n:
+            request.index += 1          # the next choice starts at the next step
+            return out
+        with self._cond:
+            last = self._retire(request, reason)
+        out.request_finished, out.ttft_s, out.tpot_s = True, last.ttft_s, last.tpot_s
+        return out
+
+    def _retire(self, request: Request, reason: str) -> RequestOutput:
+        """Under the lock: free the request's slot and state; its last output."""
+        self.scheduler.finish(request)
+        self.runner.release(request)
+        self._texts.pop(request, None)
+        self._requests.pop(request.request_id, None)
+        self.stats["aborted" if reason == ABORT else "finished"] += 1
+        ttft = tpot = None
+        if request.first_token_at is not None:
+            ttft = request.first_token_at - request.arrival
+            if request.completion_tokens > 1:
+                tpot = ((request.last_token_at - request.first_token_at)
+                        / (request.completion_tokens - 1))
+        log.info("request %s: %s, prompt %d tokens, completion %d tokens, TTFT %s, TPOT %s",
+                 request.request_id, reason, len(request.prompt_ids),
+                 request.completion_tokens,
+                 "-" if ttft is None else f"{ttft * 1e3:.1f} ms",
+                 "-" if tpot is None else f"{tpot * 1e3:.1f} ms")
+        return RequestOutput(request.request_id, request.index, "", [], True, reason, True,
+                             len(request.prompt_ids), request.completion_tokens,
+                             ttft_s=ttft, tpot_s=tpot)

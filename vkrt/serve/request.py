@@ -1,0 +1,112 @@
+"""What the engine, the scheduler and the model runner pass between them: per-request
+sampling parameters, a request and its state, the output of one engine step for one request.
+
+Shaped after vLLM v1 (vllm/sampling_params.py, vllm/v1/request.py, vllm/outputs.py): a
+request carries its own `SamplingParams`; every step yields a `RequestOutput` per request
+that made progress, holding only what is new (`delta` text and token ids).
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from vkrt.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded.
+
+    max_tokens: tokens to generate at most per sequence (int >= 1; None: up to the model's
+    context). temperature: 0 greedy, else softmax sampling at that temperature (>= 0, finite).
+    top_p: nucleus mass in (0, 1]. seed: None (random) or an int in [0, 2**64); sequence i of
+    `n` draws with seed + i. stop: strings that end the text where they first occur, matched
+    on the detokenized text across token boundaries, not included in the output. n: how many
+    sequences (choices) to generate for the prompt; this slice runs them one after another.
+    Raises ConfigError (one line naming the field) for a value out of range."""
+    max_tokens: int | None = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+
+    def __post_init__(self):
+        if self.max_tokens is not None and not (
+                isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+            raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not (isinstance(self.n, int) and self.n >= 1):
+            raise ConfigError(f"n must be an integer >= 1, got {self.n!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ConfigError(f"stop must hold non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stop)
+        from vkrt.models.generate import Sampling
+
+        Sampling(self.temperature, self.top_p, self.seed)   # temperature, top_p, seed checks
+
+    def seed_of(self, index: int) -> int | None:
+        """The seed sequence `index` draws with (None stays None: random)."""
+        return None if self.seed is None else (self.seed + index) % 2 ** 64
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"      # in the scheduler's waiting queue
+    RUNNING = "running"      # admitted: the runner advances it every step
+    FINISHED = "finished"    # done: every sequence stopped, or aborted
+
+
+# finish_reason values (OpenAI's, plus "abort" as vLLM reports a cancelled request and
+# "error" for a failure inside the engine).
+STOP, LENGTH, ABORT, ERROR = "stop", "length", "abort", "error"
+
+
+@dataclass
+class RequestOutput:
+    """What one engine step produced for one request's current sequence `index`.
+
+    delta: new text (possibly ""), token_ids: the new token ids. finished: this sequence is
+    done, finish_reason "stop" (an end-of-generation token or a stop string), "length"
+    (max_tokens or the context), "abort" or "error" (then `error` holds the message).
+    request_finished: the last output of the request (all `n` sequences done).
+    prompt_tokens / completion_tokens: counts so far (completion summed over sequences).
+    ttft_s, tpot_s: time to first token (from arrival) and mean time per output token after
+    the first, seconds, on the request's last output (None before)."""
+    request_id: str
+    index: int
+    delta: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    request_finished: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    """One request: its prompt token ids, `params`, and `sink(output)`, called on the engine
+    thread with each `RequestOutput` (it must not block: hand the output over, e.g. with
+    `loop.call_soon_threadsafe`). The engine owns everything below `sink`."""
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    sink: Callable[[RequestOutput], None]
+    status: RequestStatus = RequestStatus.WAITING
+    arrival: float = field(default_factory=time.perf_counter)
+    index: int = 0                 # the sequence being generated (0 .. n-1)
+    completion_tokens: int = 0     # over every sequence so far
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    abort_requested: bool = False
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens this request may generate per sequence (params.max_tokens, filled in by
+        the engine when None)."""
+        return self.params.max_tokens
