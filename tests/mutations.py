@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from reference import ORACLE_CACHE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 600   # one mutation's tests; a hang counts as caught, and CI keeps going
+_SLOTS: "queue.Queue[str]" = queue.Queue()   # work folders, one per mutation running at once
 GEN_TESTS = ["tests/test_gen_cli.py", "tests/test_gen_reflect.py", "tests/test_gen_fixtures.py",
              "tests/test_gen_variants.py", "tests/test_gen_property.py", "tests/test_gen_corpus.py"]
 
@@ -135,7 +137,7 @@ MUTATIONS = [
      "vkrt/models/decoder.py",
      "key = (a.arena.serial, self.kv.serial, self.max_seq, len(ring), s.tracker.always,",
      "key = (a.arena.serial, len(ring), s.tracker.always,",
-     ["tests/test_llama.py::test_greedy_tokens_exact", "tests/test_llama.py::test_replay_after_the_caches_grow"]),
+     ["tests/test_llama.py::test_replay_after_the_caches_grow", "tests/test_llama.py::test_greedy_tokens_exact"]),
     ("replay: a recording naming a closed buffer is submitted", "vkrt/runtime/stream.py",
      "            if b.closed:\n", "            if False:\n",
      ["tests/test_stream.py::test_a_recording_naming_a_closed_buffer_is_refused"]),
@@ -826,10 +828,23 @@ MUTATIONS = [
 def run(name: str, file: str, old: str, new: str, tests: list[str]) -> tuple[bool, str]:
     """Apply one mutation in a copy of the tree and run its tests: (caught, report line)."""
     t0 = time.monotonic()
+    slot = _SLOTS.get()      # a work folder of its own, at the same path for every mutation
+    try:
+        return _run_in(Path(slot), t0, name, file, old, new, tests)
+    finally:
+        _SLOTS.put(slot)
+
+
+def _run_in(root: Path, t0: float, name: str, file: str, old: str, new: str,
+            tests: list[str]) -> tuple[bool, str]:
+    shutil.rmtree(root, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="vkrt-mut-") as tmp:
-        work = Path(tmp) / "work"
+        # The copy lives at a fixed path per slot: gen-spirv's cache names each module's
+        # dependencies by path, so the shared cache below hits for every unmutated module.
+        work = root / "work"
         shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(
-            ".git", "__pycache__", ".venv", ".cache", ".gl", ".whl", ".m1", ".m2"))
+            ".git", "__pycache__", ".venv", ".cache", ".gl", ".whl", ".m1", ".m2", ".h200",
+            ".ab"))
         path = work / file
         text = path.read_text()
         if text.count(old) != 1:
@@ -838,7 +853,10 @@ def run(name: str, file: str, old: str, new: str, tests: list[str]) -> tuple[boo
         env = dict(os.environ, XDG_CACHE_HOME=str(Path(tmp) / "cache"))
         env.setdefault(ORACLE_CACHE_ENV, str(ROOT / ".cache" / "oracle"))
         if file.startswith("vkrt/glsl/"):
-            gen = subprocess.run([sys.executable, "-m", "vkrt.gen.cli"], cwd=work, env=env,
+            # gen-spirv's cache is keyed by content (vkrt/gen/cache.py, atomic writes): one
+            # shared by every mutation compiles only the mutated modules.
+            gen_env = dict(env, XDG_CACHE_HOME=str(ROOT / ".cache" / "mutations"))
+            gen = subprocess.run([sys.executable, "-m", "vkrt.gen.cli"], cwd=work, env=gen_env,
                                  capture_output=True, text=True)
             if gen.returncode:
                 return False, (f"STALE   {name}: the mutated shader does not compile: "
@@ -863,6 +881,8 @@ def main() -> int:
                     help="mutations run at once (default: one per CPU)")
     args = ap.parse_args()
     chosen = [m for m in MUTATIONS if args.k in m[0]]
+    for i in range(max(1, args.j)):
+        _SLOTS.put(str(ROOT / ".cache" / f"mutation-slot-{i}"))
     t0 = time.monotonic()
     results = []
     with concurrent.futures.ThreadPoolExecutor(max(1, args.j)) as pool:
