@@ -237,7 +237,6 @@ def test_family_special_tokens_and_stops(family_vocabs):
 ])
 def test_missing_or_misnamed_pre_tokenizer_refused(pre, words, tmp_path):
     from family_files import write_vocab_gguf
-    from vkrt.models.registry import open_checkpoint
 
     path = write_vocab_gguf(tmp_path / "v.gguf", "qwen2", keys={"tokenizer.ggml.pre": pre})
     with pytest.raises(ModelFormatError) as info:

@@ -94,6 +94,21 @@ def _checked_request(args):
     return checkpoint, prompt_ids, sampling
 
 
+def _own_model(checkpoint, device_index, show_bars: bool):
+    """A `Model` of `checkpoint` on a new `Device(device_index)` that the model owns (closing
+    the model closes the device): what `vkrt serve` and `vkrt chat` keep for their lifetime.
+    The device is closed again when the load fails."""
+    from vkrt.models.model import Model
+    from vkrt.runtime.device import Device
+
+    device = Device(device_index)
+    try:
+        return Model(checkpoint, device, True, show_bars)
+    except BaseException:
+        device.close()
+        raise
+
+
 def _generate(args) -> int:
     from tqdm import tqdm
 
@@ -185,9 +200,8 @@ def _serve(args) -> int:
 
     import uvicorn
 
-    from vkrt.models.model import Model, default_model_path
+    from vkrt.models.model import default_model_path
     from vkrt.models.registry import open_checkpoint
-    from vkrt.runtime.device import Device
     from vkrt.serve.app import build_app
     from vkrt.serve.engine import Engine
 
@@ -201,17 +215,8 @@ def _serve(args) -> int:
     sock = _listen(args.host, args.port)
     show_bars = args.progress or (sys.stderr is not None and sys.stderr.isatty())
 
-    def load():
-        checkpoint = open_checkpoint(path)
-        device = Device(args.device)
-        try:
-            return Model(checkpoint, device, True, show_bars)
-        except BaseException:
-            device.close()
-            raise
-
     try:
-        model = _in_worker(load)
+        model = _in_worker(lambda: _own_model(open_checkpoint(path), args.device, show_bars))
     except BaseException:
         sock.close()
         raise
@@ -248,9 +253,8 @@ def _chat(args) -> int:
     reply streams. Ctrl-C during a reply stops it (what was written stays in the history);
     at the prompt it only reminds how to leave: Ctrl-D (end of input) or /bye. /clear forgets
     the history."""
-    from vkrt.models.model import Model, default_model_path
+    from vkrt.models.model import default_model_path
     from vkrt.models.registry import open_checkpoint
-    from vkrt.runtime.device import Device
     from vkrt.serve.engine import Engine
     from vkrt.serve.request import SamplingParams
 
@@ -265,15 +269,7 @@ def _chat(args) -> int:
         raise VkrtError(f"{checkpoint.path}: the model has no chat template")
     show_bars = args.progress or (sys.stderr is not None and sys.stderr.isatty())
 
-    def load():
-        device = Device(args.device)
-        try:
-            return Model(checkpoint, device, True, show_bars)
-        except BaseException:
-            device.close()
-            raise
-
-    model = _in_worker(load)
+    model = _in_worker(lambda: _own_model(checkpoint, args.device, show_bars))
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = []
     tty = sys.stdin is not None and sys.stdin.isatty()

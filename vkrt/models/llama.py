@@ -26,7 +26,7 @@ from vkrt import config, weight_types
 from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
-from vkrt.models.arch import LINEAR_LAYERS, QKV_LAYERS, Arch
+from vkrt.models.arch import QKV_LAYERS, Arch
 from vkrt.models.gguf import GGUFFile
 from vkrt.models.scratch import aligned, arena, grow, kv_cache
 from vkrt.runtime.device import Device
