@@ -23,6 +23,7 @@ def test_report_counts_match_the_arms(opt_folder, device):
         r = bench.run(model, prompt_tokens=6, tokens=4, repeat=2, batch_size=4,
                       barriers=["tracked", "always"], inflights=[1, 2])
         weights = model.lm.weight_bytes()
+        model_positions_bytes = model.lm.w["decoder.embed_positions.weight"].nbytes
     assert set(r["arms"]) == {"tracked/inflight1", "always/inflight1", "tracked/inflight2",
                               "always/inflight2"}
     step = None
@@ -44,6 +45,13 @@ def test_report_counts_match_the_arms(opt_folder, device):
             s = arm[key]
             assert 0 < s["min"] <= s["median"] <= s["max"], (label, key)
     assert r["weight_bytes"] == weights > 0
+    # A decode step reads every weight but one row of the position table (the test model's
+    # embedding is also its output matrix, tied): all of the weights, less that table.
+    positions = model_positions_bytes
+    assert r["weight_bytes_per_token"] == weights - positions
+    for arm in r["arms"].values():
+        assert arm["weight_bytes_per_s"] == round(
+            r["weight_bytes_per_token"] * arm["decode_tok_s"]["median"])
     assert r["peak_rss_bytes"] > 0
     if device.timestamp_valid_bits:
         g = r["gpu"]

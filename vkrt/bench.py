@@ -25,8 +25,10 @@ ratios are side by side):
   each replayed recording holds (VKRT_REPLAY, the default: a replayed step runs its stages
   all the same). `recorded_dispatches` is what the host recorded (0 once the step is
   captured) and `replays` the recordings submitted (1 per token).
-- Weight bytes on the device (the buffers holding the model's weights) and the process's peak
-  RSS (getrusage ru_maxrss).
+- Weight bytes on the device (the buffers holding the model's weights), the weight bytes one
+  decode step reads (every matrix once, one row of an input embedding that is not the
+  output: `Decoder.decode_weight_bytes`) and, per arm, those times the median decode tok/s
+  (`weight_bytes_per_s`), and the process's peak RSS (getrusage ru_maxrss).
 Times are wall clock on the host (perf_counter).
 """
 from __future__ import annotations
@@ -216,12 +218,17 @@ def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
               "batch_size": batch_size, "replay": bool(config.REPLAY.value
                                                          and getattr(lm, "replayable", False)),
               "weight_bytes": lm.weight_bytes(),
+              "weight_bytes_per_token": lm.decode_weight_bytes(),
               "peak_rss_bytes": peak_rss_bytes(), "arms": {}}
     for arm in arms:
         last = arm.runs[-1]
         report["arms"][arm.label] = {
             "prefill_tok_s": _stats([r["prefill_tok_s"] for r in arm.runs]),
             "decode_tok_s": _stats([r["decode_tok_s"] for r in arm.runs]),
+            # Weight bytes a decode step reads times decode tok/s (median): the bandwidth
+            # the weights stream at.
+            "weight_bytes_per_s": round(lm.decode_weight_bytes() * _stats(
+                [r["decode_tok_s"] for r in arm.runs])["median"]),
             "tpot_ms": _stats([r["tpot_ms"] for r in arm.runs]),
             "per_decoded_token": last["per_token"], "max_inflight": last["max_inflight"],
             "steps_counted": last["steps"],
@@ -245,7 +252,7 @@ def describe(report: dict) -> str:
         lines.append(
             f"  {label:<18} prefill {p['median']:>9.1f} tok/s [{p['min']:.1f}, {p['max']:.1f}]"
             f"  decode {d['median']:>8.1f} tok/s [{d['min']:.1f}, {d['max']:.1f}]"
-            f"  TPOT {t['median']:.3f} ms")
+            f"  TPOT {t['median']:.3f} ms  weights {a['weight_bytes_per_s'] / 1e9:.1f} GB/s")
         lines.append(f"  {'':<18} per token: {per['dispatches']:g} dispatches "
                      f"({per['recorded_dispatches']:g} recorded), {per['stages']:g} stages, "
                      f"{per['barriers']:g} barriers, {per['replays']:g} replays; host ms "

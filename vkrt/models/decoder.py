@@ -75,6 +75,19 @@ class Decoder:
         """Bytes of the device buffers holding the weights."""
         return sum({t.buffer.serial: t.buffer.nbytes for t in self.weight_tensors()}.values())
 
+    def row_tables(self) -> list:
+        """Weight tensors of which a decode step reads one row only (an input embedding
+        that is not also the output matrix, learned positions); families override it."""
+        return []
+
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads (as stored): every weight tensor once but
+        the `row_tables`, of which it reads one row (counted as none). Times decode tok/s
+        this is the weight bandwidth `vkrt bench` reports."""
+        skip = {t.key for t in self.row_tables()}
+        views = {t.key: t.nbytes for t in self.weight_tensors() if t.key not in skip}
+        return sum(views.values())
+
     def logits(self, token_ids: list[int]) -> np.ndarray:
         """Teacher-forced logits `[len(token_ids), n_vocab]` f32 of one forward from position 0.
         Raises VkrtError for an empty list."""

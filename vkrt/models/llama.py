@@ -493,6 +493,13 @@ class Llama(Decoder):
         return out + self._projection(i, a, a.act, T, "ffn_down", "post_ffw_norm",
                                       "ffn_residual", down_f)
 
+    def row_tables(self) -> list:
+        """The token embedding, unless it is also the output matrix (tied)."""
+        if self.hp.tied_embeddings:
+            return []
+        name = "token_embd.weight"
+        return [self.w[name], *(t for _, t in self.slices.get(name, ()))]
+
     def _output_name(self) -> str:
         return "token_embd.weight" if self.hp.tied_embeddings else "output.weight"
 

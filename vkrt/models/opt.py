@@ -407,6 +407,11 @@ class OPT(Decoder):
                                  hp.n_vocab, last_row, name="argmax"))
         return out
 
+    def row_tables(self) -> list[Tensor]:
+        """The learned positions, and embed_tokens' slices unless lm_head is them (tied)."""
+        embed = [] if self.head is self.embed else [t for _, t in self.embed]
+        return [self.w["decoder.embed_positions.weight"], *embed]
+
     def weight_tensors(self) -> list[Tensor]:
         """The weights of `w` and every slice of embed_tokens (and of lm_head if untied)."""
         slices = self.embed + ([] if self.head is self.embed else self.head)
