@@ -448,6 +448,13 @@ def test_cli_bad_options_are_one_line(chat_folder, flags, words):
     assert lines[0].startswith("vkrt: error: ") and all(w in lines[0] for w in words)
 
 
+def _sigint_default():
+    """In the child: SIGINT back to its default. A shell running this suite in the background
+    (`cmd &` without job control, as CI may) starts it ignored, and Python then installs no
+    KeyboardInterrupt handler (as tests/test_cli.py's Ctrl-C test does)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_cli_chat_keeps_the_history_and_survives_ctrl_c(chat_folder, served):
     """Lines piped in: the first reply is the greedy one for that one message; /clear
     forgets; Ctrl-C at the prompt does not end the program; /bye does."""
@@ -455,7 +462,8 @@ def test_cli_chat_keeps_the_history_and_survives_ctrl_c(chat_folder, served):
     p = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "chat", "--model", chat_folder,
                           "--max-tokens", "4"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, encoding="utf-8",
-                         env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+                         env=dict(os.environ, PYTHONIOENCODING="utf-8"),
+                         preexec_fn=_sigint_default)
     try:
         p.stdin.write("Hi there\n")
         p.stdin.flush()
@@ -477,7 +485,8 @@ def test_cli_chat_ctrl_c_stops_a_reply_not_the_program(default_model_path):
     p = subprocess.Popen([sys.executable, "-m", "vkrt.cli", "chat", "--model",
                           default_model_path, "--max-tokens", "300"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         encoding="utf-8", env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+                         encoding="utf-8", env=dict(os.environ, PYTHONIOENCODING="utf-8"),
+                         preexec_fn=_sigint_default)
     try:
         p.stdin.write("Count from 1 to 200, one number a line.\n")
         p.stdin.flush()
