@@ -162,7 +162,8 @@ class Stream:
         self.counters.barriers += 1
 
     def _encode(self, cmd, log: list, records, tracker: Tracker, value: int, writes_at: dict,
-                reads_at: dict, timed: list | None = None, query_pool=None) -> None:
+                reads_at: dict, timed: list | None = None,
+                query_pool=None) -> tuple[str, str]:
         """Record into `cmd`: barriers as `tracker` decides, each record's byte ranges marked
         with `value` in `writes_at` / `reads_at` (serial -> {range: value}, what host accesses
         wait for; the loop inlines `queue.mark`); each barrier,
@@ -239,6 +240,7 @@ class Stream:
         capture's dispatches and barriers once (and `captures`); replays record nothing.
         `key`: anything the caller compares to know when to capture again."""
         t0 = time.perf_counter_ns()
+        records = list(records)         # read twice: recorded, then the buffers they name
         rec = Recording(self.device, key)
         new_batch = self._new_batch     # the stream's own batch is not this one
         try:
