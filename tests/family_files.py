@@ -40,6 +40,43 @@ SPECIALS = {"qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
 GEMMA3_LAYERS, GEMMA3_WINDOW = 6, 8
 
 
+def write_file(path, arch: str, meta: dict, tensors: dict | None = None, qtype: str = "F32",
+               raw: dict | None = None):
+    """Write a GGUF of `arch` with metadata `meta` (key -> bool, str, float (f32), list (an
+    array; `tokenizer.ggml.token_type` as ints) or int (u32)) and `tensors` (name -> f32
+    array): 2-D ones quantized by gguf-py to `qtype` unless F32, and those named in `raw`
+    (name -> (uint8 blocks [rows, bytes per row], GGUF type name)) stored as given. The
+    writer shared by this module and tests/test_llama_variants.py. Returns `path`."""
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in meta.items():
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
+        elif isinstance(v, list) and k == "tokenizer.ggml.token_type":
+            w.add_array(k, [int(t) for t in v])
+        elif isinstance(v, list):
+            w.add_array(k, v)
+        else:
+            w.add_uint32(k, v)
+    for name, a in (tensors or {}).items():
+        if name in (raw or {}):
+            blocks, gtype = raw[name]
+            w.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType[gtype])
+        elif qtype != "F32" and a.ndim == 2:
+            t = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (openai/gpt-2 encoder.py)."""
     bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1))
@@ -170,20 +207,6 @@ def write_gguf(path, model, arch: str, qtype: str = "F32", keys: dict | None = N
         else:
             meta[k] = v
 
-    w = gguf.GGUFWriter(str(path), arch)
-    for k, v in meta.items():
-        if isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, str):
-            w.add_string(k, v)
-        elif isinstance(v, float):
-            w.add_float32(k, v)
-        elif isinstance(v, list) and k == "tokenizer.ggml.token_type":
-            w.add_array(k, [int(t) for t in v])
-        elif isinstance(v, list):
-            w.add_array(k, v)
-        else:
-            w.add_uint32(k, v)
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
     if arch == "gemma3":   # conversion/gemma.py Gemma3Model.norm_shift: every norm as 1 + w
         sd = {k: v + np.float32(1) if k.endswith("norm.weight") else v for k, v in sd.items()}
@@ -200,17 +223,7 @@ def write_gguf(path, model, arch: str, qtype: str = "F32", keys: dict | None = N
     out.update(tensors or {})
     for name in drop:
         del out[name]
-    for name, a in out.items():
-        if qtype != "F32" and a.ndim == 2:
-            t = gguf.GGMLQuantizationType[qtype]
-            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
-        else:
-            w.add_tensor(name, np.ascontiguousarray(a))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_file(path, arch, meta, out, qtype)
 
 
 # tokenizer.ggml.pre -> the special tokens its files carry (a few of each vocabulary's).
@@ -242,18 +255,4 @@ def write_vocab_gguf(path, pre: str, arch: str = "qwen2", keys: dict | None = No
             meta.pop(k, None)
         else:
             meta[k] = v
-    w = gguf.GGUFWriter(str(path), arch)
-    for k, v in meta.items():
-        if isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, str):
-            w.add_string(k, v)
-        elif isinstance(v, list):
-            w.add_array(k, v)
-        else:
-            w.add_uint32(k, v)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_file(path, arch, meta)

@@ -26,6 +26,7 @@ import gguf
 import numpy as np
 import pytest
 
+from family_files import write_file
 from reference import TransformersReference
 from vkrt.errors import ModelFormatError
 from vkrt.models.generate import generate
@@ -166,18 +167,6 @@ def write_gguf(path, model, qtype: str = "F32", keys: dict | None = None,
         else:
             meta[k] = v
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    for k, v in meta.items():
-        if isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, list):
-            w.add_array(k, v)
-        elif isinstance(v, str):
-            w.add_string(k, v)
-        elif isinstance(v, float):
-            w.add_float32(k, v)
-        else:
-            w.add_uint32(k, v)
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
     out = {"token_embd.weight": sd["model.embed_tokens.weight"]}
     if rp["rope_type"] == "llama3":
@@ -205,20 +194,7 @@ def write_gguf(path, model, qtype: str = "F32", keys: dict | None = None,
     out.update(tensors or {})
     for name in drop:
         del out[name]
-    for name, a in out.items():
-        if name in (raw or {}):
-            blocks, gtype = raw[name]
-            w.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType[gtype])
-        elif qtype != "F32" and a.ndim == 2:
-            t = gguf.GGMLQuantizationType[qtype]
-            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
-        else:
-            w.add_tensor(name, np.ascontiguousarray(a))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_file(path, "llama", meta, out, qtype, raw)
 
 
 def without_variant(model, overrides: dict):
