@@ -105,3 +105,32 @@ def test_cli_refuses_bad_options(opt_folder, flags, code, words):
     assert p.returncode == code, p.stderr
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and words in lines[0], p.stderr
+
+
+def _shape_model():
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench", "shape_model.py")
+    spec = importlib.util.spec_from_file_location("shape_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod   # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_shape_model_q4_k_m_has_the_real_qwen_files_type_counts():
+    """bench/shape_model.py's Q4_K_M mix on the Qwen2.5-0.5B shape: the tensor count and the
+    count of each type of the real Qwen2.5-Coder-0.5B-Instruct Q4_K_M file (gguf-py's
+    GGUFReader on the file scripts/setup.sh fetches: 133 Q5_0, 13 Q8_0, 12 Q6_K, 12 Q4_K, 121 F32), rows of 896 falling back
+    from the K types as llama.cpp's quantizer does."""
+    sm = _shape_model()
+    ts = sm.tensors(sm.PRESETS["qwen2.5-0.5b"], "q4_k_m")
+    counts = {}
+    for _, _, t, _ in ts:
+        counts[t] = counts.get(t, 0) + 1
+    assert len(ts) == 291
+    assert counts == {"Q5_0": 133, "Q8_0": 13, "Q6_K": 12, "Q4_K": 12, "F32": 121}
+    # One type everywhere: matrices in it, the embedding and output in Q8_0.
+    ts = sm.tensors(sm.PRESETS["7b"], "q4_1")
+    assert {t for n, s, t, _ in ts if len(s) == 2 and n not in ("token_embd.weight",
+                                                                 "output.weight")} == {"Q4_1"}
+    assert [t for n, _, t, _ in ts if n in ("token_embd.weight", "output.weight")] == ["Q8_0"] * 2
