@@ -826,6 +826,28 @@ MUTATIONS = [
      "def __init__(self, message: str, status: int = 400,",
      "def __init__(self, message: str, status: int = 500,",
      ["tests/test_serve.py::test_bad_field_is_400_naming_it"]),
+    # -- serving: continuous batching (kv_cache.py, scheduler.py, runner.py) ---------------
+    ("serve batch: the KV manager hands the same block to two block tables",
+     "vkrt/serve/kv_cache.py", "table.append(self._free.popleft())",
+     "table.append(self._free[0])",
+     ["tests/test_serve_batch.py::test_concurrent_requests_equal_their_alone_run"]),
+    ("serve batch: an aborted (disconnected) request's KV blocks not freed",
+     "vkrt/serve/scheduler.py",
+     "            if seq.status is not RequestStatus.FINISHED:\n                self.finish_seq(seq)",
+     "            if seq.status is not RequestStatus.FINISHED:\n"
+     "                (self.running if seq in self.running else self.waiting).remove(seq)\n"
+     "                seq.status = RequestStatus.FINISHED",
+     ["tests/test_serve_batch.py::test_abort_frees_the_blocks_within_one_step"]),
+    ("serve batch: the second sequence of a step at positions off by one",
+     "vkrt/serve/runner.py",
+     "positions.append(np.arange(s.start, s.start + n, dtype=np.uint32))",
+     "positions.append(np.arange(s.start + (i == 1), s.start + n + (i == 1), "
+     "dtype=np.uint32))",
+     ["tests/test_serve_batch.py::test_concurrent_requests_equal_their_alone_run"]),
+    ("serve batch: chunked prefill skips each chunk's last token",
+     "vkrt/serve/runner.py", "            n = s.n_tokens\n",
+     "            n = s.n_tokens - (not s.samples)\n",
+     ["tests/test_serve_batch.py::test_chunked_prefill_across_steps_with_a_decode_first"]),
 ]
 
 
