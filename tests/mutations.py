@@ -848,6 +848,9 @@ MUTATIONS = [
      "vkrt/serve/runner.py", "            n = s.n_tokens\n",
      "            n = s.n_tokens - (not s.samples)\n",
      ["tests/test_serve_batch.py::test_chunked_prefill_across_steps_with_a_decode_first"]),
+    ("serve batch: a preempted sequence resumes without recomputing its freed KV",
+     "vkrt/serve/scheduler.py", "        seq.num_computed_tokens = 0\n", "",
+     ["tests/test_serve_batch.py::test_preemption_by_recompute_keeps_every_sequence_exact"]),
 ]
 
 

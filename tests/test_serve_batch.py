@@ -152,25 +152,49 @@ def test_chunked_prefill_across_steps_with_a_decode_first():
 
 
 def test_admission_waits_for_blocks_and_refuses_what_never_fits():
-    """6 blocks of 4 slots; each request needs 16 positions (8 + 9 - 1) = 4 blocks: the
-    second waits until the first finished and freed its blocks, then runs."""
+    """6 blocks of 4 slots. The first request's 20-token prompt takes 5 blocks and grows into
+    the sixth; the second's first chunk (8 tokens, 2 blocks) does not fit: it waits, with no
+    block, until the first finished and freed its blocks, then runs."""
     engine = engine_of(max_batch=4, block_size=4, kv_blocks=6)
     a, b = Collect(), Collect()
-    p1, p2 = [1] * 8, [2] * 8
-    engine.add_request(p1, SamplingParams(max_tokens=9), a)
+    p1, p2 = list(range(1, 21)), [2] * 8
+    engine.add_request(p1, SamplingParams(max_tokens=4), a)
     engine.add_request(p2, SamplingParams(max_tokens=9), b)
-    engine.step()
-    load = engine.load()
-    assert (load["running"], load["waiting"]) == (1, 1) and b.outs == []
-    while not a.done:
+    waiting_b = engine.scheduler.waiting[1]
+    while True:
         engine.step()
-        assert b.outs == [] or a.done
+        if a.done:
+            break
+        load = engine.load()
+        assert (load["running"], load["waiting"]) == (1, 1) and b.outs == []
+        assert engine.kv.block_table(waiting_b) == []
     run_to_end(engine)
-    assert a.tokens[0] == reference(p1, 9) and b.tokens[0] == reference(p2, 9)
+    assert a.tokens[0] == reference(p1, 4) and b.tokens[0] == reference(p2, 9)
+    assert engine.scheduler.num_preemptions == 0
     assert_no_block_leaked(engine)
     with pytest.raises(VkrtError, match="needs 7 KV blocks of 4 tokens.*holds 6"):
         engine.add_request([1] * 20, SamplingParams(max_tokens=6), Collect())
     assert engine.load()["waiting"] == 0
+
+
+def test_preemption_by_recompute_keeps_every_sequence_exact():
+    """8 blocks of 4 slots (32 positions) for sequences that grow to 8 + 14 - 1 = 21
+    positions each: once they outgrow the pool the latest admitted is preempted, its
+    blocks freed, and it recomputes prompt + output later. Greedy and seeded sampled
+    sequences still equal their alone runs token for token; nothing leaks."""
+    engine = engine_of(max_batch=4, block_size=4, kv_blocks=8, max_batched_tokens=8)
+    prompts = [[i + 1] * 8 for i in range(3)]
+    sinks = [Collect() for _ in range(4)]
+    for p, sink in zip(prompts, sinks):
+        engine.add_request(p, SamplingParams(max_tokens=14), sink)
+    engine.add_request(prompts[0], SamplingParams(max_tokens=14, temperature=1.0, seed=3,
+                                                  n=2), sinks[3])
+    run_to_end(engine)
+    assert engine.scheduler.num_preemptions >= 2
+    for p, sink in zip(prompts, sinks):
+        assert sink.tokens[0] == reference(p, 14)
+    assert sinks[3].tokens == {i: reference(prompts[0], 14, 1.0, 1.0, 3 + i) for i in (0, 1)}
+    assert_no_block_leaked(engine)
 
 
 def test_abort_frees_the_blocks_within_one_step():

@@ -174,15 +174,18 @@ class Engine:
                     sink: Callable[[RequestOutput], None],
                     request_id: str | None = None) -> Request:
         """Queue a request for `prompt_ids` (token ids). `params.max_tokens` None becomes the
-        rest of the context. Returns the Request (its `request_id` for `abort`).
+        rest of the context (at most what the whole paged KV cache holds). Returns the Request (its `request_id` for `abort`).
         Raises VkrtError when the prompt is empty or prompt + max_tokens exceeds the context
         (`check_context`) or one sequence needs more KV blocks than the cache has,
         QueueFullError when max_queue requests wait already,
         EngineStoppedError after shutdown."""
         ids = list(prompt_ids)
         max_tokens = params.max_tokens
-        if max_tokens is None:
-            max_tokens = max(1, self.n_ctx - len(ids))
+        if max_tokens is None:     # the rest of the context, or of what the KV cache holds
+            limit = self.n_ctx
+            if self.kv is not None:
+                limit = min(limit, self.kv.num_blocks * self.kv.block_size + 1)
+            max_tokens = max(1, limit - len(ids))
             params = SamplingParams(max_tokens, params.temperature, params.top_p, params.seed,
                                     params.stop, params.n)
         check_context(self.n_ctx, len(ids), max_tokens)

@@ -1,25 +1,30 @@
 """Continuous batching: which sequences run in one engine step, and how many of their tokens
-(vLLM v1's vllm/v1/core/sched/scheduler.py, reduced: no preemption, no prefix caching).
+(vLLM v1's vllm/v1/core/sched/scheduler.py, reduced: no prefix caching, no priorities).
 
 Every `schedule()` builds one step under a token budget (`max_num_batched_tokens`) and a
 sequence limit (`max_num_seqs`), in this order:
 
-1. decodes: every running sequence past its prompt gets 1 token (its last sampled one);
-2. prefill chunks of running sequences whose prompt is partly computed (chunked prefill:
-   a prompt longer than the budget left is split over several steps);
-3. admissions: waiting sequences, first come first served, while a sequence slot, budget
-   and KV blocks are left; each gets the first chunk of its prompt.
+1. decodes: every running sequence with one token left to compute (its last sampled one)
+   gets 1 token;
+2. prefill chunks of running sequences with more left (chunked prefill: a prompt longer
+   than the budget left is split over several steps; also a sequence recomputing after a
+   preemption);
+3. admissions, unless this step preempted: waiting sequences, first come first served,
+   while a sequence slot, budget and KV blocks for their first chunk are left.
 
 A sequence samples a token in a step only when that step's chunk reaches its last token;
 `update_from_output` advances `num_computed_tokens` and appends what was sampled. The engine
 retires what stopped (`finish_seq`, `finish_request`), which frees its KV blocks at once, so
 the next step admits into them.
 
-No deadlock without preemption: a sequence is admitted only if the free pool covers its
-whole future (`Sequence.max_kv_tokens`: prompt + max_tokens - 1 positions) on top of what the
-running sequences may still claim; blocks are then taken lazily, chunk by chunk, and a
-running sequence never waits for one. A request one of whose sequences could never fit the
-whole cache is refused by `add_request` (VkrtError, HTTP 400) instead of waiting forever.
+KV blocks are taken lazily, chunk by chunk (`KVCacheManager.allocate_slots`). When the pool
+runs dry for a running sequence, the latest admitted running sequence not yet scheduled
+this step is preempted by recompute (vLLM's default): its blocks are freed, it goes back to
+the head of the waiting queue keeping its tokens, and its next prefill recomputes prompt and
+output (the tokens, hence the output, are the same: sampling state stays with the runner).
+No deadlock: a request one of whose sequences could never fit the whole cache alone is
+refused by `add_request` (VkrtError, HTTP 400); any other progresses once it is the only one
+running, and the preempted go back first in line.
 
 Without a KV-cache manager (`kv=None`: the batch-1 runner, whose model keeps its own
 contiguous cache), there is no block accounting and the budget is unbounded.
@@ -96,7 +101,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.kv = kv
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []      # in admission order
+        self.num_preemptions = 0
 
     # -- requests in and out ----------------------------------------------------------------
 
@@ -152,38 +158,55 @@ class Scheduler:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def _reserved_blocks(self) -> int:
-        """Blocks the running sequences may still take (their whole future, not yet held)."""
-        if self.kv is None:
-            return 0
-        return sum(self.kv.blocks_needed(s, s.max_kv_tokens) for s in self.running)
+    def _preempt(self, seq: Sequence) -> None:
+        """Preemption by recompute (vLLM's default): drop `seq`'s KV blocks and put it back
+        at the head of the waiting queue with nothing computed; its tokens so far stay, so
+        its next prefill recomputes prompt + output and it goes on where it stopped."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = RequestStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
 
     def schedule(self) -> SchedulerOutput:
-        """The next step: decodes, then prefill chunks of partly prefilled sequences, then
-        admissions (see the module docstring). KV blocks for every scheduled token are
-        allocated here."""
+        """The next step: decodes, then prefill chunks of running sequences still in prefill
+        (chunked prefill, or recomputing after a preemption), then admissions (see the
+        module docstring). KV blocks for every scheduled token are allocated here; when
+        the pool runs dry for a running sequence, the latest admitted running sequence not
+        yet scheduled this step is preempted (possibly that sequence itself)."""
         out = SchedulerOutput()
         budget = (self.max_num_batched_tokens if self.max_num_batched_tokens is not None
                   else float("inf"))
-        decodes = [s for s in self.running if s.num_computed_tokens >= s.num_prompt_tokens]
-        prefills = [s for s in self.running if s.num_computed_tokens < s.num_prompt_tokens]
+        decodes = [q for q in self.running if q.num_tokens - q.num_computed_tokens == 1]
+        prefills = [q for q in self.running if q.num_tokens - q.num_computed_tokens > 1]
+        scheduled: set[int] = set()
+        preemptions_before = self.num_preemptions
         for seq in decodes + prefills:
-            n = int(min(seq.num_tokens - seq.num_computed_tokens, budget))
-            if n <= 0:
-                continue
-            if self.kv is not None and not self.kv.allocate_slots(seq, n):
-                continue     # cannot happen (admission reserved its blocks); it waits a step
-            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
-            budget -= n
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            seq = self.waiting[0]
-            if self.kv is not None:
-                need = blocks_for(seq.max_kv_tokens, self.kv.block_size)
-                if need > self.kv.num_free_blocks - self._reserved_blocks():
-                    break        # first come, first served: later ones wait behind it
-            n = int(min(seq.num_tokens - seq.num_computed_tokens, budget))
-            if self.kv is not None and not self.kv.allocate_slots(seq, n):
+            if budget <= 0:
                 break
+            if seq.status is not RequestStatus.RUNNING:
+                continue                 # preempted earlier in this loop
+            n = int(min(seq.num_tokens - seq.num_computed_tokens, budget))
+            if self.kv is not None:
+                while not self.kv.allocate_slots(seq, n):
+                    victims = [q for q in self.running if id(q) not in scheduled]
+                    victim = victims[-1]          # `seq` itself is among them
+                    self._preempt(victim)
+                    if victim is seq:
+                        break
+                if seq.status is not RequestStatus.RUNNING:
+                    continue
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            scheduled.add(id(seq))
+            budget -= n
+        # No admission in a step that had to preempt (the pool is short already).
+        while (self.waiting and self.num_preemptions == preemptions_before
+               and len(self.running) < self.max_num_seqs and budget > 0):
+            seq = self.waiting[0]
+            n = int(min(seq.num_tokens - seq.num_computed_tokens, budget))
+            if self.kv is not None and not self.kv.allocate_slots(seq, n):
+                break            # first come, first served: later ones wait behind it
             self.waiting.popleft()
             seq.status = seq.request.status = RequestStatus.RUNNING
             self.running.append(seq)
