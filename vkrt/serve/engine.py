@@ -29,11 +29,13 @@ from typing import Any, Callable, Iterator
 
 from vkrt.errors import VkrtError
 from vkrt.models.generate import check_context
-from vkrt.serve.kv_cache import KVCacheManager, blocks_for
+from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KVCacheManager,
+                                 blocks_for)
 from vkrt.serve.request import (ABORT, ERROR, STOP, Request, RequestOutput, SamplingParams,
                                 Sequence)
 from vkrt.serve.runner import BatchRunner, SingleSequenceRunner, batched_model
-from vkrt.serve.scheduler import QueueFullError, Scheduler, SchedulerOutput
+from vkrt.serve.scheduler import (DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCHED_TOKENS, QueueFullError,
+                                  Scheduler, SchedulerOutput)
 
 log = logging.getLogger("vkrt.serve")
 
@@ -41,9 +43,16 @@ __all__ = ["Engine", "EngineStoppedError", "QueueFullError", "SamplingParams", "
            "RequestOutput", "StopChecker", "DEFAULT_MAX_BATCH", "DEFAULT_BLOCK_SIZE",
            "DEFAULT_MAX_BATCHED_TOKENS"]
 
-DEFAULT_MAX_BATCH = 8              # sequences per step where the model has execute_batch
-DEFAULT_BLOCK_SIZE = 16            # token slots per KV block
-DEFAULT_MAX_BATCHED_TOKENS = 256   # tokens per step: decodes plus prefill chunks
+
+
+
+def default_kv_blocks(n_ctx: int, max_batch: int, block_size: int) -> int:
+    """KV blocks of the default paged cache: max(n_ctx, max_batch * min(n_ctx,
+    DEFAULT_KV_TOKENS_PER_SEQ)) positions, in blocks of block_size (so one sequence can
+    always use the whole context, and max_batch moderate ones fit at once)."""
+    tokens = max(n_ctx, max_batch * min(n_ctx, DEFAULT_KV_TOKENS_PER_SEQ))
+    return blocks_for(tokens, block_size)
+
 
 # Kept for code that imported the batch-1 runner from here.
 ModelRunner = SingleSequenceRunner
@@ -95,8 +104,9 @@ class Engine:
     the engine batches continuously: max_batch sequences per step at most (None:
     DEFAULT_MAX_BATCH), max_batched_tokens tokens per step (decodes plus prefill chunks; None:
     DEFAULT_MAX_BATCHED_TOKENS, raised to max_batch if below), a paged KV cache of kv_blocks
-    blocks of block_size token slots (None: enough for max_batch sequences of the whole
-    context, max_batch * ceil(n_ctx / block_size)). Without one (OPT today) it runs one
+    blocks of block_size token slots (None: `default_kv_blocks`, room for max_batch
+    sequences of min(n_ctx, DEFAULT_KV_TOKENS_PER_SEQ) positions and for one of the whole
+    context). Without one (OPT today) it runs one
     sequence at a time (`runner.SingleSequenceRunner`); max_batch must then be None or 1 and
     the KV options None. Raises VkrtError for a value out of range."""
 
@@ -107,11 +117,12 @@ class Engine:
         lm = batched_model(model)
         self.kv: KVCacheManager | None = None
         if lm is None:
-            if max_batch not in (None, 1) or kv_blocks is not None or block_size is not None:
+            if (max_batch not in (None, 1) or kv_blocks is not None or block_size is not None
+                    or max_batched_tokens is not None):
                 raise VkrtError(f"the {getattr(model, 'family', 'model')} family has no "
                                 "batched forward (execute_batch): it runs one sequence at a "
-                                "time, so --max-batch must be 1 and --kv-blocks/--block-size "
-                                "are not used")
+                                "time, so --max-batch must be 1 and --kv-blocks, --block-size "
+                                "and --max-batched-tokens are not used")
             self.max_batch = 1
             self.scheduler = Scheduler(max_queue)
             self.runner = SingleSequenceRunner(model)
@@ -121,7 +132,7 @@ class Engine:
                 raise VkrtError(f"--max-batch must be an integer >= 1, got {max_batch!r}")
             block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
             if kv_blocks is None and isinstance(block_size, int) and block_size >= 1:
-                kv_blocks = self.max_batch * blocks_for(model.hparams.n_ctx, block_size)
+                kv_blocks = default_kv_blocks(model.hparams.n_ctx, self.max_batch, block_size)
             self.kv = KVCacheManager(kv_blocks, block_size)
             if max_batched_tokens is None:
                 max_batched_tokens = max(DEFAULT_MAX_BATCHED_TOKENS, self.max_batch)

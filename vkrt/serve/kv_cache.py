@@ -18,6 +18,9 @@ from typing import Hashable
 
 from vkrt.errors import VkrtError
 
+DEFAULT_BLOCK_SIZE = 16            # token slots per KV block
+DEFAULT_KV_TOKENS_PER_SEQ = 2048   # the default cache: this many positions per sequence
+
 
 def blocks_for(n_tokens: int, block_size: int) -> int:
     """Blocks that hold `n_tokens` token slots (ceil division)."""

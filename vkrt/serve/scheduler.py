@@ -40,6 +40,9 @@ from vkrt.errors import VkrtError
 from vkrt.serve.kv_cache import KVCacheManager, blocks_for
 from vkrt.serve.request import Request, RequestStatus, Sequence
 
+DEFAULT_MAX_BATCH = 8              # sequences per step where the model has execute_batch
+DEFAULT_MAX_BATCHED_TOKENS = 256   # tokens per step: decodes plus prefill chunks
+
 
 class QueueFullError(VkrtError):
     """The waiting queue holds `max_queue` requests already (HTTP 429)."""
