@@ -4,13 +4,21 @@ loop; any thread submits requests and gets their outputs through a callback.
 Shaped as vLLM v1 splits it (vllm/v1/engine/core.py: `EngineCore.step` = schedule, execute,
 update; vllm/v1/engine/output_processor.py: detokenization and stop strings per request):
 
-    step():  aborts  -> Scheduler.schedule()  -> ModelRunner.execute()  -> per request:
-             detokenize, match stop strings, emit a RequestOutput, retire what finished
+    step():  aborts (their KV blocks freed)  -> Scheduler.schedule()  -> runner.execute()
+             -> Scheduler.update_from_output()  -> per sequence: detokenize, match stop
+             strings, emit a RequestOutput, retire what finished (its blocks freed)
 
-Batching is NOT there yet: the scheduler runs one sequence at a time and `ModelRunner`
-advances it with the existing token loop (`vkrt.models.generate.stream_tokens`, one
-iterator per sequence). A batched runner (B sequences per step, a paged KV cache with block
-tables) replaces `ModelRunner` behind the same `execute(scheduled) -> {request: token}`.
+A request is `n` sequences (`request.Sequence`), scheduled independently. Where the model
+has a batched forward (`execute_batch` over a paged KV cache, vkrt.models.batch) the
+engine batches continuously: every step the scheduler (scheduler.py) admits and retires
+sequences and mixes decodes with chunked prefill under a token budget, the KV-cache manager
+(kv_cache.py) gives each sequence a block table, and `runner.BatchRunner` flattens the step
+into one `BatchInput` and samples each sequence with its own parameters and seeded
+generator. A model without one (OPT today) runs one sequence at a time
+(`runner.SingleSequenceRunner` over `stream_tokens`, `Scheduler(max_num_seqs=1)`).
+
+Time to first token (TTFT, from arrival) and time per output token (TPOT, the mean after
+the first) are measured per request and logged when it finishes.
 
 Python use, without HTTP:
 
