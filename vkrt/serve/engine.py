@@ -108,15 +108,15 @@ class Engine:
     counters (requests finished, aborted, tokens generated). Use as a context manager
     (start, then shutdown) or call `start()` and `shutdown()`.
 
-    Where the model has a batched forward (`execute_batch` on `model.lm`: `runner.BatchRunner`)
-    the engine batches continuously: max_batch sequences per step at most (None:
-    DEFAULT_MAX_BATCH), max_batched_tokens tokens per step (decodes plus prefill chunks; None:
-    DEFAULT_MAX_BATCHED_TOKENS, raised to max_batch if below), a paged KV cache of kv_blocks
-    blocks of block_size token slots (None: `default_kv_blocks`, room for max_batch
-    sequences of min(n_ctx, DEFAULT_KV_TOKENS_PER_SEQ) positions and for one of the whole
-    context). Without one (OPT today) it runs one
-    sequence at a time (`runner.SingleSequenceRunner`); max_batch must then be None or 1 and
-    the KV options None. Raises VkrtError for a value out of range."""
+    Where the model has a batched forward (`execute_batch` on `model.lm` or the model:
+    `runner.BatchRunner`) the engine batches continuously: max_batch sequences per step at
+    most (None: DEFAULT_MAX_BATCH), max_batched_tokens tokens per step (decodes plus prefill
+    chunks, >= max_batch; None: DEFAULT_MAX_BATCHED_TOKENS or max_batch if larger), a paged
+    KV cache of kv_blocks blocks of block_size token slots (None: `default_kv_blocks`, room
+    for max_batch sequences of min(n_ctx, DEFAULT_KV_TOKENS_PER_SEQ) positions and for one
+    of the whole context; DEFAULT_BLOCK_SIZE). Without one (OPT today) it runs one sequence
+    at a time (`runner.SingleSequenceRunner`); max_batch must then be None or 1 and the
+    other three None. Raises VkrtError for a value out of range."""
 
     def __init__(self, model, max_queue: int = 16, max_batch: int | None = None,
                  kv_blocks: int | None = None, block_size: int | None = None,
@@ -144,6 +144,11 @@ class Engine:
             self.kv = KVCacheManager(kv_blocks, block_size)
             if max_batched_tokens is None:
                 max_batched_tokens = max(DEFAULT_MAX_BATCHED_TOKENS, self.max_batch)
+            elif not (isinstance(max_batched_tokens, int)
+                      and max_batched_tokens >= self.max_batch):
+                raise VkrtError(f"--max-batched-tokens must be at least --max-batch "
+                                f"({self.max_batch}), so that every running sequence can "
+                                f"decode each step; got {max_batched_tokens!r}")
             self.scheduler = Scheduler(max_queue, self.max_batch, max_batched_tokens, self.kv)
             self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids)
         self._cond = threading.Condition()

@@ -37,7 +37,7 @@ class KVCacheManager:
     `num_allocations` / `num_frees` (blocks handed out / taken back since creation)."""
 
     def __init__(self, num_blocks: int, block_size: int):
-        for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
+        for name, v in (("block_size", block_size), ("num_blocks", num_blocks)):
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise VkrtError(f"the KV cache's {name} must be an integer >= 1, got {v!r}")
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -94,9 +94,10 @@ class KVCacheManager:
         table = self._tables.pop(seq, None)
         if not table:
             return 0
-        # Freed blocks go to the front: the next allocation reuses the most recently used
-        # ones first (vLLM's free queue does the same), which also makes stale slot contents
-        # the common case a test sees.
+        # Freed blocks go to the front: the next allocation reuses the most recently freed
+        # ones first (vLLM appends them to the back instead, to keep cached prefixes longer;
+        # there is no prefix caching here), so a new sequence usually lands on another's
+        # stale slots, the case a table or slot-mapping bug corrupts visibly.
         self._free.extendleft(reversed(table))
         self.num_frees += len(table)
         return len(table)
