@@ -262,6 +262,22 @@ def test_a_model_without_execute_batch_runs_one_sequence():
     assert engine.kv is None and engine.max_batch == 1 and engine.scheduler.max_num_seqs == 1
 
 
+def test_engine_options_and_their_defaults():
+    from vkrt.serve.engine import default_kv_blocks
+
+    assert default_kv_blocks(8192, 8, 16) == 8 * 2048 // 16      # 8 sequences of 2048
+    assert default_kv_blocks(256, 8, 16) == 8 * 256 // 16        # 8 of the whole context
+    assert default_kv_blocks(8192, 1, 16) == 8192 // 16          # one of the whole context
+    engine = Engine(FakeModel(n_ctx=256), max_batch=3, block_size=8)
+    assert (engine.kv.num_blocks, engine.kv.block_size) == (3 * 256 // 8, 8)
+    assert engine.scheduler.max_num_batched_tokens == 256
+    for kw, words in [(dict(max_batch=8, max_batched_tokens=4), "--max-batched-tokens"),
+                      (dict(max_batch=0), "--max-batch"), (dict(block_size=0), "block_size"),
+                      (dict(kv_blocks=0), "num_blocks")]:
+        with pytest.raises(VkrtError, match=words):
+            Engine(FakeModel(), **kw)
+
+
 def test_a_failing_step_fails_its_requests_and_frees_their_blocks():
     engine = engine_of(max_batch=2, block_size=4)
     a = Collect()
@@ -366,7 +382,7 @@ def test_http_client_disconnect_frees_its_blocks_within_a_step():
     """A streaming client hangs up after its first chunk while another keeps decoding: its
     blocks are back in the pool within a step or two (each step 20 ms), long before its 200
     tokens; the other request is untouched."""
-    from test_serve import Server, wait_for
+    from test_serve import Server, raw, wait_for
 
     model = FakeModel(n_ctx=256)
     model.lm.delay_s = 0.02
@@ -391,6 +407,9 @@ def test_http_client_disconnect_frees_its_blocks_within_a_step():
         want = reference([3, 4, 5], 30)
         assert other["r"].choices[0].text == "".join(map(piece, want))
         assert wait_for(lambda: kv.num_free_blocks == kv.num_blocks, timeout=2.0)
+        status, health = raw(server.url + "/health")
+        assert status == 200 and health["kv_free_blocks"] == health["kv_blocks"] == kv.num_blocks
+        assert health["running"] == health["running_seqs"] == health["waiting"] == 0
     finally:
         server.stop()
         engine.shutdown(10)
