@@ -3,18 +3,15 @@ runner and the engine over `paged_fake.FakeModel` (a numpy model that emulates a
 cache: a mixed-up block table, slot mapping, position or chunk changes its tokens). No GPU.
 The engine is stepped by hand (`Engine.start(thread=False)`) except in the HTTP load test."""
 import random
-import statistics
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from paged_fake import EOS, FakeModel, piece, reference
 from vkrt.errors import VkrtError
 from vkrt.serve import Engine, QueueFullError, SamplingParams
 from vkrt.serve.kv_cache import KVCacheManager
-from vkrt.serve.request import Request, Sequence
 
 
 def engine_of(**kw) -> Engine:

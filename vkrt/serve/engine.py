@@ -198,7 +198,8 @@ class Engine:
                     sink: Callable[[RequestOutput], None],
                     request_id: str | None = None) -> Request:
         """Queue a request for `prompt_ids` (token ids). `params.max_tokens` None becomes the
-        rest of the context (at most what the whole paged KV cache holds). Returns the Request (its `request_id` for `abort`).
+        rest of the context (at most what the whole paged KV cache holds). Returns the
+        Request (its `request_id` for `abort`).
         Raises VkrtError when the prompt is empty or prompt + max_tokens exceeds the context
         (`check_context`) or one sequence needs more KV blocks than the cache has,
         QueueFullError when max_queue requests wait already,
