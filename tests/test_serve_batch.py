@@ -259,6 +259,26 @@ def test_a_model_without_execute_batch_runs_one_sequence():
     assert engine.kv is None and engine.max_batch == 1 and engine.scheduler.max_num_seqs == 1
 
 
+def test_stop_strings_are_each_sequences_own():
+    """Two requests decoding together, one with a stop string spanning two of its tokens:
+    its text ends before it ("stop"), its blocks are freed, the other runs on untouched."""
+    engine = engine_of(max_batch=2, block_size=4)
+    pa, pb = [4, 4, 2], [6, 1]
+    want_a, want_b = reference(pa, 12), reference(pb, 12)
+    text_a = "".join(map(piece, want_a))
+    cut = len(piece(want_a[0])) + len(piece(want_a[1]))
+    stop = text_a[cut - 2:cut + 2]                   # the end of token 1, the start of 2
+    assert text_a.find(stop) == cut - 2
+    a, b = Collect(), Collect()
+    engine.add_request(pa, SamplingParams(max_tokens=12, stop=stop), a)
+    engine.add_request(pb, SamplingParams(max_tokens=12), b)
+    run_to_end(engine)
+    assert a.text[0] == text_a[:cut - 2] and a.reasons[0] == "stop"
+    assert a.tokens[0] == want_a[:3]                 # stopped at the token that completed it
+    assert b.text[0] == "".join(map(piece, want_b)) and b.tokens[0] == want_b
+    assert_no_block_leaked(engine)
+
+
 def test_engine_options_and_their_defaults():
     from vkrt.serve.engine import default_kv_blocks
 
