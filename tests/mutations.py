@@ -817,7 +817,7 @@ MUTATIONS = [
      "if await request.is_disconnected():", "if False:",
      ["tests/test_serve.py::test_client_gone_from_a_non_streamed_request_frees_the_slot"]),
     ("serve: the waiting queue's bound ignored", "vkrt/serve/scheduler.py",
-     "if len(self.waiting) >= self.max_queue:", "if False:",
+     "if waiting >= self.max_queue:", "if False:",
      ["tests/test_serve.py::test_queue_full_is_429"]),
     ("serve: stream_options.include_usage ignored", "vkrt/serve/protocol.py",
      'include_usage = options.get("include_usage", False)', "include_usage = False",
@@ -826,6 +826,32 @@ MUTATIONS = [
      "def __init__(self, message: str, status: int = 400,",
      "def __init__(self, message: str, status: int = 500,",
      ["tests/test_serve.py::test_bad_field_is_400_naming_it"]),
+    # -- serving: continuous batching (kv_cache.py, scheduler.py, runner.py) ---------------
+    ("serve batch: the KV manager hands the same block to two block tables",
+     "vkrt/serve/kv_cache.py", "table.append(self._free.popleft())",
+     "table.append(self._free[0])",
+     ["tests/test_serve_batch.py::test_concurrent_requests_equal_their_alone_run"]),
+    ("serve batch: an aborted (disconnected) request's KV blocks not freed",
+     "vkrt/serve/scheduler.py",
+     "            if seq.status is not RequestStatus.FINISHED:\n                self.finish_seq(seq)",
+     "            if seq.status is not RequestStatus.FINISHED:\n"
+     "                (self.running if seq in self.running else self.waiting).remove(seq)\n"
+     "                seq.status = RequestStatus.FINISHED",
+     ["tests/test_serve_batch.py::test_abort_frees_the_blocks_within_one_step",
+      "tests/test_serve_batch.py::test_http_client_disconnect_frees_its_blocks_within_a_step"]),
+    ("serve batch: the second sequence of a step at positions off by one",
+     "vkrt/serve/runner.py",
+     "positions.append(np.arange(s.start, s.start + n, dtype=np.uint32))",
+     "positions.append(np.arange(s.start + (i == 1), s.start + n + (i == 1), "
+     "dtype=np.uint32))",
+     ["tests/test_serve_batch.py::test_concurrent_requests_equal_their_alone_run"]),
+    ("serve batch: chunked prefill skips each chunk's last token",
+     "vkrt/serve/runner.py", "            n = s.n_tokens\n",
+     "            n = s.n_tokens - (not s.samples)\n",
+     ["tests/test_serve_batch.py::test_chunked_prefill_across_steps_with_a_decode_first"]),
+    ("serve batch: a preempted sequence resumes without recomputing its freed KV",
+     "vkrt/serve/scheduler.py", "        seq.num_computed_tokens = 0\n", "",
+     ["tests/test_serve_batch.py::test_preemption_by_recompute_keeps_every_sequence_exact"]),
 ]
 
 

@@ -222,7 +222,8 @@ def _serve(args) -> int:
         raise
     got: list[int] = []
     try:
-        engine = Engine(model, args.max_queue)
+        engine = Engine(model, args.max_queue, args.max_batch, args.kv_blocks, args.block_size,
+                        args.max_batched_tokens)
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         log = logging.getLogger("vkrt.serve")
@@ -232,8 +233,14 @@ def _serve(args) -> int:
             build_app(engine, name, owns_engine=True), log_level="info",
             timeout_graceful_shutdown=args.shutdown_timeout))
         host, port = sock.getsockname()[:2]
+        if engine.kv is None:
+            batching = "one sequence at a time"
+        else:
+            batching = (f"batches of up to {engine.max_batch} sequences, "
+                        f"{engine.scheduler.max_num_batched_tokens} tokens a step, KV cache "
+                        f"{engine.kv.num_blocks} blocks of {engine.kv.block_size}")
         print(f"vkrt: serving {name} ({model.family}, context {model.hparams.n_ctx} tokens, "
-              f"one sequence at a time, --max-queue {args.max_queue}) on "
+              f"{batching}, --max-queue {args.max_queue}) on "
               f"http://{host}:{port}/v1", file=sys.stderr, flush=True)
         # uvicorn raises the signal it stopped on again once it is done: let it land here.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -304,7 +311,7 @@ def _chat(args) -> int:
         _write("\n")
 
     try:
-        with Engine(model, max_queue=1) as engine:
+        with Engine(model, max_queue=1, max_batch=1) as engine:   # one conversation
             while True:
                 try:   # Ctrl-C anywhere but in a reply: a reminder, not the end
                     try:
@@ -441,20 +448,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object, with the device, driver and git commit")
     p.set_defaults(run=_bench)
+    from vkrt.serve.kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ
+    from vkrt.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCHED_TOKENS
+
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
                        formatter_class=_DefaultsHelp,
                        description="POST /v1/completions and /v1/chat/completions (streamed "
                                    "or not), GET /v1/models and /health, on Starlette and "
-                                   "uvicorn. One sequence runs at a time (no batching yet); "
-                                   "others wait in a FIFO queue of --max-queue requests, "
-                                   "past which requests get HTTP 429. Ctrl-C or SIGTERM "
-                                   "drains and exits.")
+                                   "uvicorn. Where the model family has a batched forward, "
+                                   "requests are batched continuously (up to --max-batch "
+                                   "sequences a step over a paged KV cache of --kv-blocks "
+                                   "blocks of --block-size tokens, prompts prefilled in "
+                                   "chunks under --max-batched-tokens); otherwise one "
+                                   "sequence runs at a time. Others wait in a FIFO queue of "
+                                   "--max-queue requests, past which requests get HTTP 429. "
+                                   "Ctrl-C or SIGTERM drains and exits.")
     _model_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=_non_negative_int, default=8000,
                    help="TCP port (0: any free port, printed at start)")
     p.add_argument("--max-queue", type=_positive_int, default=16,
-                   help="requests that may wait while one runs; more get HTTP 429")
+                   help="requests that may wait before any of their sequences runs; more "
+                        "get HTTP 429")
+    p.add_argument("--max-batch", type=_positive_int, default=None,
+                   help="sequences decoded together in one step (default: "
+                        f"{DEFAULT_MAX_BATCH} where the model family has a batched forward, "
+                        "else 1, the only value such a family takes)")
+    p.add_argument("--kv-blocks", type=_positive_int, default=None,
+                   help="blocks of the paged KV cache (default: room for --max-batch "
+                        f"sequences of min(context, {DEFAULT_KV_TOKENS_PER_SEQ}) tokens and "
+                        "for one of the whole context); a request that cannot fit the whole "
+                        "cache gets HTTP 400, others wait or are preempted and recomputed")
+    p.add_argument("--block-size", type=_positive_int, default=None,
+                   help=f"token slots per KV block (default {DEFAULT_BLOCK_SIZE})")
+    p.add_argument("--max-batched-tokens", type=_positive_int, default=None,
+                   help="tokens one step computes, decodes and prompt chunks together "
+                        f"(default: {DEFAULT_MAX_BATCHED_TOKENS}, at least --max-batch)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the file or folder name)")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,

@@ -2,15 +2,16 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions (`stream` false: one JSON
 response; true: server-sent events `data: {chunk}` ending with `data: [DONE]`), GET
-/v1/models, GET /health. Errors are OpenAI's error object (`protocol.ProtocolError.body`)
-with status 400 (a bad field, named in `param`; a prompt past the context, before any
-event is sent), 404 (an unknown model or route), 429 (the waiting queue is full), 503 (the
+/v1/models, GET /health (`Engine.load()`: running and waiting requests, running sequences,
+free KV blocks where the cache is paged). Errors are OpenAI's error object
+(`protocol.ProtocolError.body`) with status 400 (a bad field, named in `param`; a prompt
+past the context or past the whole paged KV cache, before any event is sent), 404 (an unknown model or route), 429 (the waiting queue is full), 503 (the
 engine is shutting down), 500 (a failure inside the engine).
 
 The event loop never waits for the GPU: the engine thread hands each output over with
 `loop.call_soon_threadsafe` into an `asyncio.Queue` per request. A streamed request whose
 client goes away is aborted (`Engine.abort`) when Starlette sees the disconnect, so its slot
-frees within a step; a non-streamed one is checked for a disconnect every second.
+and KV blocks free within a step; a non-streamed one is checked for a disconnect every second.
 """
 from __future__ import annotations
 

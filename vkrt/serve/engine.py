@@ -4,13 +4,21 @@ loop; any thread submits requests and gets their outputs through a callback.
 Shaped as vLLM v1 splits it (vllm/v1/engine/core.py: `EngineCore.step` = schedule, execute,
 update; vllm/v1/engine/output_processor.py: detokenization and stop strings per request):
 
-    step():  aborts  -> Scheduler.schedule()  -> ModelRunner.execute()  -> per request:
-             detokenize, match stop strings, emit a RequestOutput, retire what finished
+    step():  aborts (their KV blocks freed)  -> Scheduler.schedule()  -> runner.execute()
+             -> Scheduler.update_from_output()  -> per sequence: detokenize, match stop
+             strings, emit a RequestOutput, retire what finished (its blocks freed)
 
-Batching is NOT there yet: the scheduler runs one sequence at a time and `ModelRunner`
-advances it with the existing token loop (`vkrt.models.generate.stream_tokens`, one
-iterator per sequence). A batched runner (B sequences per step, a paged KV cache with block
-tables) replaces `ModelRunner` behind the same `execute(scheduled) -> {request: token}`.
+A request is `n` sequences (`request.Sequence`), scheduled independently. Where the model
+has a batched forward (`execute_batch` over a paged KV cache, vkrt.models.batch) the
+engine batches continuously: every step the scheduler (scheduler.py) admits and retires
+sequences and mixes decodes with chunked prefill under a token budget, the KV-cache manager
+(kv_cache.py) gives each sequence a block table, and `runner.BatchRunner` flattens the step
+into one `BatchInput` and samples each sequence with its own parameters and seeded
+generator. A model without one (OPT today) runs one sequence at a time
+(`runner.SingleSequenceRunner` over `stream_tokens`, `Scheduler(max_num_seqs=1)`).
+
+Time to first token (TTFT, from arrival) and time per output token (TPOT, the mean after
+the first) are measured per request and logged when it finishes.
 
 Python use, without HTTP:
 
@@ -28,15 +36,34 @@ import uuid
 from typing import Any, Callable, Iterator
 
 from vkrt.errors import VkrtError
-from vkrt.models.generate import Sampling, check_context, stream_tokens
-from vkrt.serve.request import (ABORT, ERROR, LENGTH, STOP, Request, RequestOutput,
-                                SamplingParams)
-from vkrt.serve.scheduler import QueueFullError, Scheduler, SchedulerOutput
+from vkrt.models.generate import check_context
+from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KVCacheManager,
+                                 blocks_for)
+from vkrt.serve.request import (ABORT, ERROR, STOP, Request, RequestOutput, SamplingParams,
+                                Sequence)
+from vkrt.serve.runner import BatchRunner, SingleSequenceRunner, batched_model
+from vkrt.serve.scheduler import (DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCHED_TOKENS, QueueFullError,
+                                  Scheduler, SchedulerOutput)
 
 log = logging.getLogger("vkrt.serve")
 
 __all__ = ["Engine", "EngineStoppedError", "QueueFullError", "SamplingParams", "Request",
-           "RequestOutput", "StopChecker"]
+           "RequestOutput", "StopChecker", "DEFAULT_MAX_BATCH", "DEFAULT_BLOCK_SIZE",
+           "DEFAULT_MAX_BATCHED_TOKENS"]
+
+
+
+
+def default_kv_blocks(n_ctx: int, max_batch: int, block_size: int) -> int:
+    """KV blocks of the default paged cache: max(n_ctx, max_batch * min(n_ctx,
+    DEFAULT_KV_TOKENS_PER_SEQ)) positions, in blocks of block_size (so one sequence can
+    always use the whole context, and max_batch moderate ones fit at once)."""
+    tokens = max(n_ctx, max_batch * min(n_ctx, DEFAULT_KV_TOKENS_PER_SEQ))
+    return blocks_for(tokens, block_size)
+
+
+# Kept for code that imported the batch-1 runner from here.
+ModelRunner = SingleSequenceRunner
 
 
 class EngineStoppedError(VkrtError):
@@ -72,61 +99,58 @@ class StopChecker:
         return delta, bool(hits)
 
 
-class ModelRunner:
-    """Advances running sequences by one token per step. This runner has batch size 1: each
-    sequence is its own `stream_tokens` iterator over the model's one KV cache, so only one
-    may be in progress at a time (`Scheduler(max_num_seqs=1)` guarantees it)."""
-
-    def __init__(self, model):
-        self.model = model
-        self._seqs: dict[Request, tuple[Iterator[int], Any]] = {}
-
-    def start(self, request: Request) -> None:
-        """Begin sequence `request.index` (its prefill runs at the next `execute`)."""
-        from vkrt.models.generate import GenerationResult
-
-        p = request.params
-        result = GenerationResult(len(request.prompt_ids))
-        sampling = Sampling(p.temperature, p.top_p, p.seed_of(request.index))
-        tokens = stream_tokens(self.model.lm, request.prompt_ids, request.max_tokens, sampling,
-                               self.model.tokenizer.eog_ids, result=result)
-        self._seqs[request] = (tokens, result)
-
-    def running(self, request: Request) -> bool:
-        return request in self._seqs
-
-    def execute(self, scheduled: list[Request]) -> dict[Request, tuple[int, str | None]]:
-        """One step: the next token of every scheduled sequence, with its finish reason
-        ("stop" at an end-of-generation token, "length" at max_tokens, else None)."""
-        out = {}
-        for request in scheduled:
-            tokens, result = self._seqs[request]
-            token = next(tokens)
-            reason = (STOP if result.stopped_at_eos else
-                      LENGTH if len(result.tokens) >= request.max_tokens else None)
-            out[request] = (token, reason)
-        return out
-
-    def release(self, request: Request) -> None:
-        """Drop the sequence's state (steps already submitted finish on the GPU, unread)."""
-        entry = self._seqs.pop(request, None)
-        if entry is not None:
-            entry[0].close()
-
-
 class Engine:
     """The engine loop on its own thread, which alone touches `model` (a `vkrt.Model`) once
     `start()` ran. `add_request`, `abort`, `pause`, `resume` and `shutdown` may be called from
     any thread; outputs reach each request's `sink` on the engine thread.
 
-    max_queue: requests that may wait while one runs (`Scheduler`). `stats`: counters
-    (requests finished, aborted, tokens generated). Use as a context manager (start, then
-    shutdown) or call `start()` and `shutdown()`."""
+    max_queue: requests that may wait with no sequence admitted (`Scheduler`). `stats`:
+    counters (requests finished, aborted, tokens generated). Use as a context manager
+    (start, then shutdown) or call `start()` and `shutdown()`.
 
-    def __init__(self, model, max_queue: int = 16):
+    Where the model has a batched forward (`execute_batch` on `model.lm` or the model:
+    `runner.BatchRunner`) the engine batches continuously: max_batch sequences per step at
+    most (None: DEFAULT_MAX_BATCH), max_batched_tokens tokens per step (decodes plus prefill
+    chunks, >= max_batch; None: DEFAULT_MAX_BATCHED_TOKENS or max_batch if larger), a paged
+    KV cache of kv_blocks blocks of block_size token slots (None: `default_kv_blocks`, room
+    for max_batch sequences of min(n_ctx, DEFAULT_KV_TOKENS_PER_SEQ) positions and for one
+    of the whole context; DEFAULT_BLOCK_SIZE). Without one (OPT today) it runs one sequence
+    at a time (`runner.SingleSequenceRunner`); max_batch must then be None or 1 and the
+    other three None. Raises VkrtError for a value out of range."""
+
+    def __init__(self, model, max_queue: int = 16, max_batch: int | None = None,
+                 kv_blocks: int | None = None, block_size: int | None = None,
+                 max_batched_tokens: int | None = None):
         self.model = model
-        self.scheduler = Scheduler(max_queue)
-        self.runner = ModelRunner(model)
+        lm = batched_model(model)
+        self.kv: KVCacheManager | None = None
+        if lm is None:
+            if (max_batch not in (None, 1) or kv_blocks is not None or block_size is not None
+                    or max_batched_tokens is not None):
+                raise VkrtError(f"the {getattr(model, 'family', 'model')} family has no "
+                                "batched forward (execute_batch): it runs one sequence at a "
+                                "time, so --max-batch must be 1 and --kv-blocks, --block-size "
+                                "and --max-batched-tokens are not used")
+            self.max_batch = 1
+            self.scheduler = Scheduler(max_queue)
+            self.runner = SingleSequenceRunner(model)
+        else:
+            self.max_batch = DEFAULT_MAX_BATCH if max_batch is None else max_batch
+            if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
+                raise VkrtError(f"--max-batch must be an integer >= 1, got {max_batch!r}")
+            block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+            if kv_blocks is None and isinstance(block_size, int) and block_size >= 1:
+                kv_blocks = default_kv_blocks(model.hparams.n_ctx, self.max_batch, block_size)
+            self.kv = KVCacheManager(kv_blocks, block_size)
+            if max_batched_tokens is None:
+                max_batched_tokens = max(DEFAULT_MAX_BATCHED_TOKENS, self.max_batch)
+            elif not (isinstance(max_batched_tokens, int)
+                      and max_batched_tokens >= self.max_batch):
+                raise VkrtError(f"--max-batched-tokens must be at least --max-batch "
+                                f"({self.max_batch}), so that every running sequence can "
+                                f"decode each step; got {max_batched_tokens!r}")
+            self.scheduler = Scheduler(max_queue, self.max_batch, max_batched_tokens, self.kv)
+            self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids)
         self._cond = threading.Condition()
         # The tokenizer is one `tokenizers.Tokenizer` shared by the threads that encode
         # prompts and the engine thread that detokenizes; `Tokenizer.encode` flips its
@@ -134,7 +158,7 @@ class Engine:
         # to milliseconds, never a GPU wait).
         self._tokenizer_lock = threading.Lock()
         self._requests: dict[str, Request] = {}
-        self._texts: dict[Request, Any] = {}        # (detokenizer, StopChecker) per request
+        self._texts: dict[Sequence, Any] = {}       # (detokenizer, StopChecker) per sequence
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._paused = False
@@ -174,17 +198,24 @@ class Engine:
                     sink: Callable[[RequestOutput], None],
                     request_id: str | None = None) -> Request:
         """Queue a request for `prompt_ids` (token ids). `params.max_tokens` None becomes the
-        rest of the context. Returns the Request (its `request_id` for `abort`).
+        rest of the context (at most what the whole paged KV cache holds). Returns the
+        Request (its `request_id` for `abort`).
         Raises VkrtError when the prompt is empty or prompt + max_tokens exceeds the context
-        (`check_context`), QueueFullError when max_queue requests wait already,
+        (`check_context`) or one sequence needs more KV blocks than the cache has,
+        QueueFullError when max_queue requests wait already,
         EngineStoppedError after shutdown."""
         ids = list(prompt_ids)
         max_tokens = params.max_tokens
-        if max_tokens is None:
-            max_tokens = max(1, self.n_ctx - len(ids))
+        if max_tokens is None:     # the rest of the context, or of what the KV cache holds
+            limit = self.n_ctx
+            if self.kv is not None:
+                limit = min(limit, self.kv.num_blocks * self.kv.block_size + 1)
+            max_tokens = max(1, limit - len(ids))
             params = SamplingParams(max_tokens, params.temperature, params.top_p, params.seed,
                                     params.stop, params.n)
         check_context(self.n_ctx, len(ids), max_tokens)
+        # (The scheduler also refuses, with VkrtError, a sequence the whole KV cache cannot
+        # hold.)
         request = Request(request_id or uuid.uuid4().hex, ids, params, sink)
         with self._cond:
             if self._stopping or self._thread is None:
@@ -235,16 +266,25 @@ class Engine:
             self._cond.notify_all()
 
     def load(self) -> dict:
-        """{"running", "waiting", "max_queue"}: the scheduler's occupancy now."""
+        """The scheduler's occupancy now: {"running", "waiting"} (requests), "running_seqs",
+        "max_queue", "max_batch", and with a paged KV cache "kv_blocks", "kv_free_blocks"."""
         with self._cond:
-            return {"running": len(self.scheduler.running),
-                    "waiting": len(self.scheduler.waiting),
-                    "max_queue": self.scheduler.max_queue}
+            s = self.scheduler
+            out = {"running": s.num_running_requests(), "waiting": s.num_waiting_requests(),
+                   "running_seqs": len(s.running), "max_queue": s.max_queue,
+                   "max_batch": self.max_batch}
+            if self.kv is not None:
+                out.update(kv_blocks=self.kv.num_blocks, kv_free_blocks=self.kv.num_free_blocks)
+            return out
 
-    def start(self) -> "Engine":
-        """Start the engine thread (from then on only it touches the model)."""
+    def start(self, thread: bool = True) -> "Engine":
+        """Start the engine thread (from then on only it touches the model). thread=False:
+        accept requests without a thread; the caller runs `step()` itself (tests, or an
+        outer loop that owns the model)."""
         with self._cond:
-            if self._thread is None:
+            if not thread:
+                self._thread = self._thread or threading.current_thread()
+            elif self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="vkrt-engine",
                                                 daemon=True)
                 self._thread.start()
@@ -282,36 +322,43 @@ class Engine:
 
     def _has_work(self) -> bool:
         s = self.scheduler
-        if any(r.abort_requested for r in (*s.running, *s.waiting)):
+        if any(q.request.abort_requested for q in (*s.running, *s.waiting)):
             return True
         return not self._paused and s.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
-        """One engine step (engine thread only): retire aborted requests, schedule, run one
-        token of every scheduled sequence, detokenize and check stop strings, emit outputs,
-        retire what finished. Returns the outputs it sent."""
+        """One engine step (engine thread only): retire aborted requests (their KV blocks go
+        back to the pool before this step schedules), schedule, run the step's tokens of
+        every scheduled sequence, detokenize and check stop strings, emit outputs, retire
+        what finished. Returns the outputs it sent."""
         outputs: list[tuple[Request, RequestOutput]] = []
         with self._cond:
-            for request in [r for r in (*self.scheduler.running, *self.scheduler.waiting)
-                            if r.abort_requested]:
+            aborted = {id(q.request): q.request
+                       for q in (*self.scheduler.running, *self.scheduler.waiting)
+                       if q.request.abort_requested}
+            for request in aborted.values():
                 outputs.append((request, self._retire(request, ABORT)))
             plan = SchedulerOutput() if self._paused else self.scheduler.schedule()
         results: dict = {}
         if plan.scheduled:
             try:
-                for request in plan.scheduled:
-                    if not self.runner.running(request):
-                        self._start_sequence(request)
-                results = self.runner.execute(plan.scheduled)
-            except Exception as e:   # a failure inside the model: fail the request, go on
+                for seq in plan.seqs:
+                    if not self.runner.running(seq):
+                        self._start_sequence(seq)
+                results = self.runner.execute(plan)
+            except Exception as e:   # a failure inside the model: fail the requests, go on
                 log.exception("engine step failed")
+                results = {}
                 with self._cond:
-                    for request in plan.scheduled:
+                    failed = {id(q.request): q.request for q in plan.seqs}
+                    for request in failed.values():
                         out = self._retire(request, ERROR)
                         out.error = f"{type(e).__name__}: {e}"
                         outputs.append((request, out))
-        for request, (token, reason) in results.items():
-            outputs.append((request, self._update(request, token, reason)))
+            with self._cond:
+                self.scheduler.update_from_output(plan, {q: t for q, (t, _) in results.items()})
+        for seq, (token, reason) in results.items():
+            outputs.append((seq.request, self._update(seq, token, reason)))
         for request, out in outputs:
             try:
                 request.sink(out)
@@ -319,21 +366,22 @@ class Engine:
                 log.exception("request %s: output callback failed", request.request_id)
         return [out for _, out in outputs]
 
-    def _start_sequence(self, request: Request) -> None:
-        self.runner.start(request)
+    def _start_sequence(self, seq: Sequence) -> None:
+        self.runner.start(seq)
         detok = self.model.tokenizer.stream(skip_special=True)
-        self._texts[request] = (detok, StopChecker(request.params.stop))
+        self._texts[seq] = (detok, StopChecker(seq.request.params.stop))
 
-    def _update(self, request: Request, token: int, reason: str | None) -> RequestOutput:
-        """Fold one new token of `request` into its text; retire the sequence (and the
-        request after its n-th) when it stopped."""
+    def _update(self, seq: Sequence, token: int, reason: str | None) -> RequestOutput:
+        """Fold one new token of `seq` into its text; retire the sequence (and the request
+        after its last) when it stopped."""
+        request = seq.request
         now = time.perf_counter()
         if request.first_token_at is None:
             request.first_token_at = now
         request.last_token_at = now
         request.completion_tokens += 1
         self.stats["tokens"] += 1
-        detok, checker = self._texts[request]
+        detok, checker = self._texts[seq]
         with self._tokenizer_lock:
             piece = detok.step(token)
             if reason is not None:
@@ -341,27 +389,29 @@ class Engine:
         delta, stopped = checker.add(piece, final=reason is not None)
         if stopped:
             reason = STOP
-        out = RequestOutput(request.request_id, request.index, delta, [token],
+        out = RequestOutput(request.request_id, seq.index, delta, [token],
                             prompt_tokens=len(request.prompt_ids),
                             completion_tokens=request.completion_tokens)
         if reason is None:
             return out
         out.finished, out.finish_reason = True, reason
-        self.runner.release(request)
-        del self._texts[request]
-        if request.index + 1 < request.params.n:
-            request.index += 1          # the next choice starts at the next step
-            return out
+        self.runner.release(seq)
+        del self._texts[seq]
         with self._cond:
+            self.scheduler.finish_seq(seq)      # its KV blocks are free for the next step
+            if not request.finished:
+                return out
             last = self._retire(request, reason)
         out.request_finished, out.ttft_s, out.tpot_s = True, last.ttft_s, last.tpot_s
         return out
 
     def _retire(self, request: Request, reason: str) -> RequestOutput:
-        """Under the lock: free the request's slot and state; its last output."""
-        self.scheduler.finish(request)
-        self.runner.release(request)
-        self._texts.pop(request, None)
+        """Under the lock: free the request's sequences (their KV blocks) and state; its
+        last output."""
+        self.scheduler.finish_request(request)
+        for seq in request.seqs:
+            self.runner.release(seq)
+            self._texts.pop(seq, None)
         self._requests.pop(request.request_id, None)
         self.stats["aborted" if reason == ABORT else "finished"] += 1
         ttft = tpot = None
@@ -375,6 +425,7 @@ class Engine:
                  request.completion_tokens,
                  "-" if ttft is None else f"{ttft * 1e3:.1f} ms",
                  "-" if tpot is None else f"{tpot * 1e3:.1f} ms")
-        return RequestOutput(request.request_id, request.index, "", [], True, reason, True,
+        index = max((q.index for q in request.seqs), default=0)
+        return RequestOutput(request.request_id, index, "", [], True, reason, True,
                              len(request.prompt_ids), request.completion_tokens,
                              ttft_s=ttft, tpot_s=tpot)

@@ -53,8 +53,8 @@ class SamplingParams:
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"      # in the scheduler's waiting queue
-    RUNNING = "running"      # admitted: the runner advances it every step
+    WAITING = "waiting"      # in the scheduler's waiting queue (no sequence admitted yet)
+    RUNNING = "running"      # admitted: the runner advances its sequences every step
     FINISHED = "finished"    # done: every sequence stopped, or aborted
 
 
@@ -99,14 +99,62 @@ class Request:
     sink: Callable[[RequestOutput], None]
     status: RequestStatus = RequestStatus.WAITING
     arrival: float = field(default_factory=time.perf_counter)
-    index: int = 0                 # the sequence being generated (0 .. n-1)
+    seqs: list["Sequence"] = field(default_factory=list)   # n, made by __post_init__
     completion_tokens: int = 0     # over every sequence so far
     first_token_at: float | None = None
     last_token_at: float | None = None
     abort_requested: bool = False
+
+    def __post_init__(self):
+        if not self.seqs:
+            self.seqs = [Sequence(self, i, list(self.prompt_ids))
+                         for i in range(self.params.n)]
+
+    @property
+    def finished(self) -> bool:
+        """Every sequence of the request has stopped."""
+        return all(s.status is RequestStatus.FINISHED for s in self.seqs)
 
     @property
     def max_tokens(self) -> int:
         """Tokens this request may generate per sequence (params.max_tokens, filled in by
         the engine when None)."""
         return self.params.max_tokens
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence (choice `index` of its request's `n`): what the scheduler schedules, the
+    KV-cache manager gives a block table, and the model runner advances (vLLM v1 fans `n`
+    out into child requests the same way). Hashed by identity.
+
+    token_ids: the prompt's ids, then each generated id as it is sampled.
+    num_computed_tokens: leading positions of `token_ids` whose K/V are in the cache; the
+    sequence is in prefill while fewer than the prompt's, decodes one token a step after."""
+    request: Request
+    index: int
+    token_ids: list[int]
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """Positions whose K/V this sequence may ever write: the prompt and every generated
+        token but the last (which is returned, never fed back)."""
+        return self.num_prompt_tokens + self.request.max_tokens - 1
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request.request_id}#{self.index}, {self.num_tokens} tokens, "
+                f"{self.num_computed_tokens} computed, {self.status.value})")

@@ -1,12 +1,33 @@
-"""Admission and retirement of requests, once per engine step (vLLM v1's
-vllm/v1/core/sched/scheduler.py, reduced): first come, first served, with a bounded waiting
-queue.
+"""Continuous batching: which sequences run in one engine step, and how many of their tokens
+(vLLM v1's vllm/v1/core/sched/scheduler.py, reduced: no prefix caching, no priorities).
 
-Each `schedule()` retires nothing itself (the engine calls `finish` for what stopped) and
-admits waiting requests in arrival order while fewer than `max_num_seqs` run; it returns the
-running requests, which the model runner advances by one token each. This slice runs ONE
-sequence at a time (`max_num_seqs` = 1): the runner has no batched decode or paged KV cache
-yet. A batched runner keeps this interface: it gets up to B requests per step.
+Every `schedule()` builds one step under a token budget (`max_num_batched_tokens`) and a
+sequence limit (`max_num_seqs`), in this order:
+
+1. decodes: every running sequence with one token left to compute (its last sampled one)
+   gets 1 token;
+2. prefill chunks of running sequences with more left (chunked prefill: a prompt longer
+   than the budget left is split over several steps; also a sequence recomputing after a
+   preemption);
+3. admissions, unless this step preempted: waiting sequences, first come first served,
+   while a sequence slot, budget and KV blocks for their first chunk are left.
+
+A sequence samples a token in a step only when that step's chunk reaches its last token;
+`update_from_output` advances `num_computed_tokens` and appends what was sampled. The engine
+retires what stopped (`finish_seq`, `finish_request`), which frees its KV blocks at once, so
+the next step admits into them.
+
+KV blocks are taken lazily, chunk by chunk (`KVCacheManager.allocate_slots`). When the pool
+runs dry for a running sequence, the latest admitted running sequence not yet scheduled
+this step is preempted by recompute (vLLM's default): its blocks are freed, it goes back to
+the head of the waiting queue keeping its tokens, and its next prefill recomputes prompt and
+output (the tokens, hence the output, are the same: sampling state stays with the runner).
+No deadlock: a request one of whose sequences could never fit the whole cache alone is
+refused by `add_request` (VkrtError, HTTP 400); any other progresses once it is the only one
+running, and the preempted go back first in line.
+
+Without a KV-cache manager (`kv=None`: the batch-1 runner, whose model keeps its own
+contiguous cache), there is no block accounting and the budget is unbounded.
 
 Not thread-safe by itself: the engine calls it under its lock.
 """
@@ -16,7 +37,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from vkrt.errors import VkrtError
-from vkrt.serve.request import Request, RequestStatus
+from vkrt.serve.kv_cache import KVCacheManager, blocks_for
+from vkrt.serve.request import Request, RequestStatus, Sequence
+
+DEFAULT_MAX_BATCH = 8              # sequences per step where the model has execute_batch
+DEFAULT_MAX_BATCHED_TOKENS = 256   # tokens per step: decodes plus prefill chunks
 
 
 class QueueFullError(VkrtError):
@@ -24,55 +49,182 @@ class QueueFullError(VkrtError):
 
 
 @dataclass
+class ScheduledSeq:
+    """One sequence's share of a step: `n_tokens` tokens from position `start` (its
+    `num_computed_tokens` when scheduled). `samples`: the chunk ends at the sequence's last
+    token, so the step returns its next token."""
+    seq: Sequence
+    start: int
+    n_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.n_tokens == self.seq.num_tokens
+
+
+@dataclass
 class SchedulerOutput:
-    """What one step runs: `scheduled` (the running requests, oldest first) and `admitted`
-    (those among them that start this step: the runner prefills them)."""
-    scheduled: list[Request] = field(default_factory=list)
-    admitted: list[Request] = field(default_factory=list)
+    """What one step runs: `scheduled` (decodes first, then prefill chunks, each sequence
+    once), `admitted` (the sequences among them that start this step) and
+    `num_batched_tokens` (the sum of their n_tokens, <= max_num_batched_tokens)."""
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.scheduled)
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [s.seq for s in self.scheduled]
 
 
 class Scheduler:
-    """FIFO scheduler. max_num_seqs: requests running at once (1 in this slice). max_queue:
-    requests that may wait for a slot (>= 1; a new request waits until the next step admits
-    it); `add_request` raises QueueFullError past it."""
+    """FIFO continuous-batching scheduler.
 
-    def __init__(self, max_queue: int, max_num_seqs: int = 1):
-        if max_num_seqs != 1:
-            raise VkrtError("the model runner decodes one sequence at a time: max_num_seqs "
-                            f"must be 1, got {max_num_seqs}")
+    max_queue: requests that may wait with none of their sequences admitted (>= 1);
+    `add_request` raises QueueFullError past it. max_num_seqs: sequences running at once
+    (1 for the batch-1 runner). max_num_batched_tokens: tokens one step computes at most,
+    decodes and prefill chunks together (>= max_num_seqs, so that every running sequence can
+    decode; None: unbounded). kv: the block manager (None: no block accounting)."""
+
+    def __init__(self, max_queue: int, max_num_seqs: int = 1,
+                 max_num_batched_tokens: int | None = None,
+                 kv: KVCacheManager | None = None):
         if not (isinstance(max_queue, int) and max_queue >= 1):
             raise VkrtError(f"max_queue must be an integer >= 1, got {max_queue!r}")
+        if not (isinstance(max_num_seqs, int) and max_num_seqs >= 1):
+            raise VkrtError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        if max_num_batched_tokens is not None and not (
+                isinstance(max_num_batched_tokens, int)
+                and max_num_batched_tokens >= max_num_seqs):
+            raise VkrtError(f"max_num_batched_tokens must be an integer >= max_num_seqs "
+                            f"({max_num_seqs}), got {max_num_batched_tokens!r}")
         self.max_queue, self.max_num_seqs = max_queue, max_num_seqs
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.kv = kv
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []      # in admission order
+        self.num_preemptions = 0
+
+    # -- requests in and out ----------------------------------------------------------------
+
+    def num_waiting_requests(self) -> int:
+        """Requests none of whose sequences is admitted yet (what max_queue bounds)."""
+        return len({id(s.request) for s in self.waiting
+                    if s.request.status is RequestStatus.WAITING})
+
+    def num_running_requests(self) -> int:
+        return len({id(s.request) for s in self.running})
 
     def add_request(self, request: Request) -> None:
-        """Queue `request`. Raises QueueFullError when `max_queue` requests wait already."""
-        if len(self.waiting) >= self.max_queue:
-            raise QueueFullError(f"the server is busy: {len(self.running)} running and "
-                                 f"{len(self.waiting)} waiting (--max-queue "
-                                 f"{self.max_queue}); retry later")
+        """Queue the sequences of `request`. Raises QueueFullError when `max_queue` requests
+        wait already; VkrtError when one sequence (prompt + max_tokens - 1 positions) needs
+        more KV blocks than the whole cache has."""
+        if self.kv is not None:
+            seq = request.seqs[0]
+            need = blocks_for(seq.max_kv_tokens, self.kv.block_size)
+            if need > self.kv.num_blocks:
+                raise VkrtError(
+                    f"prompt of {seq.num_prompt_tokens} tokens + max_tokens "
+                    f"{request.max_tokens} needs {need} KV blocks of {self.kv.block_size} "
+                    f"tokens; the whole cache holds {self.kv.num_blocks} (--kv-blocks)")
+        waiting = self.num_waiting_requests()
+        if waiting >= self.max_queue:
+            raise QueueFullError(f"the server is busy: {self.num_running_requests()} running "
+                                 f"and {waiting} waiting (--max-queue {self.max_queue}); "
+                                 "retry later")
         request.status = RequestStatus.WAITING
-        self.waiting.append(request)
+        for seq in request.seqs:
+            seq.status = RequestStatus.WAITING
+            self.waiting.append(seq)
 
-    def schedule(self) -> SchedulerOutput:
-        """Admit waiting requests while fewer than max_num_seqs run; return the running."""
-        out = SchedulerOutput()
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            request = self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            out.admitted.append(request)
-        out.scheduled = list(self.running)
-        return out
+    def finish_seq(self, seq: Sequence) -> None:
+        """Retire one sequence (running or waiting): its KV blocks go back to the pool now."""
+        if seq.status is RequestStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is RequestStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = RequestStatus.FINISHED
+        if self.kv is not None:
+            self.kv.free(seq)
 
-    def finish(self, request: Request) -> None:
-        """Retire `request` (running or waiting): its slot is free for the next step."""
-        if request in self.running:
-            self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
+    def finish_request(self, request: Request) -> None:
+        """Retire every sequence of `request` (an abort, an error, or its last one stopped)."""
+        for seq in request.seqs:
+            if seq.status is not RequestStatus.FINISHED:
+                self.finish_seq(seq)
         request.status = RequestStatus.FINISHED
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Preemption by recompute (vLLM's default): drop `seq`'s KV blocks and put it back
+        at the head of the waiting queue with nothing computed; its tokens so far stay, so
+        its next prefill recomputes prompt + output and it goes on where it stopped."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = RequestStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def schedule(self) -> SchedulerOutput:
+        """The next step: decodes, then prefill chunks of running sequences still in prefill
+        (chunked prefill, or recomputing after a preemption), then admissions (see the
+        module docstring). KV blocks for every scheduled token are allocated here; when
+        the pool runs dry for a running sequence, the latest admitted running sequence not
+        yet scheduled this step is preempted (possibly that sequence itself)."""
+        out = SchedulerOutput()
+        budget = (self.max_num_batched_tokens if self.max_num_batched_tokens is not None
+                  else float("inf"))
+        decodes = [q for q in self.running if q.num_tokens - q.num_computed_tokens == 1]
+        prefills = [q for q in self.running if q.num_tokens - q.num_computed_tokens > 1]
+        scheduled: set[int] = set()
+        preemptions_before = self.num_preemptions
+        for seq in decodes + prefills:
+            if budget <= 0:
+                break
+            if seq.status is not RequestStatus.RUNNING:
+                continue                 # preempted earlier in this loop
+            n = int(min(seq.num_tokens - seq.num_computed_tokens, budget))
+            if self.kv is not None:
+                while not self.kv.allocate_slots(seq, n):
+                    victims = [q for q in self.running if id(q) not in scheduled]
+                    victim = victims[-1]          # `seq` itself is among them
+                    self._preempt(victim)
+                    if victim is seq:
+                        break
+                if seq.status is not RequestStatus.RUNNING:
+                    continue
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            scheduled.add(id(seq))
+            budget -= n
+        # No admission in a step that had to preempt (the pool is short already).
+        while (self.waiting and self.num_preemptions == preemptions_before
+               and len(self.running) < self.max_num_seqs and budget > 0):
+            seq = self.waiting[0]
+            n = int(min(seq.num_tokens - seq.num_computed_tokens, budget))
+            if self.kv is not None and not self.kv.allocate_slots(seq, n):
+                break            # first come, first served: later ones wait behind it
+            self.waiting.popleft()
+            seq.status = seq.request.status = RequestStatus.RUNNING
+            self.running.append(seq)
+            out.admitted.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            budget -= n
+        return out
+
+    def update_from_output(self, plan: SchedulerOutput, sampled: dict[Sequence, int]) -> None:
+        """After the step ran: each scheduled sequence computed its n_tokens; those in
+        `sampled` (seq -> token id) grow by that token. Sequences retired meanwhile are
+        skipped."""
+        for s in plan.scheduled:
+            if s.seq.status is not RequestStatus.RUNNING:
+                continue
+            s.seq.num_computed_tokens = s.start + s.n_tokens
+            if s.seq in sampled:
+                s.seq.token_ids.append(int(sampled[s.seq]))

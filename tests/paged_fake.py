@@ -1,0 +1,172 @@
+"""A numpy model behind the batched interface (`setup_paged_cache`, `execute_batch`) that
+emulates a paged KV cache faithfully, for the continuous-batching tests (no GPU).
+
+`execute_batch` first writes every token's (id, position) into its `slot_mapping` slot (the
+K/V write), then computes each requested logit row from what it reads back through
+`block_tables[seq][q // block_size] * block_size + q % block_size` for q = 0 .. pos (the
+attention reads): the logits are a hash of that history. A slot read before anything was
+written raises; a slot written by another sequence, or holding another position, changes the
+history and so the tokens. Any mixing of block tables, slot mapping, positions or chunks
+between sequences therefore shows up as a token that differs from `reference()`, which runs
+the same function over the plain (unpaged) history, one sequence alone.
+"""
+from __future__ import annotations
+
+import sys
+import types
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from vkrt.models.generate import Sampling, _sample
+
+try:       # the real interface once the GPU side lands (branch `batch`)
+    from vkrt.models.batch import BatchInput, BatchOutput
+except ImportError:
+    @dataclass
+    class BatchInput:
+        """One engine step, flattened: T tokens of S sequences (u32 arrays)."""
+        token_ids: np.ndarray
+        positions: np.ndarray
+        seq_of_token: np.ndarray
+        slot_mapping: np.ndarray
+        block_tables: np.ndarray
+        logit_tokens: np.ndarray
+
+    @dataclass
+    class BatchOutput:
+        argmax: np.ndarray
+        logits: np.ndarray | None
+
+    _module = types.ModuleType("vkrt.models.batch")
+    _module.BatchInput, _module.BatchOutput = BatchInput, BatchOutput
+    sys.modules["vkrt.models.batch"] = _module
+
+N_VOCAB = 64
+EOS = 0
+
+
+class UnwrittenSlotError(RuntimeError):
+    """A KV slot was read before any token was written to it."""
+
+
+def logits_of(history: list[tuple[int, int]]) -> np.ndarray:
+    """f32 [N_VOCAB]: a hash of the (token id, position) pairs of positions 0 .. pos."""
+    key = zlib.crc32(np.asarray(history, np.uint32).tobytes())
+    return (np.random.default_rng(key).standard_normal(N_VOCAB) * 3).astype(np.float32)
+
+
+def reference(prompt: list[int], max_tokens: int, temperature: float = 0.0,
+              top_p: float = 1.0, seed: int | None = None) -> list[int]:
+    """The tokens one sequence gets alone, without any paging (stops after EOS)."""
+    hist = list(prompt)
+    s = Sampling(temperature, top_p, seed)
+    rng = np.random.Generator(np.random.PCG64(seed)) if temperature > 0 else None
+    out = []
+    for _ in range(max_tokens):
+        logits = logits_of([(t, q) for q, t in enumerate(hist)])
+        token = int(np.argmax(logits)) if rng is None else _sample(logits, s, rng)
+        out.append(token)
+        hist.append(token)
+        if token == EOS:
+            break
+    return out
+
+
+def piece(token: int) -> str:
+    return f"<{token}>"
+
+
+class FakeDetok:
+    def step(self, token: int) -> str:
+        return piece(token)
+
+    def finish(self) -> str:
+        return ""
+
+
+class FakeTokenizer:
+    eog_ids = frozenset({EOS})
+    bos_id = eos_id = None
+
+    def stream(self, skip_special: bool = False) -> FakeDetok:
+        return FakeDetok()
+
+
+class FakePagedLM:
+    """The paged model. Counters: `steps` (execute_batch calls), `tokens_per_step` and
+    `seqs_per_step` (T and S of each call), `setups`."""
+
+    def __init__(self):
+        self.kv_tokens = self.kv_pos = None
+        self.steps, self.tokens_per_step, self.seqs_per_step, self.setups = 0, [], [], 0
+        self.delay_s = 0.0
+
+    def setup_paged_cache(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.kv_tokens = np.zeros(num_blocks * block_size, np.int64)
+        self.kv_pos = np.full(num_blocks * block_size, -1, np.int64)    # -1: never written
+        self.setups += 1
+
+    def execute_batch(self, batch: BatchInput, want_logits: bool = False) -> BatchOutput:
+        assert self.kv_tokens is not None, "execute_batch before setup_paged_cache"
+        T = len(batch.token_ids)
+        for name in ("token_ids", "positions", "seq_of_token", "slot_mapping"):
+            a = getattr(batch, name)
+            assert a.dtype == np.uint32 and a.shape == (T,), (name, a.dtype, a.shape)
+        bt, lt = batch.block_tables, batch.logit_tokens
+        assert bt.dtype == np.uint32 and bt.ndim == 2 and lt.dtype == np.uint32 and lt.ndim == 1
+        assert int(batch.seq_of_token.max()) < bt.shape[0] and (lt < T).all()
+        bs = self.block_size
+        # The K/V write: every token of the step, before any read.
+        self.kv_tokens[batch.slot_mapping] = batch.token_ids
+        self.kv_pos[batch.slot_mapping] = batch.positions
+        rows = []
+        for i in lt:
+            s, pos = int(batch.seq_of_token[i]), int(batch.positions[i])
+            slots = [int(bt[s, q // bs]) * bs + q % bs for q in range(pos + 1)]
+            if (self.kv_pos[slots] < 0).any():
+                q = int(np.flatnonzero(self.kv_pos[slots] < 0)[0])
+                raise UnwrittenSlotError(f"sequence row {s} reads position {q} (slot "
+                                         f"{slots[q]}) before it was written")
+            history = list(zip(self.kv_tokens[slots].tolist(), self.kv_pos[slots].tolist()))
+            rows.append(logits_of(history))
+        logits = np.stack(rows) if rows else np.zeros((0, N_VOCAB), np.float32)
+        self.steps += 1
+        self.tokens_per_step.append(T)
+        self.seqs_per_step.append(bt.shape[0])
+        if self.delay_s:
+            import time
+            time.sleep(self.delay_s)
+        return BatchOutput(argmax=logits.argmax(axis=1).astype(np.uint32),
+                           logits=logits if want_logits else None)
+
+
+class _HParams:
+    def __init__(self, n_ctx):
+        self.n_ctx = n_ctx
+
+
+class _Checkpoint:
+    chat_template = None
+
+
+class FakeModel:
+    """What the engine uses of a `vkrt.Model`: hparams.n_ctx, tokenizer, encode, lm."""
+    family = "fake"
+
+    def __init__(self, n_ctx: int = 256, batched: bool = True):
+        self.hparams = _HParams(n_ctx)
+        self.tokenizer = FakeTokenizer()
+        self.checkpoint = _Checkpoint()
+        self.lm = FakePagedLM() if batched else object()
+
+    def encode(self, prompt, chat: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            return [1 + ord(c) % (N_VOCAB - 1) for c in prompt]
+        ids = [int(i) for i in prompt]
+        if any(not 0 <= i < N_VOCAB for i in ids):
+            from vkrt.errors import VkrtError
+            raise VkrtError(f"token id outside the vocabulary of {N_VOCAB}")
+        return ids

@@ -1,0 +1,433 @@
+"""Continuous batching on the CPU: the KV-cache block manager, the scheduler, the batched
+runner and the engine over `paged_fake.FakeModel` (a numpy model that emulates a paged KV
+cache: a mixed-up block table, slot mapping, position or chunk changes its tokens). No GPU.
+The engine is stepped by hand (`Engine.start(thread=False)`) except in the HTTP load test."""
+import random
+import threading
+import time
+
+import pytest
+
+from paged_fake import EOS, FakeModel, piece, reference
+from vkrt.errors import VkrtError
+from vkrt.serve import Engine, QueueFullError, SamplingParams
+from vkrt.serve.kv_cache import KVCacheManager
+
+
+def engine_of(**kw) -> Engine:
+    kw.setdefault("max_queue", 64)
+    return Engine(FakeModel(kw.pop("n_ctx", 256)), **kw).start(thread=False)
+
+
+class Collect:
+    """A sink: token ids, text and finish reason per choice index; the outputs in order."""
+
+    def __init__(self):
+        self.tokens, self.text, self.reasons, self.outs = {}, {}, {}, []
+
+    def __call__(self, out):
+        self.outs.append(out)
+        self.tokens.setdefault(out.index, []).extend(out.token_ids)
+        self.text[out.index] = self.text.get(out.index, "") + out.delta
+        if out.finished:
+            self.reasons[out.index] = out.finish_reason
+
+    @property
+    def done(self):
+        return bool(self.outs) and self.outs[-1].request_finished
+
+
+def run_to_end(engine: Engine, max_steps: int = 10_000) -> int:
+    """Step until nothing is left, checking the block tables after each step; the steps."""
+    steps = 0
+    while engine.scheduler.has_unfinished():
+        engine.step()
+        engine.kv.check()
+        steps += 1
+        assert steps < max_steps
+    return steps
+
+
+def assert_no_block_leaked(engine: Engine):
+    kv = engine.kv
+    assert kv.num_free_blocks == kv.num_blocks and kv.num_allocated_blocks == 0
+    assert kv.num_allocations == kv.num_frees
+    kv.check()
+
+
+# -- the block manager ---------------------------------------------------------------------
+
+class _Seq:
+    def __init__(self):
+        self.num_computed_tokens = 0
+
+
+def test_kv_manager_allocates_frees_and_refuses_when_short():
+    kv = KVCacheManager(num_blocks=5, block_size=4)
+    a, b = _Seq(), _Seq()
+    assert kv.allocate_slots(a, 9)                   # 3 blocks for positions 0..8
+    assert len(kv.block_table(a)) == 3 and kv.num_free_blocks == 2
+    a.num_computed_tokens = 9
+    assert kv.allocate_slots(a, 3)                   # 9..11 fit the third block
+    assert len(kv.block_table(a)) == 3
+    assert not kv.allocate_slots(b, 12)              # 3 blocks, 2 free: nothing taken
+    assert kv.block_table(b) == [] and kv.num_free_blocks == 2
+    assert kv.allocate_slots(b, 8)
+    assert not set(kv.block_table(a)) & set(kv.block_table(b))
+    kv.check()
+    assert kv.slot(a, 5) == kv.block_table(a)[1] * 4 + 1
+    with pytest.raises(VkrtError, match="no KV block"):
+        kv.slot(a, 12)
+    assert kv.free(a) == 3 and kv.num_free_blocks == 3 and kv.free(a) == 0
+    a.num_computed_tokens = 0
+    assert kv.allocate_slots(a, 12)                  # the freed blocks come back
+    kv.free(a), kv.free(b)
+    assert kv.num_free_blocks == 5 and kv.num_allocations == kv.num_frees == 8
+    kv.check()
+
+
+# -- the engine: batch invariance, chunked prefill, admission, abort -----------------------
+
+def test_concurrent_requests_equal_their_alone_run():
+    """12 requests of prompt lengths 1..45, greedy, max_batch 6 and 16 tokens a step (long
+    prompts are chunked, sequences come and go every step): each gets exactly the tokens it
+    gets alone, and every block is back in the pool at the end."""
+    rnd = random.Random(0)
+    engine = engine_of(max_batch=6, block_size=4, max_batched_tokens=16)
+    cases = []
+    for i in range(12):
+        prompt = [rnd.randrange(1, 64) for _ in range(rnd.choice([1, 3, 7, 16, 29, 45]))]
+        sink, max_tokens = Collect(), rnd.randrange(4, 20)
+        engine.add_request(prompt, SamplingParams(max_tokens=max_tokens), sink)
+        cases.append((prompt, max_tokens, sink))
+    steps = run_to_end(engine)
+    lm = engine.model.lm
+    assert max(lm.seqs_per_step) == 6 and max(lm.tokens_per_step) == 16 and lm.setups == 1
+    assert steps == lm.steps
+    for i, (prompt, max_tokens, sink) in enumerate(cases):
+        want = reference(prompt, max_tokens)
+        assert sink.tokens[0] == want, i
+        assert sink.text[0] == "".join(map(piece, want))
+        assert sink.done and sink.reasons[0] == ("stop" if want[-1] == EOS else "length")
+    assert_no_block_leaked(engine)
+
+
+def test_lengths_are_each_requests_own():
+    engine = engine_of(max_batch=4, block_size=4, max_batched_tokens=8)
+    sinks = []
+    for n in (3, 9, 5, 12):
+        sinks.append((n, Collect()))
+        engine.add_request([5, 6, 7, 8, 9][: 1 + n % 5], SamplingParams(max_tokens=n),
+                           sinks[-1][1])
+    run_to_end(engine)
+    for n, sink in sinks:
+        prompt = [5, 6, 7, 8, 9][: 1 + n % 5]
+        assert sink.tokens[0] == reference(prompt, n)
+    assert_no_block_leaked(engine)
+
+
+def test_chunked_prefill_across_steps_with_a_decode_first():
+    """A running decode takes 1 token of the 8 a step; a 30-token prompt is prefilled in
+    chunks of 7 over 5 steps (7+7+7+7+2), then decodes; both equal their alone runs."""
+    engine = engine_of(max_batch=2, block_size=4, max_batched_tokens=8)
+    lm = engine.model.lm
+    short, long = [3, 1, 4], list(range(1, 31))
+    a, b = Collect(), Collect()
+    engine.add_request(short, SamplingParams(max_tokens=12), a)
+    engine.step()                                  # a's prompt: 3 tokens, first token
+    assert lm.tokens_per_step == [3] and len(a.tokens[0]) == 1
+    engine.add_request(long, SamplingParams(max_tokens=4), b)
+    for _ in range(4):
+        engine.step()
+        assert b.outs == []                         # no token while the prompt is chunked
+    engine.step()
+    assert lm.tokens_per_step[1:] == [8, 8, 8, 8, 3] and len(b.tokens[0]) == 1
+    assert lm.seqs_per_step[1:] == [2] * 5
+    run_to_end(engine)
+    assert a.tokens[0] == reference(short, 12) and b.tokens[0] == reference(long, 4)
+    assert_no_block_leaked(engine)
+
+
+def test_admission_waits_for_blocks_and_refuses_what_never_fits():
+    """6 blocks of 4 slots. The first request's 20-token prompt takes 5 blocks and grows into
+    the sixth; the second's first chunk (8 tokens, 2 blocks) does not fit: it waits, with no
+    block, until the first finished and freed its blocks, then runs."""
+    engine = engine_of(max_batch=4, block_size=4, kv_blocks=6)
+    a, b = Collect(), Collect()
+    p1, p2 = list(range(1, 21)), [2] * 8
+    engine.add_request(p1, SamplingParams(max_tokens=4), a)
+    engine.add_request(p2, SamplingParams(max_tokens=9), b)
+    waiting_b = engine.scheduler.waiting[1]
+    while True:
+        engine.step()
+        if a.done:
+            break
+        load = engine.load()
+        assert (load["running"], load["waiting"]) == (1, 1) and b.outs == []
+        assert engine.kv.block_table(waiting_b) == []
+    run_to_end(engine)
+    assert a.tokens[0] == reference(p1, 4) and b.tokens[0] == reference(p2, 9)
+    assert engine.scheduler.num_preemptions == 0
+    assert_no_block_leaked(engine)
+    with pytest.raises(VkrtError, match="needs 7 KV blocks of 4 tokens.*holds 6"):
+        engine.add_request([1] * 20, SamplingParams(max_tokens=6), Collect())
+    assert engine.load()["waiting"] == 0
+
+
+def test_preemption_by_recompute_keeps_every_sequence_exact():
+    """8 blocks of 4 slots (32 positions) for sequences that grow to 8 + 14 - 1 = 21
+    positions each: once they outgrow the pool the latest admitted is preempted, its
+    blocks freed, and it recomputes prompt + output later. Greedy and seeded sampled
+    sequences still equal their alone runs token for token; nothing leaks."""
+    engine = engine_of(max_batch=4, block_size=4, kv_blocks=8, max_batched_tokens=8)
+    prompts = [[i + 1] * 8 for i in range(3)]
+    sinks = [Collect() for _ in range(4)]
+    for p, sink in zip(prompts, sinks):
+        engine.add_request(p, SamplingParams(max_tokens=14), sink)
+    engine.add_request(prompts[0], SamplingParams(max_tokens=14, temperature=1.0, seed=3,
+                                                  n=2), sinks[3])
+    run_to_end(engine)
+    assert engine.scheduler.num_preemptions >= 2
+    for p, sink in zip(prompts, sinks):
+        assert sink.tokens[0] == reference(p, 14)
+    assert sinks[3].tokens == {i: reference(prompts[0], 14, 1.0, 1.0, 3 + i) for i in (0, 1)}
+    assert_no_block_leaked(engine)
+
+
+def test_abort_frees_the_blocks_within_one_step():
+    engine = engine_of(max_batch=4, block_size=4)
+    kv = engine.kv
+    a, b = Collect(), Collect()
+    ra = engine.add_request(list(range(1, 20)), SamplingParams(max_tokens=30), a)
+    engine.add_request([7, 7, 7], SamplingParams(max_tokens=8), b)
+    for _ in range(3):
+        engine.step()
+    other = engine.scheduler.running[1]
+    held = len(kv.block_table(ra.seqs[0]))
+    assert held == 6 and kv.num_free_blocks == kv.num_blocks - held - len(
+        kv.block_table(other))
+    engine.abort(ra.request_id)
+    engine.step()                                   # the one step after the abort
+    assert a.outs[-1].finish_reason == "abort" and a.outs[-1].request_finished
+    assert kv.block_table(ra.seqs[0]) == []
+    assert kv.num_free_blocks == kv.num_blocks - len(kv.block_table(other))
+    assert engine.load()["running"] == 1
+    run_to_end(engine)
+    assert b.tokens[0] == reference([7, 7, 7], 8)
+    assert_no_block_leaked(engine)
+    assert engine.stats["aborted"] == 1
+
+
+def test_queue_full_counts_requests_not_sequences():
+    engine = engine_of(max_queue=2, max_batch=2)
+    engine.add_request([1, 2], SamplingParams(max_tokens=2, n=3), Collect())
+    engine.add_request([1, 2], SamplingParams(max_tokens=2), Collect())
+    with pytest.raises(QueueFullError, match="--max-queue 2"):
+        engine.add_request([1, 2], SamplingParams(max_tokens=2), Collect())
+    engine.step()           # the first request's sequences are admitted: one waits
+    engine.add_request([1, 2], SamplingParams(max_tokens=2), Collect())
+    run_to_end(engine)
+    assert_no_block_leaked(engine)
+
+
+def test_n_sequences_and_seeded_sampling_are_reproducible_in_any_batch():
+    """n=3 sampled at temperature 0.8, top_p 0.9, seed 5: choice i equals the alone run with
+    seed 5 + i, batched together and with other requests around, and again the same."""
+    prompt = [9, 8, 7, 6, 5]
+    params = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=5, n=3)
+    want = {i: reference(prompt, 12, 0.8, 0.9, 5 + i) for i in range(3)}
+    assert len({tuple(w) for w in want.values()}) == 3
+    for others in (0, 5):
+        engine = engine_of(max_batch=8, block_size=4, max_batched_tokens=12)
+        sink = Collect()
+        for k in range(others):
+            engine.add_request([k + 1] * (k + 2), SamplingParams(max_tokens=6,
+                                                                 temperature=1.0), Collect())
+        engine.add_request(prompt, params, sink)
+        run_to_end(engine)
+        assert sink.tokens == want and set(sink.reasons) == {0, 1, 2}
+        assert sink.outs[-1].completion_tokens == sum(map(len, want.values()))
+        assert max(engine.model.lm.seqs_per_step) >= 3
+        assert_no_block_leaked(engine)
+
+
+def test_a_model_without_execute_batch_runs_one_sequence():
+    model = FakeModel(batched=False)
+    with pytest.raises(VkrtError, match="--max-batch must be 1"):
+        Engine(model, max_batch=4)
+    engine = Engine(model)
+    assert engine.kv is None and engine.max_batch == 1 and engine.scheduler.max_num_seqs == 1
+
+
+def test_stop_strings_are_each_sequences_own():
+    """Two requests decoding together, one with a stop string spanning two of its tokens:
+    its text ends before it ("stop"), its blocks are freed, the other runs on untouched."""
+    engine = engine_of(max_batch=2, block_size=4)
+    pa, pb = [4, 4, 2], [6, 1]
+    want_a, want_b = reference(pa, 12), reference(pb, 12)
+    text_a = "".join(map(piece, want_a))
+    cut = len(piece(want_a[0])) + len(piece(want_a[1]))
+    stop = text_a[cut - 2:cut + 2]                   # the end of token 1, the start of 2
+    assert text_a.find(stop) == cut - 2
+    a, b = Collect(), Collect()
+    engine.add_request(pa, SamplingParams(max_tokens=12, stop=stop), a)
+    engine.add_request(pb, SamplingParams(max_tokens=12), b)
+    run_to_end(engine)
+    assert a.text[0] == text_a[:cut - 2] and a.reasons[0] == "stop"
+    assert a.tokens[0] == want_a[:3]                 # stopped at the token that completed it
+    assert b.text[0] == "".join(map(piece, want_b)) and b.tokens[0] == want_b
+    assert_no_block_leaked(engine)
+
+
+def test_engine_options_and_their_defaults():
+    from vkrt.serve.engine import default_kv_blocks
+
+    assert default_kv_blocks(8192, 8, 16) == 8 * 2048 // 16      # 8 sequences of 2048
+    assert default_kv_blocks(256, 8, 16) == 8 * 256 // 16        # 8 of the whole context
+    assert default_kv_blocks(8192, 1, 16) == 8192 // 16          # one of the whole context
+    engine = Engine(FakeModel(n_ctx=256), max_batch=3, block_size=8)
+    assert (engine.kv.num_blocks, engine.kv.block_size) == (3 * 256 // 8, 8)
+    assert engine.scheduler.max_num_batched_tokens == 256
+    for kw, words in [(dict(max_batch=8, max_batched_tokens=4), "--max-batched-tokens"),
+                      (dict(max_batch=0), "--max-batch"), (dict(block_size=0), "block_size"),
+                      (dict(kv_blocks=0), "num_blocks")]:
+        with pytest.raises(VkrtError, match=words):
+            Engine(FakeModel(), **kw)
+
+
+def test_a_failing_step_fails_its_requests_and_frees_their_blocks():
+    engine = engine_of(max_batch=2, block_size=4)
+    a = Collect()
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=5), a)
+
+    def broken(batch, want_logits=False):
+        raise RuntimeError("device lost")
+
+    engine.model.lm.execute_batch = broken
+    engine.step()
+    assert a.outs[-1].finish_reason == "error" and "device lost" in a.outs[-1].error
+    assert_no_block_leaked(engine)
+
+
+# -- HTTP: many streaming clients through the openai client --------------------------------
+
+def test_http_load_64_streaming_clients():
+    """64 streaming clients at once on loopback (the real app and uvicorn, the fake model):
+    greedy ones and seeded n=2 ones, 8 of which hang up after their first chunk. Every
+    completed client gets exactly its alone-run text and token count; nothing is left
+    running; no block leaked. Prints p50/p99 TTFT and TPOT as the clients saw them."""
+    from test_serve import Server
+
+    model = FakeModel(n_ctx=256)
+    engine = Engine(model, max_queue=64, max_batch=16, block_size=8).start()
+    server = Server(engine, "fake")
+    rnd = random.Random(1)
+    jobs = []
+    for i in range(64):
+        prompt = [rnd.randrange(1, 64) for _ in range(rnd.randrange(1, 40))]
+        sampled = i % 4 == 0
+        hang_up = i % 8 == 1
+        jobs.append(dict(prompt=prompt, max_tokens=200 if hang_up else rnd.randrange(8, 24),
+                         temperature=1.0 if sampled else 0.0, seed=i if sampled else None,
+                         n=2 if sampled else 1, hang_up=hang_up))
+    results = [None] * len(jobs)
+
+    def client(i, job):
+        t0 = time.perf_counter()
+        stream = server.client.completions.create(
+            model="fake", prompt=job["prompt"], max_tokens=job["max_tokens"],
+            temperature=job["temperature"], seed=job["seed"], n=job["n"], stream=True,
+            stream_options={"include_usage": True})
+        texts, times, usage = {}, [], None
+        for c in stream:
+            if c.usage is not None:
+                usage = c.usage
+            for ch in c.choices:
+                if ch.text:
+                    texts[ch.index] = texts.get(ch.index, "") + ch.text
+                    times.append(time.perf_counter() - t0)
+            if job["hang_up"] and times:
+                stream.close()
+                break
+        results[i] = (texts, times, usage)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i, j), daemon=True)
+               for i, j in enumerate(jobs)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.1, 45 - (time.monotonic() - t0)))
+        elapsed = time.monotonic() - t0
+        assert not any(t.is_alive() for t in threads), "clients still running after 45 s"
+        deadline = time.monotonic() + 5
+        while engine.load()["running"] or engine.load()["waiting"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        server.stop()
+        engine.shutdown(10)
+    ttft, tpot = [], []
+    for job, (texts, times, usage) in zip(jobs, results):
+        if job["hang_up"]:
+            assert times
+            continue
+        want = {i: reference(job["prompt"], job["max_tokens"], job["temperature"], 1.0,
+                             None if job["seed"] is None else job["seed"] + i)
+                for i in range(job["n"])}
+        assert texts == {i: "".join(map(piece, w)) for i, w in want.items()}
+        assert usage.completion_tokens == sum(map(len, want.values()))
+        ttft.append(times[0])
+        if len(times) > 1:
+            tpot.append((times[-1] - times[0]) / (len(times) - 1))
+    assert_no_block_leaked(engine)
+    # A client that hangs up before its request ends aborts it (one may end first, at EOS).
+    assert engine.stats["aborted"] + engine.stats["finished"] == 64
+    assert engine.stats["aborted"] >= 1 and max(model.lm.seqs_per_step) > 8
+
+    def pct(xs, p):
+        return sorted(xs)[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3
+
+    print(f"\n64 clients in {elapsed:.1f} s, {model.lm.steps} steps: TTFT p50 "
+          f"{pct(ttft, 50):.0f} ms p99 {pct(ttft, 99):.0f} ms; TPOT p50 {pct(tpot, 50):.1f} ms "
+          f"p99 {pct(tpot, 99):.1f} ms (client side)")
+    assert elapsed < 45
+
+
+def test_http_client_disconnect_frees_its_blocks_within_a_step():
+    """A streaming client hangs up after its first chunk while another keeps decoding: its
+    blocks are back in the pool within a step or two (each step 20 ms), long before its 200
+    tokens; the other request is untouched."""
+    from test_serve import Server, raw, wait_for
+
+    model = FakeModel(n_ctx=256)
+    model.lm.delay_s = 0.02
+    engine = Engine(model, max_queue=4, max_batch=4, block_size=4).start()
+    server = Server(engine, "fake")
+    try:
+        other = {}
+        keep = threading.Thread(target=lambda: other.update(r=server.client.completions.create(
+            model="fake", prompt=[3, 4, 5], max_tokens=30, temperature=0)))
+        keep.start()
+        stream = server.client.completions.create(model="fake", prompt=[9] * 30,
+                                                  max_tokens=200, temperature=0, stream=True)
+        assert len(reference([9] * 30, 200)) == 52   # its EOS comes 52 steps (1 s) later
+        next(iter(stream))
+        kv = engine.kv
+        assert kv.num_allocated_blocks >= 8
+        steps = model.lm.steps
+        stream.close()
+        assert wait_for(lambda: engine.stats["aborted"] == 1, timeout=2.0)
+        assert model.lm.steps - steps <= 10        # noticed within a few steps (20 ms each)
+        keep.join(30)
+        want = reference([3, 4, 5], 30)
+        assert other["r"].choices[0].text == "".join(map(piece, want))
+        assert wait_for(lambda: kv.num_free_blocks == kv.num_blocks, timeout=2.0)
+        status, health = raw(server.url + "/health")
+        assert status == 200 and health["kv_free_blocks"] == health["kv_blocks"] == kv.num_blocks
+        assert health["running"] == health["running_seqs"] == health["waiting"] == 0
+    finally:
+        server.stop()
+        engine.shutdown(10)
+    assert_no_block_leaked(engine)

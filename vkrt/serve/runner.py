@@ -1,0 +1,181 @@
+"""Model runners: turn a `SchedulerOutput` into one model step and a token per sampling
+sequence (vLLM v1's vllm/v1/worker/gpu_model_runner.py, host side).
+
+Both have the same interface, used by the engine on its thread:
+
+    start(seq)                       a sequence was admitted (its prefill runs next)
+    execute(plan) -> {seq: (token id, finish reason or None)}   for every sequence that sampled
+    release(seq)                     it finished or was aborted: drop its state
+
+`BatchRunner` (a model with a batched forward, `execute_batch`, over a paged KV cache):
+every step is ONE `execute_batch` call over the flattened tokens of every scheduled sequence
+(`BatchInput`, built from the block tables of `vkrt.serve.kv_cache.KVCacheManager`).
+`SingleSequenceRunner` (the rest, OPT today): batch size 1 over `stream_tokens`, one
+sequence at a time, its model's own contiguous KV cache.
+
+Sampling is per sequence: greedy takes the model's argmax (computed on the GPU); otherwise
+the sequence's logits row is drawn from with its own temperature, top_p and PCG64 generator
+seeded by `SamplingParams.seed_of(index)` (`vkrt.models.generate._sample`, the same draw as
+`generate`), so a seeded sequence gives the same tokens alone or batched with any others.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from vkrt.models.generate import GenerationResult, Sampling, _sample, stream_tokens
+from vkrt.serve.kv_cache import KVCacheManager
+from vkrt.serve.request import LENGTH, STOP, Sequence
+from vkrt.serve.scheduler import ScheduledSeq, SchedulerOutput
+
+
+def batched_model(model) -> Any:
+    """The object with `execute_batch` and `setup_paged_cache` behind a `vkrt.Model`
+    (`model.lm`, the family's model, or the model itself), or None when it has none."""
+    for candidate in (getattr(model, "lm", None), model):
+        if candidate is not None and callable(getattr(candidate, "execute_batch", None)):
+            return candidate
+    return None
+
+
+def _sampling_of(seq: Sequence) -> Sampling:
+    p = seq.request.params
+    return Sampling(p.temperature, p.top_p, p.seed_of(seq.index))
+
+
+def _finish_reason(seq: Sequence, token: int, stop_ids: frozenset) -> str | None:
+    """"stop" at an end-of-generation id, "length" when `token` is the max_tokens-th output
+    (it is not appended yet), else None."""
+    if token in stop_ids:
+        return STOP
+    if seq.num_output_tokens + 1 >= seq.request.max_tokens:
+        return LENGTH
+    return None
+
+
+class BatchRunner:
+    """One `execute_batch` per step over a paged KV cache.
+
+    lm: has `setup_paged_cache(num_blocks, block_size)` (called once, at the first step, on
+    the engine thread) and `execute_batch(BatchInput, want_logits) -> BatchOutput`
+    (vkrt.models.batch). kv: the block manager whose tables the slots come from. stop_ids:
+    end-of-generation ids (`Tokenizer.eog_ids`). Counters: `steps`, `batched_tokens`
+    (tokens over every step), `max_seqs_in_step`."""
+
+    def __init__(self, lm, kv: KVCacheManager, stop_ids=()):
+        self.lm, self.kv = lm, kv
+        self.stop_ids = frozenset(int(i) for i in stop_ids)
+        self._rngs: dict[Sequence, tuple[Sampling, np.random.Generator | None]] = {}
+        self._cache_ready = False
+        self.steps = self.batched_tokens = self.max_seqs_in_step = 0
+
+    def start(self, seq: Sequence) -> None:
+        s = _sampling_of(seq)
+        rng = (np.random.Generator(np.random.PCG64(s.seed)) if s.temperature > 0 else None)
+        self._rngs[seq] = (s, rng)
+
+    def running(self, seq: Sequence) -> bool:
+        return seq in self._rngs
+
+    def release(self, seq: Sequence) -> None:
+        self._rngs.pop(seq, None)
+
+    def prepare(self, scheduled: list[ScheduledSeq]):
+        """(BatchInput, the sampling entries of `scheduled` in logit-row order).
+
+        BatchInput (u32 arrays): token_ids [T], positions [T], seq_of_token [T] (row of
+        block_tables), slot_mapping [T] (block_tables[s][pos // block_size] * block_size +
+        pos % block_size), block_tables [S, max blocks of any of them] (rows padded with
+        0, never read past a sequence's own positions), logit_tokens [R] (index in T of
+        the last token of each sampling sequence)."""
+        from vkrt.models.batch import BatchInput
+
+        bs = self.kv.block_size
+        tables = [self.kv.block_table(s.seq) for s in scheduled]
+        block_tables = np.zeros((len(scheduled), max(len(t) for t in tables)), np.uint32)
+        ids, positions, rows, logit_tokens, sampling = [], [], [], [], []
+        t = 0
+        for i, s in enumerate(scheduled):
+            block_tables[i, :len(tables[i])] = tables[i]
+            n = s.n_tokens
+            ids.append(np.asarray(s.seq.token_ids[s.start:s.start + n], np.uint32))
+            positions.append(np.arange(s.start, s.start + n, dtype=np.uint32))
+            rows.append(np.full(n, i, np.uint32))
+            t += n
+            if s.samples:
+                logit_tokens.append(t - 1)
+                sampling.append(s)
+        positions = np.concatenate(positions)
+        seq_of_token = np.concatenate(rows)
+        slot_mapping = (block_tables[seq_of_token, positions // bs] * bs
+                        + positions % bs).astype(np.uint32)
+        batch = BatchInput(token_ids=np.concatenate(ids), positions=positions,
+                           seq_of_token=seq_of_token, slot_mapping=slot_mapping,
+                           block_tables=block_tables,
+                           logit_tokens=np.asarray(logit_tokens, np.uint32))
+        return batch, sampling
+
+    def execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[int, str | None]]:
+        """Run the step: one `execute_batch`, then a token for each sequence whose chunk
+        reached its last token (greedy: the model's argmax; else drawn from its logits row).
+        Raises whatever the model raises (the engine fails the step's requests)."""
+        if not plan.scheduled:
+            return {}
+        if not self._cache_ready:
+            self.lm.setup_paged_cache(self.kv.num_blocks, self.kv.block_size)
+            self._cache_ready = True
+        batch, sampling = self.prepare(plan.scheduled)
+        want_logits = any(self._rngs[s.seq][1] is not None for s in sampling)
+        out = self.lm.execute_batch(batch, want_logits=want_logits)
+        self.steps += 1
+        self.batched_tokens += len(batch.token_ids)
+        self.max_seqs_in_step = max(self.max_seqs_in_step, len(plan.scheduled))
+        result = {}
+        for r, s in enumerate(sampling):
+            params, rng = self._rngs[s.seq]
+            if rng is None:
+                token = int(out.argmax[r])
+            else:
+                token = _sample(np.asarray(out.logits[r]), params, rng)
+            result[s.seq] = (token, _finish_reason(s.seq, token, self.stop_ids))
+        return result
+
+
+class SingleSequenceRunner:
+    """Advances the running sequence by one token per step with batch size 1: each sequence
+    is its own `stream_tokens` iterator over the model's one KV cache, so only one may be in
+    progress at a time (`Scheduler(max_num_seqs=1)` guarantees it). Its first `execute`
+    prefills the whole prompt (the scheduler's chunking is not used)."""
+
+    def __init__(self, model):
+        self.model = model
+        self._seqs: dict[Sequence, tuple[Iterator[int], GenerationResult]] = {}
+
+    def start(self, seq: Sequence) -> None:
+        """Begin `seq` (its prefill runs at the next `execute`)."""
+        result = GenerationResult(seq.num_prompt_tokens)
+        tokens = stream_tokens(self.model.lm, seq.request.prompt_ids, seq.request.max_tokens,
+                               _sampling_of(seq), self.model.tokenizer.eog_ids, result=result)
+        self._seqs[seq] = (tokens, result)
+
+    def running(self, seq: Sequence) -> bool:
+        return seq in self._seqs
+
+    def execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[int, str | None]]:
+        """One step: the next token of every scheduled sequence, with its finish reason
+        ("stop" at an end-of-generation token, "length" at max_tokens, else None)."""
+        out = {}
+        for seq in plan.seqs:
+            tokens, result = self._seqs[seq]
+            token = next(tokens)
+            reason = (STOP if result.stopped_at_eos else
+                      LENGTH if len(result.tokens) >= seq.request.max_tokens else None)
+            out[seq] = (token, reason)
+        return out
+
+    def release(self, seq: Sequence) -> None:
+        """Drop the sequence's state (steps already submitted finish on the GPU, unread)."""
+        entry = self._seqs.pop(seq, None)
+        if entry is not None:
+            entry[0].close()
