@@ -431,3 +431,18 @@ def test_http_client_disconnect_frees_its_blocks_within_a_step():
         server.stop()
         engine.shutdown(10)
     assert_no_block_leaked(engine)
+
+
+def test_ignore_eos_decodes_past_the_end_of_generation_token():
+    """`SamplingParams.ignore_eos` (bench/batched.py's equal-length sequences): the sequence
+    that stops at EOS after 52 tokens alone goes on to max_tokens, the same tokens first."""
+    want = reference([9] * 30, 200)
+    assert len(want) == 52 and want[-1] == EOS
+    for ignore, count, reason in ((False, 52, "stop"), (True, 60, "length")):
+        engine = engine_of(max_batch=2)
+        sink = Collect()
+        engine.add_request([9] * 30, SamplingParams(max_tokens=60, ignore_eos=ignore), sink)
+        run_to_end(engine)
+        assert sink.tokens[0][:52] == want and len(sink.tokens[0]) == count
+        assert sink.reasons[0] == reason
+        assert_no_block_leaked(engine)

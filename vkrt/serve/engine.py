@@ -28,6 +28,7 @@ Python use, without HTTP:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -211,8 +212,7 @@ class Engine:
             if self.kv is not None:
                 limit = min(limit, self.kv.num_blocks * self.kv.block_size + 1)
             max_tokens = max(1, limit - len(ids))
-            params = SamplingParams(max_tokens, params.temperature, params.top_p, params.seed,
-                                    params.stop, params.n)
+            params = dataclasses.replace(params, max_tokens=max_tokens)
         check_context(self.n_ctx, len(ids), max_tokens)
         # (The scheduler also refuses, with VkrtError, a sequence the whole KV cache cannot
         # hold.)

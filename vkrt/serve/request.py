@@ -24,7 +24,8 @@ class SamplingParams:
     top_p: nucleus mass in (0, 1]. seed: None (random) or an int in [0, 2**64); sequence i of
     `n` draws with seed + i. stop: strings that end the text where they first occur, matched
     on the detokenized text across token boundaries, not included in the output. n: how many
-    sequences (choices) to generate for the prompt; this slice runs them one after another.
+    sequences (choices) to generate for the prompt. ignore_eos: go on past end-of-generation
+    tokens up to max_tokens (vLLM's `ignore_eos`; for throughput runs, bench/batched.py).
     Raises ConfigError (one line naming the field) for a value out of range."""
     max_tokens: int | None = 16
     temperature: float = 0.0
@@ -32,6 +33,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     n: int = 1
+    ignore_eos: bool = False
 
     def __post_init__(self):
         if self.max_tokens is not None and not (

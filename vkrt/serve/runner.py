@@ -46,8 +46,9 @@ def _sampling_of(seq: Sequence) -> Sampling:
 
 def _finish_reason(seq: Sequence, token: int, stop_ids: frozenset) -> str | None:
     """"stop" at an end-of-generation id, "length" when `token` is the max_tokens-th output
-    (it is not appended yet), else None."""
-    if token in stop_ids:
+    (it is not appended yet), else None; end-of-generation ids do not stop a sequence whose
+    request sets `ignore_eos`."""
+    if token in stop_ids and not seq.request.params.ignore_eos:
         return STOP
     if seq.num_output_tokens + 1 >= seq.request.max_tokens:
         return LENGTH
@@ -155,8 +156,9 @@ class SingleSequenceRunner:
     def start(self, seq: Sequence) -> None:
         """Begin `seq` (its prefill runs at the next `execute`)."""
         result = GenerationResult(seq.num_prompt_tokens)
+        eog = () if seq.request.params.ignore_eos else self.model.tokenizer.eog_ids
         tokens = stream_tokens(self.model.lm, seq.request.prompt_ids, seq.request.max_tokens,
-                               _sampling_of(seq), self.model.tokenizer.eog_ids, result=result)
+                               _sampling_of(seq), eog, result=result)
         self._seqs[seq] = (tokens, result)
 
     def running(self, seq: Sequence) -> bool:

@@ -1,0 +1,124 @@
+"""Aggregate decode throughput of the serving engine at several numbers of concurrent
+sequences (continuous batching over the paged KV cache), the figure llama.cpp's
+`llama-batched-bench` reports as S_TG, and whether each greedy sequence's tokens are those of
+its batch-1 run.
+
+    python bench/batched.py [--model M] [--seqs 1,8,32,64] [--prompt-tokens 128]
+        [--tokens 128] [--max-batched-tokens 512] [--device N]
+
+For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py), N greedy requests
+submitted at once, each of its own `--prompt-tokens` random ids (PCG64 seeded with the
+sequence's index), `max_tokens` = `--tokens`, end-of-generation ids ignored (`ignore_eos`), so
+every sequence decodes the same count. Timed on the host with `time.perf_counter`:
+- `decode_tok_s`: tokens generated after every sequence had its first one, over the time from
+  the last first token to the last token (all N decode together in that window);
+- `total_tok_s`: (prompt + generated tokens of all N) over the whole run, as llama.cpp's S;
+- TTFT and TPOT (p50, p99) of the requests (`RequestOutput.ttft_s` / `tpot_s`);
+- `batch_1_identical`: the tokens of sequences 0 .. `--check` - 1 in the batch equal their
+  runs alone (each prompt at N = 1 first), which the batched forward's bit-identity gives.
+Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def prompt(n_vocab: int, n: int, index: int) -> list[int]:
+    import numpy as np
+    return [int(i) for i in np.random.default_rng(index).integers(100, min(n_vocab, 40000), n)]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
+        first_index: int = 0) -> tuple[dict, list]:
+    from vkrt.serve.engine import Engine
+    from vkrt.serve.request import SamplingParams
+    from vkrt.serve.runner import batched_model
+
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    box: queue.SimpleQueue = queue.SimpleQueue()
+    out_tokens: dict[int, list[int]] = {i: [] for i in range(n)}
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    stats = []
+    if batched_model(model) is not None:
+        batching = {"max_batch": n, "max_batched_tokens": max(max_batched_tokens, n)}
+    elif n == 1:
+        batching = {}   # a family without a batched forward runs one sequence at a time
+    else:
+        raise SystemExit(f"{model.family}: no batched forward (execute_batch); --seqs 1 only")
+    with Engine(model, max_queue=n, **batching) as engine:
+        t0 = time.perf_counter()
+        for i in range(n):
+            engine.add_request(prompt(model.hparams.n_vocab, p, first_index + i), params,
+                               lambda o, i=i: box.put((i, time.perf_counter(), o)),
+                               request_id=str(i))
+        done = 0
+        while done < n:
+            i, t, o = box.get()
+            if o.token_ids:
+                first.setdefault(i, t)
+                last[i] = t
+                out_tokens[i] += o.token_ids
+            if o.request_finished:
+                done += 1
+                if o.error:
+                    raise SystemExit(f"request {i}: {o.error}")
+                stats.append((o.ttft_s, o.tpot_s))
+        t1 = time.perf_counter()
+    t_first = max(first.values())
+    after = sum(len(out_tokens[i]) for i in range(n)) - n
+    decode = after / (max(last.values()) - t_first) if max(last.values()) > t_first else None
+    ttft = [s[0] for s in stats if s[0] is not None]
+    tpot = [s[1] for s in stats if s[1] is not None]
+    return ({"seqs": n, "decode_tok_s": decode and round(decode, 1),
+             "total_tok_s": round(n * (p + tokens) / (t1 - t0), 1),
+             "ttft_ms_p50": round(pct(ttft, 0.5) * 1e3, 2), "ttft_ms_p99": round(pct(ttft, 0.99) * 1e3, 2),
+             "tpot_ms_p50": round(pct(tpot, 0.5) * 1e3, 3) if tpot else None,
+             "tpot_ms_p99": round(pct(tpot, 0.99) * 1e3, 3) if tpot else None},
+            [out_tokens[i] for i in range(n)])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--device", type=int, default=None)
+    ap.add_argument("--seqs", default="1,8,32,64")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--max-batched-tokens", type=int, default=512)
+    ap.add_argument("--check", type=int, default=4,
+                    help="sequences compared with their runs alone (default 4)")
+    args = ap.parse_args()
+    import vkrt
+
+    seqs = [int(s) for s in args.seqs.split(",")]
+    report = {"model": args.model, "prompt_tokens": args.prompt_tokens,
+              "tokens": args.tokens, "runs": []}
+    with vkrt.load(args.model, device=args.device) as model:
+        report["device"] = model.device.name
+        alone = [run(model, 1, args.prompt_tokens, args.tokens, args.max_batched_tokens, i)[1][0]
+                 for i in range(args.check)]
+        for n in seqs:
+            row, toks = run(model, n, args.prompt_tokens, args.tokens, args.max_batched_tokens)
+            k = min(n, args.check)
+            row["batch_1_identical"] = f"{sum(toks[i] == alone[i] for i in range(k))}/{k}"
+            report["runs"].append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
