@@ -16,7 +16,10 @@ every sequence decodes the same count. Timed on the host with `time.perf_counter
 - TTFT and TPOT (p50, p99) of the requests (`RequestOutput.ttft_s` / `tpot_s`);
 - `batch_1_identical`: the tokens of sequences 0 .. `--check` - 1 in the batch equal their
   runs alone (each prompt at N = 1 first), which the batched forward's bit-identity gives.
-Prints one JSON object.
+With `--llama-batched-bench PATH` (llama.cpp's tool, built as bench/README.md says) the same
+command then runs `llama-batched-bench -m M -npp P -ntg N -npl SEQS -ngl 99 --output-format
+jsonl` on the same file and reports its S_TG (`speed_tg`: pl * tg over its generation time)
+beside each row, and the ratio. Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import argparse
 import json
 import os
 import queue
-import statistics
+import subprocess
 import sys
 import time
 
@@ -91,6 +94,19 @@ def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
             [out_tokens[i] for i in range(n)])
 
 
+def llama_batched_bench(path: str, model: str, seqs: list[int], p: int, n: int) -> dict:
+    """{pl: speed_tg} from llama.cpp's llama-batched-bench on `model` (every pl in one run)."""
+    cmd = [path, "-m", model, "-c", str(max(seqs) * (p + n) + 64), "-b", "2048", "-ub", "512",
+           "-npp", str(p), "-ntg", str(n), "-npl", ",".join(map(str, seqs)), "-ngl", "99",
+           "--output-format", "jsonl"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"llama-batched-bench failed: {out.stderr.strip()[-2000:]}")
+    rows = [json.loads(line) for line in (out.stdout + "\n" + out.stderr).splitlines()
+            if line.startswith("{") and "speed_tg" in line]
+    return {r["pl"]: r for r in rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -99,6 +115,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--max-batched-tokens", type=int, default=512)
+    ap.add_argument("--llama-batched-bench", default=None, help="llama.cpp's tool, for S_TG")
     ap.add_argument("--check", type=int, default=4,
                     help="sequences compared with their runs alone (default 4)")
     args = ap.parse_args()
@@ -117,6 +134,16 @@ def main() -> None:
             row["batch_1_identical"] = f"{sum(toks[i] == alone[i] for i in range(k))}/{k}"
             report["runs"].append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
+    if args.llama_batched_bench:
+        ref = llama_batched_bench(args.llama_batched_bench, args.model, seqs,
+                                  args.prompt_tokens, args.tokens)
+        for row in report["runs"]:
+            r = ref.get(row["seqs"])
+            if r is not None:
+                row["llama_cpp_s_tg"] = round(r["speed_tg"], 1)
+                row["llama_cpp_s_pp"] = round(r["speed_pp"], 1)
+                if row["decode_tok_s"]:
+                    row["decode_ratio"] = round(row["decode_tok_s"] / r["speed_tg"], 3)
     print(json.dumps(report, indent=1))
 
 
