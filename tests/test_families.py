@@ -262,3 +262,45 @@ def test_llama3_file_end_to_end(device, tmp_path):
     eog = {tokens.index(t) for t in ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")}
     cut = next((i for i, t in enumerate(want) if t in eog), len(want))
     assert got == want[:cut]
+
+
+def test_gemma3_file_end_to_end(device, tmp_path):
+    """A Gemma 3 file with a SentencePiece vocabulary (tests/family_files.py `spm_vocab`: its
+    special tokens, byte tokens, scored pieces; no space prefix) and Gemma 3's chat template,
+    through `vkrt.load`: the prompt's ids equal transformers' GemmaTokenizer of the same file
+    (<bos> once), the chat prompt equals transformers' `apply_chat_template` on it, and the
+    greedy tokens equal transformers fp32 reading the file, stopping at <end_of_turn> or
+    <eos>; `vkrt generate --chat` renders the same template."""
+    import transformers
+    from test_cli import run_cli
+
+    import vkrt
+
+    path = write_gguf(tmp_path / "gemma3.gguf", hf_model("gemma3", tied=True), "gemma3")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    prompt = "Hello world, 3333+777 is"
+    messages = [{"role": "user", "content": "Hi there"}]
+    want_chat = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                           return_dict=False)
+    with vkrt.load(path, device=device) as m:
+        tok = m.tokenizer
+        bos, sp = tok.bos_id, tok.special_tokens
+        assert m.family == "gemma3" and bos == sp["<bos>"]
+        assert tok.eog_ids == {sp["<eos>"], sp["<end_of_turn>"]}
+        ids = m.encode(prompt)
+        assert ids == hf_tok.encode(prompt) and ids.count(bos) == 1 and ids[0] == bos
+        chat = m.encode("Hi there", chat=True)
+        assert chat == list(want_chat) and chat.count(bos) == 1
+        assert tok.decode(chat) == ("<bos><start_of_turn>user\nHi there<end_of_turn>\n"
+                                    "<start_of_turn>model\n")
+        stream = m.generate(ids, max_tokens=6)
+        text = "".join(stream)
+        got = stream.result.tokens
+    want = TransformersReference(str(path), **ORACLE_CONFIG["gemma3"]).greedy(ids, 6)
+    cut = next((i for i, t in enumerate(want) if t in tok.eog_ids), len(want))
+    print(f"gemma3: prompt {ids}, greedy {want}, vkrt {got} {text!r}")
+    assert got == want[:cut] and cut > 0
+    assert text == tok.decode(want[:cut], skip_special=True, continuation=True)
+    p = run_cli("generate", "Hi there", "--chat", "--max-tokens", "2", "--model", str(path))
+    assert p.returncode == 0, p.stderr
+    assert f"prompt {len(want_chat)} tokens" in p.stderr.strip().splitlines()[-1], p.stderr
