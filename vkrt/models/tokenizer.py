@@ -119,6 +119,12 @@ SPM_DEFAULT_IDS = {"tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_i
                    "tokenizer.ggml.unknown_token_id": 0}
 
 
+def declared_eog_ids(token_id) -> frozenset[int]:
+    """The end-of-generation ids a file declares under `EOG_KEYS`; token_id(key) -> the
+    checked id or None."""
+    return frozenset(i for i in map(token_id, EOG_KEYS) if i is not None)
+
+
 def merges_from_scores(tokens: list[str], scores) -> list[tuple[str, str]]:
     """BPE merges equivalent to SentencePiece's score-ordered merging: every split of a token
     into two vocabulary entries, ranked by the joined token's score (highest first; ties: the
@@ -215,7 +221,7 @@ class Tokenizer:
                 raise ModelFormatError(f"{path}: {key} {i} outside the {len(tokens)}-token vocab")
             return None if i is None else int(i)
 
-        eog = frozenset(i for i in map(token_id, EOG_KEYS) if i is not None)
+        eog = declared_eog_ids(token_id)
         if token_type is not None:
             eog |= {vocab[t] for t in rules.eog_texts
                     if t in vocab and types[vocab[t]] == _CONTROL}
@@ -303,7 +309,7 @@ class Tokenizer:
                                for tok, t in zip(tokens, types) if t in (_CONTROL, _UNKNOWN)])
         hf.add_tokens([AddedToken(tok, special=False, normalized=False)
                        for tok, t in zip(tokens, types) if t == _USER_DEFINED])
-        eog = frozenset(i for i in map(token_id, EOG_KEYS) if i is not None)
+        eog = declared_eog_ids(token_id)
         eog |= {vocab[t] for t in rules.eog_texts
                 if t in vocab and types[vocab[t]] in (_CONTROL, _USER_DEFINED)}
         return cls(hf, token_id("tokenizer.ggml.bos_token_id"),
