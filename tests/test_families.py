@@ -304,3 +304,23 @@ def test_gemma3_file_end_to_end(device, tmp_path):
     p = run_cli("generate", "Hi there", "--chat", "--max-tokens", "2", "--model", str(path))
     assert p.returncode == 0, p.stderr
     assert f"prompt {len(want_chat)} tokens" in p.stderr.strip().splitlines()[-1], p.stderr
+
+
+@pytest.mark.parametrize("keys, words", [
+    ({"tokenizer.ggml.scores": None}, "missing metadata key 'tokenizer.ggml.scores'"),
+    ({"tokenizer.ggml.token_type": [1] * 299}, "tokenizer.ggml.token_type has 299 entries for "
+     "300 tokens"),
+    ({"tokenizer.ggml.model": "gemma4"}, "unsupported tokenizer.ggml.model 'gemma4'"),
+])
+def test_gemma3_bad_vocabulary_refused_before_upload(device, tmp_path, keys, words):
+    """A gemma3 file whose SentencePiece vocabulary is incomplete or of an unknown model:
+    `vkrt.load` refuses it in one line naming the file and key, before any upload."""
+    import vkrt
+
+    path = write_gguf(tmp_path / "bad.gguf", hf_model("gemma3", tied=True), "gemma3", keys=keys)
+    before = device.bytes_in_use
+    with pytest.raises(ModelFormatError) as info:
+        vkrt.load(path, device=device)
+    text = str(info.value)
+    assert text.startswith(str(path)) and words in text and "\n" not in text, text
+    assert device.bytes_in_use == before
