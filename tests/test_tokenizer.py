@@ -439,6 +439,8 @@ def test_unknown_tokenizer_model_refused_real_file():
     ({"tokenizer.ggml.model": "bert"}, "unsupported tokenizer.ggml.model 'bert'"),
     ({"tokenizer.ggml.pre": "qwen2"}, "unsupported tokenizer.ggml.pre 'qwen2' for a "
      "SentencePiece vocabulary"),
+    ({"tokenizer.ggml.add_eos_token": True}, "tokenizer.ggml.add_eos_token = True is not "
+     "implemented"),
     ({"tokenizer.ggml.remove_extra_whitespaces": True},
      "tokenizer.ggml.remove_extra_whitespaces = True is not implemented"),
     ({"tokenizer.ggml.bos_token_id": 400}, "tokenizer.ggml.bos_token_id 400 outside the "

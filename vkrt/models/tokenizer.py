@@ -235,8 +235,8 @@ class Tokenizer:
         str, scores [n] float and token types [n] int (llama_token_type) required, merges
         optional. ModelFormatError naming the file and key for a missing or inconsistent
         one, an architecture `SPM_FAMILIES` does not describe, a pre-tokenizer other than
-        "default", or normalization vkrt does not do (remove_extra_whitespaces, a
-        precompiled_charsmap)."""
+        "default", add_eos_token, or normalization vkrt does not do
+        (remove_extra_whitespaces, a precompiled_charsmap)."""
         arch = metadata.get("general.architecture")
         if arch not in SPM_FAMILIES:
             raise ModelFormatError(
@@ -247,6 +247,10 @@ class Tokenizer:
         if pre not in (None, "default"):
             raise ModelFormatError(f"{path}: unsupported tokenizer.ggml.pre {pre!r} for a "
                                    "SentencePiece vocabulary (supported: 'default' or none)")
+        if metadata.get("tokenizer.ggml.add_eos_token"):
+            # llama.cpp would append EOS to every prompt; transformers' generate would not.
+            raise ModelFormatError(f"{path}: tokenizer.ggml.add_eos_token = True is not "
+                                   "implemented (an EOS after every prompt)")
         if metadata.get("tokenizer.ggml.remove_extra_whitespaces"):
             raise ModelFormatError(f"{path}: tokenizer.ggml.remove_extra_whitespaces = True is "
                                    "not implemented")
