@@ -370,6 +370,12 @@ def test_spm_stream_keeps_spaces_and_utf8(spm_real, name):
     assert "".join(pieces) == " " + text == tok.decode(ids, continuation=True)
     assert pieces[0] == " Hello" and "" in pieces and all("\ufffd" not in p for p in pieces)
     assert tok.decode(ids) == text
+    # Cut inside the llama's four byte tokens: the held bytes come out at finish, as
+    # decode(continuation=True) shows them (one U+FFFD per byte, as ByteFallback decodes).
+    cut = ids[:ids.index(tok.hf.token_to_id("<0x9F>")) + 1]
+    stream = tok.stream()
+    pieces = [stream.step(i) for i in cut] + [stream.finish()]
+    assert "".join(pieces) == tok.decode(cut, continuation=True) == " Hello \ufffd\ufffd", pieces
 
 
 def spm_vocab_tokenizers(tmp_path, **kw):
