@@ -324,3 +324,41 @@ def test_gemma3_bad_vocabulary_refused_before_upload(device, tmp_path, keys, wor
     text = str(info.value)
     assert text.startswith(str(path)) and words in text and "\n" not in text, text
     assert device.bytes_in_use == before
+
+
+LLAMA2_TEMPLATE = ("{% for m in messages %}{% if m.role == 'user' %}{{ bos_token + '[INST] ' + "
+                   "m.content + ' [/INST]' }}{% else %}{{ ' ' + m.content + eos_token }}"
+                   "{% endif %}{% endfor %}")
+
+
+def test_llama2_file_end_to_end(device, tmp_path):
+    """A Llama 2-style `llama` file with the real Llama 2 SentencePiece vocabulary (llama.cpp's
+    ggml-vocab-llama-spm.gguf: its tokens, scores and token types) through `vkrt.load`: <s>
+    once, the prompt's ids as llama.cpp's tokenizer test expects them, a chat prompt tokenized
+    as the whole rendered text is (a space prefixed after <s>), greedy tokens equal
+    transformers reading the file."""
+    import test_llama_variants as lv
+    from test_tokenizer import vocab_file
+
+    import vkrt
+
+    md = load_gguf(vocab_file("llama-spm")).metadata
+    keys = {k: (list(map(int, v)) if k == "tokenizer.ggml.token_type" else
+                [float(x) for x in v] if k == "tokenizer.ggml.scores" else v)
+            for k, v in md.items() if k.startswith("tokenizer.")}
+    keys["tokenizer.chat_template"] = LLAMA2_TEMPLATE
+    model = lv.hf_model(vocab_size=len(keys["tokenizer.ggml.tokens"]), tie_word_embeddings=True)
+    path = lv.write_gguf(tmp_path / "llama2.gguf", model, keys=keys, drop=("output.weight",))
+    with vkrt.load(path, device=device) as m:
+        tok = m.tokenizer
+        assert m.family == "llama" and tok.space_prefix and tok.eog_ids == {2}
+        ids = m.encode("Hello world")
+        assert ids == [1, 15043, 3186]     # llama.cpp's expected ids, after BOS
+        chat = m.encode("Hi", chat=True)
+        assert chat == tok.encode("<s>[INST] Hi [/INST]", add_bos=False) and chat.count(1) == 1
+        stream = m.generate(ids, max_tokens=4)
+        "".join(stream)
+        got = stream.result.tokens
+    want = TransformersReference(str(path)).greedy(ids, 4)
+    cut = next((i for i, t in enumerate(want) if t in {2}), len(want))
+    assert got == want[:cut] and cut > 0
