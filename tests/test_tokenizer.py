@@ -333,6 +333,21 @@ def test_spm_real_vocab_matches_transformers(spm_real, name):
         assert theirs.encode(" Hello", add_special_tokens=False) == [15043]
 
 
+def test_merges_from_scores_equal_transformers():
+    """On the real Llama 2 vocabulary (no merges in the file), the merges rebuilt from the
+    scores are transformers' generate_merges, in the same order."""
+    from transformers.tokenization_utils_base import generate_merges
+
+    from vkrt.models.tokenizer import merges_from_scores
+
+    md = load_gguf(vocab_file("llama-spm")).metadata
+    tokens, scores = list(md["tokenizer.ggml.tokens"]), [float(x) for x in
+                                                         md["tokenizer.ggml.scores"]]
+    ours = merges_from_scores(tokens, scores)
+    assert len(ours) > 60000
+    assert ours == generate_merges({t: i for i, t in enumerate(tokens)}, dict(zip(tokens, scores)))
+
+
 def test_spm_special_tokens_follow_llama_cpp(spm_real):
     """Special-token text becomes its id, and the text after it gets the space prefix again
     (llama.cpp's `is_prev_special`); BOS is added once."""
