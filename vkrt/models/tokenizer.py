@@ -131,7 +131,8 @@ def merges_from_scores(tokens: list[str], scores) -> list[tuple[str, str]]:
     longer left part, then the longer right part, then vocabulary order). The same merges as
     transformers' tokenization_utils_base.generate_merges(vocab, scores); llama.cpp's
     llm_tokenizer_spm merges the adjacent pair whose joined piece has the highest score,
-    which a BPE with these ranks reproduces. tokens: n pieces; scores: n floats."""
+    which a BPE with these ranks reproduces (transformers is a test dependency only, so the
+    few lines are here). tokens: n pieces; scores: n floats."""
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = []
     for token, score in zip(tokens, scores):
