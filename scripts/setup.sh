@@ -55,3 +55,31 @@ if [ "$want" = test ]; then
     rm -rf "$tmp"
   fi
 fi
+
+# The tokenizer tests' real vocabularies: llama.cpp's vocabulary-only GGUF files with the token
+# ids llama.cpp's tokenizer test expects (ggml-vocab-NAME.gguf, .gguf.inp, .gguf.out), as the
+# llama-cpp-python 0.3.36 source distribution on PyPI vendors them (76.6 MB, sha256 below;
+# only these files are kept). Fetched once into .cache/vocab.
+if [ "$want" = test ]; then
+  vocab=.cache/vocab
+  lcp_sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+  names=(llama-spm phi-3 gemma-4)
+  if [ ! -e "$vocab/.complete" ]; then
+    echo "setup: fetching llama.cpp's vocabulary files into $vocab" >&2
+    tmp=$(mktemp -d)
+    .venv/bin/python -m pip download -q --no-deps --no-binary :all: \
+      -d "$tmp" "llama-cpp-python==0.3.36" 2>&1 | grep -v "is ignored" || true
+    echo "$lcp_sha  $tmp/llama_cpp_python-0.3.36.tar.gz" | sha256sum -c --quiet
+    members=()
+    for n in "${names[@]}"; do
+      for ext in gguf gguf.inp gguf.out; do
+        members+=("llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-$n.$ext")
+      done
+    done
+    tar -xzf "$tmp/llama_cpp_python-0.3.36.tar.gz" -C "$tmp" "${members[@]}"
+    mkdir -p "$vocab"
+    mv "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-* "$vocab"/
+    touch "$vocab/.complete"
+    rm -rf "$tmp"
+  fi
+fi

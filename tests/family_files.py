@@ -7,7 +7,9 @@ gguf_file=...)`).
 qwen2 and qwen3 files store Q and K as transformers has them (no `LlamaModel.permute`), so
 RoPE rotates halves of each head on them. The tokenizer written is a byte-level BPE over the
 256 GPT-2 byte symbols, a few merges and the special tokens, `N_VOCAB` tokens in all
-(transformers needs a token list to size the vocabulary).
+(transformers needs a token list to size the vocabulary); gemma3 files get a SentencePiece
+vocabulary as Gemma's are (`spm_vocab`: specials, the 256 `<0xXX>` byte tokens, pieces with
+scores, `tokenizer.ggml.model` "llama").
 """
 from __future__ import annotations
 
@@ -31,10 +33,66 @@ GEMMA3_TENSORS = {**LAYER_TENSORS, "post_attention_layernorm": "post_attention_n
                   "pre_feedforward_layernorm": "ffn_norm",
                   "post_feedforward_layernorm": "post_ffw_norm"}
 SPECIALS = {"qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            # (real Gemma 3 files hold a SentencePiece vocabulary; transformers only counts
-            # the tokens here)
-            "gemma3": ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]}
+            "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
+# Gemma 3's first tokens as its tokenizer.model has them (token_type 3 control, 2 unknown),
+# then <start_of_turn> / <end_of_turn> (ids 105 and 106 in the real vocabulary).
+GEMMA_SPECIALS = [("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<unk>", 2), ("<mask>", 4),
+                  ("<start_of_turn>", 3), ("<end_of_turn>", 3)]
+# SentencePiece pieces, best first (score -rank): single characters, then merged pieces
+# (each splits into two earlier pieces, so a BPE finds its merge).
+SPM_CHARS = ["\u2581", *"etaoinshrdlucmwfgypbvkxjqz", "\n", *"0123456789", *",.!?'+=:()",
+             *"HTWIGD", "東", "京"]
+SPM_MERGES = ["\u2581t", "he", "\u2581the", "in", "er", "\u2581a", "on", "\u2581w", "or", "ld",
+              "\u2581wor", "\u2581world", "ll", "\u2581h", "\u2581he", "\u2581hell", "\u2581hello",
+              "He", "Hell", "Hello", "33", "333", "3333", "77", "777", "\u2581\u2581",
+              "\u2581\u2581\u2581\u2581", "\u25813", "\n\n", "\u2581s", "en", "\u2581i", "is",
+              "\u2581is", "it", "\u2581it", "an", "\u2581an", "and", "\u2581and", "東京",
+              "\u2581東京", "us", "user", "\u2581m", "mo", "model", "od", "el", "ode"]
+# A vocabulary with a piece whose score disagrees with its id: "bc" (id after "ab") scores
+# higher, so "abc" is "a" + "bc" by score but "ab" + "c" in id order.
+SCORE_ORDER_PIECES = [("a", -1.0), ("b", -2.0), ("c", -3.0), ("ab", -20.0), ("bc", -10.0)]
+# Gemma 3's chat template as google/gemma-3-*-it's tokenizer_config.json has it (text turns).
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n")
 # Gemma 3 test shape: 6 layers so that the default pattern (5 sliding, 1 global) has both
 # kinds, a window of 8 positions that the test prompts cross.
 GEMMA3_LAYERS, GEMMA3_WINDOW = 6, 8
@@ -120,6 +178,43 @@ def byte_bpe_vocab(specials: list[str], n_vocab: int = N_VOCAB, extra: list[str]
     return tokens + specials, merges, types
 
 
+def spm_vocab(specials: list[tuple[str, int]] = GEMMA_SPECIALS, n_vocab: int = N_VOCAB,
+              pieces: list[tuple[str, float]] | None = None):
+    """(tokens, scores, token types) of a SentencePiece vocabulary as llama.cpp's converter
+    writes one (conversion/base.py `_create_vocab_sentencepiece`): `specials` (text, type)
+    with score 0, the 256 byte tokens `<0x00>`..`<0xFF>` (type 6, score 0), then `pieces`
+    (text, score; default SPM_CHARS and SPM_MERGES with score -rank, as many as fit) as
+    normal tokens (type 1), padded with unused `<unusedN>` tokens (type 5, score -1e9) to
+    `n_vocab`."""
+    if pieces is None:
+        pieces = [(t, -float(i)) for i, t in enumerate(SPM_CHARS + SPM_MERGES)]
+    tokens = [t for t, _ in specials] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [k for _, k in specials] + [6] * 256
+    scores = [0.0] * len(tokens)
+    for text, score in pieces[:n_vocab - len(tokens)]:
+        tokens.append(text)
+        types.append(1)
+        scores.append(score)
+    pad = n_vocab - len(tokens)
+    tokens += [f"<unused{i}>" for i in range(pad)]
+    return tokens, scores + [-1e9] * pad, types + [5] * pad
+
+
+def spm_metadata(tokens, scores, types, **keys) -> dict:
+    """The `tokenizer.ggml.*` keys of a SentencePiece vocabulary (Gemma-style ids when the
+    vocabulary has <bos>/<eos>, else Llama 2's <s>=1, </s>=2), `keys` replaced on top (with
+    dots as "__": add_space_prefix=False)."""
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": types}
+    for name, key in (("<bos>", "bos"), ("<eos>", "eos"), ("<unk>", "unknown"), ("<pad>", "padding"),
+                      ("<s>", "bos"), ("</s>", "eos")):
+        if name in tokens:
+            meta[f"tokenizer.ggml.{key}_token_id"] = tokens.index(name)
+    meta.update({f"tokenizer.ggml.{k}": v for k, v in keys.items()})
+    return meta
+
+
 def hf_model(arch: str, seed: int = 0, tied: bool = False, **overrides):
     """A random fp32 Qwen2ForCausalLM, Qwen3ForCausalLM or Gemma3ForCausalLM of the test
     size; norms near 1 (Gemma's as 1 + w), biases random (zero at init)."""
@@ -187,16 +282,16 @@ def write_gguf(path, model, arch: str, qtype: str = "F32", keys: dict | None = N
     meta["general.file_type"] = int({"F32": gguf.LlamaFileType.ALL_F32,
                                      "F16": gguf.LlamaFileType.MOSTLY_F16}.get(
                                          qtype, gguf.LlamaFileType.MOSTLY_Q8_0))
-    tokens, merges, types = byte_bpe_vocab(SPECIALS[arch], c.vocab_size)
-    meta.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
-                 "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-                 "tokenizer.ggml.merges": merges})
-    if arch == "gemma3":
-        meta.update({"tokenizer.ggml.eos_token_id": tokens.index("<eos>"),
-                     "tokenizer.ggml.padding_token_id": tokens.index("<pad>"),
-                     "tokenizer.ggml.bos_token_id": tokens.index("<bos>"),
-                     "tokenizer.ggml.add_bos_token": True})
+    if arch == "gemma3":   # conversion/gemma.py: Gemma's SentencePiece vocabulary, no prefix
+        meta.update(spm_metadata(*spm_vocab(GEMMA_SPECIALS, c.vocab_size), add_bos_token=True,
+                                 add_space_prefix=False,
+                                 chat_template=GEMMA3_TEMPLATE))
+        meta["tokenizer.chat_template"] = meta.pop("tokenizer.ggml.chat_template")
     else:
+        tokens, merges, types = byte_bpe_vocab(SPECIALS[arch], c.vocab_size)
+        meta.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+                     "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+                     "tokenizer.ggml.merges": merges})
         meta.update({"tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
                      "tokenizer.ggml.padding_token_id": tokens.index("<|endoftext|>"),
                      "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
@@ -250,6 +345,24 @@ def write_vocab_gguf(path, pre: str, arch: str = "qwen2", keys: dict | None = No
             "tokenizer.ggml.bos_token_id": tokens.index(specials[0]),
             "tokenizer.ggml.eos_token_id": tokens.index(specials[-1] if pre != "llama-bpe"
                                                         else "<|end_of_text|>")}
+    for k, v in (keys or {}).items():
+        if v is None:
+            meta.pop(k, None)
+        else:
+            meta[k] = v
+    return write_file(path, arch, meta)
+
+
+def write_spm_vocab_gguf(path, arch: str = "gemma3", n_vocab: int = 400,
+                         specials: list[tuple[str, int]] = GEMMA_SPECIALS,
+                         pieces: list[tuple[str, float]] | None = None, keys: dict | None = None):
+    """A GGUF holding only a SentencePiece vocabulary (`spm_vocab`, `spm_metadata`) and
+    `general.architecture` `arch`; Gemma-style (no space prefix) unless `keys` says
+    (key -> value, the full key names; None removes)."""
+    meta = spm_metadata(*spm_vocab(specials, n_vocab, pieces))
+    if arch == "gemma3":
+        meta["tokenizer.ggml.add_space_prefix"] = False
+        meta["tokenizer.ggml.add_bos_token"] = True
     for k, v in (keys or {}).items():
         if v is None:
             meta.pop(k, None)

@@ -658,6 +658,50 @@ MUTATIONS = [
     ("pre-tokenizer: stop tokens by text ignored", "vkrt/models/tokenizer.py",
      "if t in vocab and types[vocab[t]] == _CONTROL}", "if False}",
      ["tests/test_tokenizer.py::test_family_special_tokens_and_stops"]),
+    # -- SentencePiece vocabularies (tokenizer.ggml.model "llama", SPM_FAMILIES) -------------
+    ("spm: space prefix dropped", "vkrt/models/tokenizer.py",
+     "steps = [normalizers.Prepend(SPACE)] if prefix else []", "steps = []",
+     ["tests/test_tokenizer.py::test_spm_real_vocab_matches_llama_cpp"]),
+    ("spm: tokenizer.ggml.add_space_prefix ignored (always prefixed)", "vkrt/models/tokenizer.py",
+     'prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", rules.add_space_prefix))',
+     "prefix = True", ["tests/test_tokenizer.py::test_gemma3_spm_matches_transformers"]),
+    ("spm: byte fallback ignored (unknown characters to <unk>)", "vkrt/models/tokenizer.py",
+     "byte_fallback=True,\n                                        fuse_unk=True,",
+     "byte_fallback=False,\n                                        fuse_unk=True,",
+     ["tests/test_tokenizer.py::test_spm_byte_fallback", "tests/test_tokenizer.py::test_spm_real_vocab_matches_llama_cpp"]),
+    ("spm: scores ignored (merges in id order)", "vkrt/models/tokenizer.py",
+     "pairs = merges_from_scores(list(tokens), scores)",
+     "pairs = merges_from_scores(list(tokens), [-float(i) for i in range(n)])",
+     ["tests/test_tokenizer.py::test_spm_merges_follow_scores_not_ids"]),
+    ("spm: BOS added twice (Gemma's template writes <bos>, encode_chat adds one)",
+     "vkrt/models/chat.py", "if tokenizer.add_bos and bos is not None and ids[:1] != [bos]:",
+     "if tokenizer.add_bos and bos is not None:",
+     ["tests/test_families.py::test_gemma3_file_end_to_end"]),
+    ("spm: an unknown tokenizer.ggml.model silently read as SentencePiece",
+     "vkrt/models/tokenizer.py", 'if kind == "llama":', 'if kind != "gpt2":',
+     ["tests/test_tokenizer.py::test_unknown_tokenizer_model_refused_real_file", "tests/test_tokenizer.py::test_bad_spm_metadata"]),
+    ("spm: a pre-tokenizer other than default silently ignored", "vkrt/models/tokenizer.py",
+     'if pre not in (None, "default"):', "if False:", ["tests/test_tokenizer.py::test_bad_spm_metadata"]),
+    ("spm: an architecture without SentencePiece rules silently gets Llama's",
+     "vkrt/models/tokenizer.py", "        if arch not in SPM_FAMILIES:\n",
+     "        rules = SPM_FAMILIES.get(arch, SentencePiece())\n"
+     "        SPM_FAMILIES.setdefault(arch, rules)\n        if False:\n",
+     ["tests/test_tokenizer.py::test_spm_in_another_architecture_refused"]),
+    ("spm: Gemma's stop tokens by text ignored", "vkrt/models/tokenizer.py",
+     "if t in vocab and types[vocab[t]] in (_CONTROL, _USER_DEFINED)}", "if False}",
+     ["tests/test_tokenizer.py::test_gemma3_spm_bos_once_and_stops"]),
+    ("spm: decode keeps the space the encoder prefixed", "vkrt/models/tokenizer.py",
+     'out.append(text[1:] if text.startswith(" ") else text)', "out.append(text)",
+     ["tests/test_tokenizer.py::test_spm_real_vocab_matches_llama_cpp"]),
+    ("spm: the stream's held text loses the leading space (decode's strip)",
+     "vkrt/models/tokenizer.py", "continuation=True)[self._emitted:]",
+     "continuation=False)[self._emitted:]", ["tests/test_tokenizer.py::test_spm_stream_keeps_spaces_and_utf8"]),
+    ("spm: missing scores silently zero", "vkrt/models/tokenizer.py",
+     "            if value is None:\n                raise ModelFormatError(",
+     "            if value is None and key.endswith('scores'):\n"
+     "                value = [0.0] * n\n"
+     "            if value is None:\n                raise ModelFormatError(",
+     ["tests/test_tokenizer.py::test_bad_spm_metadata"]),
     # -- OPT from Hugging Face folders (issue 10) ---------------------------------------------
     ("opt: position offset 2 dropped", "vkrt/models/opt.py",
      "pos0 + POSITION_OFFSET, name=", "pos0, name=", ["tests/test_opt.py::test_small_matches_transformers[f32]"]),
@@ -710,11 +754,12 @@ MUTATIONS = [
     ("second BOS added", "vkrt/models/tokenizer.py",
      "and ids[:1] != [self.bos_id]):", "):", ["tests/test_tokenizer.py"]),
     ("only EOS ends generation", "vkrt/models/tokenizer.py",
-     "eog = frozenset(i for i in map(token_id, EOG_KEYS) if i is not None)",
-     "eog = frozenset(i for i in map(token_id, EOG_KEYS[:1]) if i is not None)",
+     "return frozenset(i for i in map(token_id, EOG_KEYS) if i is not None)",
+     "return frozenset(i for i in map(token_id, EOG_KEYS[:1]) if i is not None)",
      ["tests/test_tokenizer.py", "tests/test_generate.py::test_eot_model_metadata"]),
     ("stream drops held bytes", "vkrt/models/tokenizer.py",
-     "rest = self._tok.decode(self._ids, skip_special=self._skip)[self._emitted:]",
+     "rest = self._tok.decode(self._ids, skip_special=self._skip,\n"
+     "                                continuation=True)[self._emitted:]",
      'rest = ""', ["tests/test_tokenizer.py"]),
     ("embedding rows not checked against the tokenizer", "vkrt/models/arch.py",
      "if tokens is not None and len(tokens) != n_vocab:", "if False:", ["tests/test_gguf.py"]),
@@ -882,6 +927,8 @@ def _run_in(root: Path, t0: float, name: str, file: str, old: str, new: str,
         path.write_text(text.replace(old, new))
         env = dict(os.environ, XDG_CACHE_HOME=str(Path(tmp) / "cache"))
         env.setdefault(ORACLE_CACHE_ENV, str(ROOT / ".cache" / "oracle"))
+        # the real vocabulary files scripts/setup.sh fetched (tests/test_tokenizer.py VOCAB_DIR)
+        env.setdefault("VKRT_VOCAB_DIR", str(ROOT / ".cache" / "vocab"))
         if file.startswith("vkrt/glsl/"):
             # gen-spirv's cache is keyed by content (vkrt/gen/cache.py, atomic writes): one
             # shared by every mutation compiles only the mutated modules.

@@ -262,3 +262,103 @@ def test_llama3_file_end_to_end(device, tmp_path):
     eog = {tokens.index(t) for t in ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")}
     cut = next((i for i, t in enumerate(want) if t in eog), len(want))
     assert got == want[:cut]
+
+
+def test_gemma3_file_end_to_end(device, tmp_path):
+    """A Gemma 3 file with a SentencePiece vocabulary (tests/family_files.py `spm_vocab`: its
+    special tokens, byte tokens, scored pieces; no space prefix) and Gemma 3's chat template,
+    through `vkrt.load`: the prompt's ids equal transformers' GemmaTokenizer of the same file
+    (<bos> once), the chat prompt equals transformers' `apply_chat_template` on it, and the
+    greedy tokens equal transformers fp32 reading the file, stopping at <end_of_turn> or
+    <eos>; `vkrt generate --chat` renders the same template."""
+    import transformers
+    from test_cli import run_cli
+
+    import vkrt
+
+    path = write_gguf(tmp_path / "gemma3.gguf", hf_model("gemma3", tied=True), "gemma3")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    prompt = "Hello world, 3333+777 is"
+    messages = [{"role": "user", "content": "Hi there"}]
+    want_chat = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                           return_dict=False)
+    with vkrt.load(path, device=device) as m:
+        tok = m.tokenizer
+        bos, sp = tok.bos_id, tok.special_tokens
+        assert m.family == "gemma3" and bos == sp["<bos>"]
+        assert tok.eog_ids == {sp["<eos>"], sp["<end_of_turn>"]}
+        ids = m.encode(prompt)
+        assert ids == hf_tok.encode(prompt) and ids.count(bos) == 1 and ids[0] == bos
+        chat = m.encode("Hi there", chat=True)
+        assert chat == list(want_chat) and chat.count(bos) == 1
+        assert tok.decode(chat) == ("<bos><start_of_turn>user\nHi there<end_of_turn>\n"
+                                    "<start_of_turn>model\n")
+        stream = m.generate(ids, max_tokens=6)
+        text = "".join(stream)
+        got = stream.result.tokens
+    want = TransformersReference(str(path), **ORACLE_CONFIG["gemma3"]).greedy(ids, 6)
+    cut = next((i for i, t in enumerate(want) if t in tok.eog_ids), len(want))
+    print(f"gemma3: prompt {ids}, greedy {want}, vkrt {got} {text!r}")
+    assert got == want[:cut] and cut > 0
+    assert text == tok.decode(want[:cut], skip_special=True, continuation=True)
+    p = run_cli("generate", "Hi there", "--chat", "--max-tokens", "2", "--model", str(path))
+    assert p.returncode == 0, p.stderr
+    assert f"prompt {len(want_chat)} tokens" in p.stderr.strip().splitlines()[-1], p.stderr
+
+
+@pytest.mark.parametrize("keys, words", [
+    ({"tokenizer.ggml.scores": None}, "missing metadata key 'tokenizer.ggml.scores'"),
+    ({"tokenizer.ggml.token_type": [1] * 299}, "tokenizer.ggml.token_type has 299 entries for "
+     "300 tokens"),
+    ({"tokenizer.ggml.model": "gemma4"}, "unsupported tokenizer.ggml.model 'gemma4'"),
+])
+def test_gemma3_bad_vocabulary_refused_before_upload(device, tmp_path, keys, words):
+    """A gemma3 file whose SentencePiece vocabulary is incomplete or of an unknown model:
+    `vkrt.load` refuses it in one line naming the file and key, before any upload."""
+    import vkrt
+
+    path = write_gguf(tmp_path / "bad.gguf", hf_model("gemma3", tied=True), "gemma3", keys=keys)
+    before = device.bytes_in_use
+    with pytest.raises(ModelFormatError) as info:
+        vkrt.load(path, device=device)
+    text = str(info.value)
+    assert text.startswith(str(path)) and words in text and "\n" not in text, text
+    assert device.bytes_in_use == before
+
+
+LLAMA2_TEMPLATE = ("{% for m in messages %}{% if m.role == 'user' %}{{ bos_token + '[INST] ' + "
+                   "m.content + ' [/INST]' }}{% else %}{{ ' ' + m.content + eos_token }}"
+                   "{% endif %}{% endfor %}")
+
+
+def test_llama2_file_end_to_end(device, tmp_path):
+    """A Llama 2-style `llama` file with the real Llama 2 SentencePiece vocabulary (llama.cpp's
+    ggml-vocab-llama-spm.gguf: its tokens, scores and token types) through `vkrt.load`: <s>
+    once, the prompt's ids as llama.cpp's tokenizer test expects them, a chat prompt tokenized
+    as the whole rendered text is (a space prefixed after <s>), greedy tokens equal
+    transformers reading the file."""
+    import test_llama_variants as lv
+    from test_tokenizer import vocab_file
+
+    import vkrt
+
+    md = load_gguf(vocab_file("llama-spm")).metadata
+    keys = {k: (list(map(int, v)) if k == "tokenizer.ggml.token_type" else
+                [float(x) for x in v] if k == "tokenizer.ggml.scores" else v)
+            for k, v in md.items() if k.startswith("tokenizer.")}
+    keys["tokenizer.chat_template"] = LLAMA2_TEMPLATE
+    model = lv.hf_model(vocab_size=len(keys["tokenizer.ggml.tokens"]), tie_word_embeddings=True)
+    path = lv.write_gguf(tmp_path / "llama2.gguf", model, keys=keys, drop=("output.weight",))
+    with vkrt.load(path, device=device) as m:
+        tok = m.tokenizer
+        assert m.family == "llama" and tok.space_prefix and tok.eog_ids == {2}
+        ids = m.encode("Hello world")
+        assert ids == [1, 15043, 3186]     # llama.cpp's expected ids, after BOS
+        chat = m.encode("Hi", chat=True)
+        assert chat == tok.encode("<s>[INST] Hi [/INST]", add_bos=False) and chat.count(1) == 1
+        stream = m.generate(ids, max_tokens=4)
+        "".join(stream)
+        got = stream.result.tokens
+    want = TransformersReference(str(path)).greedy(ids, 4)
+    cut = next((i for i, t in enumerate(want) if t in {2}), len(want))
+    assert got == want[:cut] and cut > 0

@@ -66,8 +66,8 @@ def hf_model(seed: int = 0, **overrides):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    overrides = {"tie_word_embeddings": False, **overrides}
-    config = LlamaConfig(vocab_size=N_VOCAB, hidden_size=HIDDEN, intermediate_size=N_FF,
+    overrides = {"vocab_size": N_VOCAB, "tie_word_embeddings": False, **overrides}
+    config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=N_FF,
                          num_hidden_layers=N_LAYER, num_attention_heads=N_HEAD,
                          num_key_value_heads=N_HEAD_KV, max_position_embeddings=512,
                          rms_norm_eps=1e-5, **overrides)

@@ -1,4 +1,8 @@
-"""The GGUF tokenizer against transformers' tokenizer built from the same file."""
+"""The GGUF tokenizer against transformers' tokenizer built from the same file, and the
+SentencePiece ones against llama.cpp's expected ids of its real vocabulary files as well
+(`scripts/setup.sh test` fetches them into .cache/vocab: `VOCAB_DIR`)."""
+
+import os
 
 import numpy as np
 import pytest
@@ -139,7 +143,8 @@ def test_tiny_vocab():
 
 
 @pytest.mark.parametrize("over, words", [
-    ({"tokenizer.ggml.model": "llama"}, "unsupported tokenizer.ggml.model 'llama'"),
+    ({"tokenizer.ggml.model": "gemma4"}, "unsupported tokenizer.ggml.model 'gemma4' "
+     "(supported: 'gpt2', 'llama')"),
     ({"tokenizer.ggml.pre": "qwen35"}, "unsupported tokenizer.ggml.pre 'qwen35'"),
     ({"tokenizer.ggml.merges": ["a c"]}, "cannot build"),
     ({"tokenizer.ggml.token_type": np.array([3, 1])}, "2 token types for 4 tokens"),
@@ -242,3 +247,240 @@ def test_missing_or_misnamed_pre_tokenizer_refused(pre, words, tmp_path):
     with pytest.raises(ModelFormatError) as info:
         load_tokenizer(load_gguf(path))
     assert words in str(info.value) and "\n" not in str(info.value)
+
+
+
+# -- SentencePiece vocabularies (tokenizer.ggml.model "llama") -------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# llama.cpp's vocabulary-only GGUF files with the ids its test-tokenizer-0 expects
+# (ggml-vocab-NAME.gguf.inp: texts between "\n__ggml_vocab_test__\n"; .out: one line of ids
+# per text, encoded without BOS). tests/mutations.py points its copies here too.
+VOCAB_DIR = os.environ.get("VKRT_VOCAB_DIR", os.path.join(ROOT, ".cache", "vocab"))
+SPM_REAL = ["llama-spm", "phi-3"]   # Llama 2's vocabulary (32000), Phi-3's (32064)
+SPM_HARD = HARD + ["3333+777", "  two leading", "   three", "\n\nnew\nlines\n", "\ttab\t\t",
+                   "ends with space ", "東京タワー 中文", "Ωmega ǅ ﬁ", "🦙🦙 llama", "\u00a0\u2028",
+                   "<s>hi</s> x", "a<unk>b", "<0x41> <0xE6>", "x" * 40, "\r\n\r\n"]
+
+
+def vocab_file(name: str) -> str:
+    path = os.path.join(VOCAB_DIR, f"ggml-vocab-{name}.gguf")
+    if not os.path.isfile(path):
+        pytest.fail(f"{path} is missing: run scripts/setup.sh test (it fetches llama.cpp's "
+                    "vocabulary files from PyPI's llama-cpp-python sdist)", pytrace=False)
+    return path
+
+
+def llama_cpp_cases(name: str) -> list[tuple[str, list[int]]]:
+    """(text, llama.cpp's ids) of ggml-vocab-NAME.gguf.inp/.out."""
+    path = vocab_file(name)
+    with open(path + ".inp", encoding="utf-8", newline="") as f:
+        texts = f.read().split("\n__ggml_vocab_test__\n")
+    with open(path + ".out", encoding="utf-8", newline="") as f:
+        lines = f.read().split("\n")
+    assert len(lines) >= len(texts) > 40, (len(texts), len(lines))
+    return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines)]
+
+
+@pytest.fixture(scope="module")
+def spm_real():
+    """name -> (vkrt's Tokenizer, transformers' tokenizer) of llama.cpp's real SPM files."""
+    import transformers
+
+    out = {}
+    for name in SPM_REAL:
+        path = vocab_file(name)
+        hf = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path),
+                                                        gguf_file=os.path.basename(path))
+        out[name] = (load_tokenizer(load_gguf(path)), hf)
+    return out
+
+
+@pytest.mark.parametrize("name", SPM_REAL)
+def test_spm_real_vocab_matches_llama_cpp(spm_real, name):
+    """Every text of llama.cpp's tokenizer test gives its expected ids (leading and repeated
+    spaces, newlines, tabs, digits, emoji through byte fallback, CJK), and decodes back."""
+    tok, _ = spm_real[name]
+    assert tok.space_prefix and tok.add_bos and tok.bos_id == 1
+    for text, want in llama_cpp_cases(name):
+        ids = tok.encode(text, add_bos=False)
+        assert ids == want, (name, text)
+        assert tok.decode(ids) == text, (name, text)
+
+
+@pytest.mark.parametrize("name", SPM_REAL)
+def test_spm_real_vocab_matches_transformers(spm_real, name):
+    """Against transformers' tokenizer of the same file. Phi-3's (transformers prefixes the
+    space with a normalizer, as llama.cpp does) agrees on every text. For `llama` files
+    transformers builds a Metaspace pre-tokenizer that prefixes a space only when the text does
+    not start with one and only before the first fragment: there it differs from llama.cpp
+    (whose ids vkrt gives: llama.cpp's test expects [29871, 15043] for " Hello") on text that
+    starts with whitespace or follows a special token, and those are checked against llama.cpp
+    only."""
+    ours, theirs = spm_real[name]
+    texts = SPM_HARD + [t for t, _ in llama_cpp_cases(name)]
+    compared = 0
+    for text in texts:
+        ids = ours.encode(text, add_bos=False)
+        assert ours.decode(ids) == text, (name, text)
+        if name == "llama-spm" and (text[:1].isspace() or any(
+                t in text for t in ours.special_tokens)):
+            continue
+        assert ids == theirs.encode(text, add_special_tokens=False), (name, text)
+        compared += 1
+    assert compared > (40 if name == "llama-spm" else len(texts) - 1), compared
+    if name == "llama-spm":
+        assert ours.encode(" Hello", add_bos=False) == [29871, 15043]
+        assert theirs.encode(" Hello", add_special_tokens=False) == [15043]
+
+
+def test_merges_from_scores_equal_transformers():
+    """On the real Llama 2 vocabulary (no merges in the file), the merges rebuilt from the
+    scores are transformers' generate_merges, in the same order."""
+    from transformers.tokenization_utils_base import generate_merges
+
+    from vkrt.models.tokenizer import merges_from_scores
+
+    md = load_gguf(vocab_file("llama-spm")).metadata
+    tokens, scores = list(md["tokenizer.ggml.tokens"]), [float(x) for x in
+                                                         md["tokenizer.ggml.scores"]]
+    ours = merges_from_scores(tokens, scores)
+    assert len(ours) > 60000
+    assert ours == generate_merges({t: i for i, t in enumerate(tokens)}, dict(zip(tokens, scores)))
+
+
+def test_spm_special_tokens_follow_llama_cpp(spm_real):
+    """Special-token text becomes its id, and the text after it gets the space prefix again
+    (llama.cpp's `is_prev_special`); BOS is added once."""
+    tok, _ = spm_real["llama-spm"]
+    hi = tok.encode("hi", add_bos=False)
+    assert tok.encode("<s>hi") == [1] + hi and tok.encode("<s>hi").count(1) == 1
+    assert tok.encode("hi</s>hi", add_bos=False) == hi + [2] + hi
+    assert tok.encode("hi") == [1] + hi
+    plain = tok.encode("<s>hi", add_bos=False, special=False)
+    assert 1 not in plain and tok.decode(plain) == "<s>hi"
+    assert tok.eog_ids == {2} and tok.decode([1, 2], skip_special=True) == ""
+
+
+def test_spm_byte_fallback(spm_real):
+    """A character outside the vocabulary is its UTF-8 bytes' <0xXX> tokens (never <unk>),
+    and the bytes join back into the character."""
+    tok, _ = spm_real["llama-spm"]
+    ids = tok.encode("🦙", add_bos=False)
+    assert ids == [29871, 243, 162, 169, 156] and 0 not in ids   # ▁ <0xF0> <0x9F> <0xA6> <0x99>
+    assert [tok.hf.id_to_token(i) for i in ids[1:]] == ["<0xF0>", "<0x9F>", "<0xA6>", "<0x99>"]
+    assert tok.decode(ids) == "🦙"
+
+
+@pytest.mark.parametrize("name", SPM_REAL)
+def test_spm_stream_keeps_spaces_and_utf8(spm_real, name):
+    """Generated ids continue a prompt: every piece keeps its leading space (llama.cpp's
+    token_to_piece), a character split over byte tokens waits until whole, and the pieces equal
+    `decode(ids, continuation=True)`; `decode` alone drops the one space the encoder put
+    first."""
+    tok, _ = spm_real[name]
+    text = "Hello 🦙 world 東京 done"
+    ids = tok.encode(text, add_bos=False)
+    stream = tok.stream()
+    pieces = [stream.step(i) for i in ids] + [stream.finish()]
+    assert "".join(pieces) == " " + text == tok.decode(ids, continuation=True)
+    assert pieces[0] == " Hello" and "" in pieces and all("\ufffd" not in p for p in pieces)
+    assert tok.decode(ids) == text
+    # Cut inside the llama's four byte tokens: the held bytes come out at finish, as
+    # decode(continuation=True) shows them (one U+FFFD per byte, as ByteFallback decodes).
+    cut = ids[:ids.index(tok.hf.token_to_id("<0x9F>")) + 1]
+    stream = tok.stream()
+    pieces = [stream.step(i) for i in cut] + [stream.finish()]
+    assert "".join(pieces) == tok.decode(cut, continuation=True) == " Hello \ufffd\ufffd", pieces
+
+
+def spm_vocab_tokenizers(tmp_path, **kw):
+    import transformers
+    from family_files import write_spm_vocab_gguf
+
+    path = write_spm_vocab_gguf(tmp_path / "spm.gguf", **kw)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    return load_tokenizer(load_gguf(path)), hf
+
+
+def test_gemma3_spm_matches_transformers(tmp_path):
+    """A Gemma-style SentencePiece vocabulary (no space prefix, `<bos>` added, its special
+    tokens, byte tokens, scored pieces) against transformers' GemmaTokenizer of the same file:
+    equal ids on every hard text, decode round trips."""
+    ours, theirs = spm_vocab_tokenizers(tmp_path)
+    assert not ours.space_prefix and ours.add_bos
+    for text in SPM_HARD + ["<start_of_turn>user\nHi<end_of_turn>\n", "<bos>x<eos>", "<mask> y"]:
+        ids = ours.encode(text, add_bos=False)
+        assert ids == theirs.encode(text, add_special_tokens=False), text
+        assert ours.decode(ids) == text, text
+
+
+def test_gemma3_spm_bos_once_and_stops(tmp_path):
+    """Gemma 3: <bos> once (the file's add_bos_token; a prompt or template that writes it
+    gets no second one), generation stops at <end_of_turn> and <eos>."""
+    tok, _ = spm_vocab_tokenizers(tmp_path)
+    sp = tok.special_tokens
+    assert tok.bos_id == sp["<bos>"] and tok.eog_ids == {sp["<eos>"], sp["<end_of_turn>"]}
+    assert tok.encode("Hi")[0] == sp["<bos>"]
+    assert tok.encode("<bos>Hi").count(sp["<bos>"]) == 1
+    assert tok.decode(tok.encode("<bos>Hi"), skip_special=True) == "Hi"
+
+
+def test_spm_merges_follow_scores_not_ids(tmp_path):
+    """SentencePiece merges the pair whose joined piece scores highest: "bc" scores above "ab"
+    though its id is larger, so "abc" is a + bc (merging in id order would give ab + c)."""
+    from family_files import SCORE_ORDER_PIECES
+
+    ours, theirs = spm_vocab_tokenizers(tmp_path, arch="llama", n_vocab=300,
+                                        specials=[("<unk>", 2), ("<s>", 3), ("</s>", 3)],
+                                        pieces=[("\u2581", 0.0)] + SCORE_ORDER_PIECES)
+    pieces = [ours.hf.id_to_token(i) for i in ours.encode("abc", add_bos=False)]
+    assert pieces == ["\u2581", "a", "bc"], pieces
+    assert ours.encode("abc", add_bos=False) == theirs.encode("abc", add_special_tokens=False)
+    assert ours.encode("abab", add_bos=False) == theirs.encode("abab", add_special_tokens=False)
+
+
+def test_unknown_tokenizer_model_refused_real_file():
+    """llama.cpp's Gemma 4 vocabulary says tokenizer.ggml.model 'gemma4': refused in one line
+    naming the key and value, never read as another model."""
+    path = vocab_file("gemma-4")
+    with pytest.raises(ModelFormatError) as info:
+        load_tokenizer(load_gguf(path))
+    text = str(info.value)
+    assert text.startswith(path) and "\n" not in text
+    assert "unsupported tokenizer.ggml.model 'gemma4' (supported: 'gpt2', 'llama')" in text
+
+
+@pytest.mark.parametrize("keys, words", [
+    ({"tokenizer.ggml.scores": None},
+     "missing metadata key 'tokenizer.ggml.scores' (a SentencePiece vocabulary needs one per "
+     "token, 400)"),
+    ({"tokenizer.ggml.token_type": [1, 1, 3]}, "tokenizer.ggml.token_type has 3 entries for 400 "
+     "tokens"),
+    ({"tokenizer.ggml.scores": [0.0] * 399}, "tokenizer.ggml.scores has 399 entries for 400"),
+    ({"tokenizer.ggml.model": "bert"}, "unsupported tokenizer.ggml.model 'bert'"),
+    ({"tokenizer.ggml.pre": "qwen2"}, "unsupported tokenizer.ggml.pre 'qwen2' for a "
+     "SentencePiece vocabulary"),
+    ({"tokenizer.ggml.add_eos_token": True}, "tokenizer.ggml.add_eos_token = True is not "
+     "implemented"),
+    ({"tokenizer.ggml.remove_extra_whitespaces": True},
+     "tokenizer.ggml.remove_extra_whitespaces = True is not implemented"),
+    ({"tokenizer.ggml.bos_token_id": 400}, "tokenizer.ggml.bos_token_id 400 outside the "
+     "400-token vocab"),
+])
+def test_bad_spm_metadata(tmp_path, keys, words):
+    from family_files import write_spm_vocab_gguf
+
+    path = write_spm_vocab_gguf(tmp_path / "bad.gguf", keys=keys)
+    with pytest.raises(ModelFormatError) as info:
+        load_tokenizer(load_gguf(path))
+    text = str(info.value)
+    assert text.startswith(str(path)) and words in text and "\n" not in text, text
+
+
+def test_spm_in_another_architecture_refused(tmp_path):
+    from family_files import write_spm_vocab_gguf
+
+    path = write_spm_vocab_gguf(tmp_path / "q.gguf", arch="qwen2")
+    with pytest.raises(ModelFormatError, match="tokenizer.ggml.model 'llama' \\(SentencePiece\\) "
+                       "in general.architecture 'qwen2' is not supported"):
+        load_tokenizer(load_gguf(path))

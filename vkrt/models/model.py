@@ -31,7 +31,8 @@ def default_model_path() -> str:
 
 class TextStream:
     """The text of one generation, piece by piece (`for piece in stream`). Pieces join to
-    `tokenizer.decode(ids, skip_special=True)`; a piece may be empty while a multi-byte
+    `tokenizer.decode(ids, skip_special=True, continuation=True)` (a SentencePiece token's
+    leading space is kept: the text continues the prompt); a piece may be empty while a multi-byte
     character is incomplete. `result` (a `GenerationResult`: ids, timings) fills in as it runs.
     `close()` stops early (steps already submitted finish on the GPU, unread)."""
 

@@ -1,10 +1,24 @@
 """The tokenizer a GGUF file describes, rebuilt as a `tokenizers.Tokenizer` from its metadata.
 
-Supported: `tokenizer.ggml.model` "gpt2" (byte-level BPE). The pre-tokenizer follows
-`tokenizer.ggml.pre` the way llama.cpp's `llama-vocab.cpp` does (`PRE_TOKENIZERS`: gpt-2,
-smollm, qwen2, llama-bpe; any other is refused); control tokens (token_type 3) become
-special tokens, so `<|im_start|>` in text encodes to its one id unless
-`encode(..., special=False)` (how `vkrt.models.chat` encodes message contents).
+Supported `tokenizer.ggml.model` values (any other is refused, naming the key and value):
+
+- "gpt2" (byte-level BPE). The pre-tokenizer follows `tokenizer.ggml.pre` the way llama.cpp's
+  `llama-vocab.cpp` does (`PRE_TOKENIZERS`: gpt-2, smollm, qwen2, llama-bpe; any other is
+  refused).
+- "llama" (a SentencePiece BPE vocabulary: Llama 2, Mistral v0.1, Phi-3, Gemma 3), as
+  llama.cpp's `llm_tokenizer_spm` tokenizes it: spaces as U+2581, a space prefixed to the text
+  and after every special token when `tokenizer.ggml.add_space_prefix` (default: the family's
+  `SentencePiece.add_space_prefix`), the adjacent pair whose joined piece scores highest
+  merged first (a `tokenizers` BPE whose merges are ranked by `tokenizer.ggml.scores`, as
+  transformers' `generate_merges` derives them; the file's `tokenizer.ggml.merges` when it
+  has them), characters outside the vocabulary as their UTF-8 bytes' `<0xXX>` tokens
+  (byte fallback), BOS added once by default (`tokenizer.ggml.add_bos_token`). Per-family
+  details are data: `SPM_FAMILIES`.
+
+Control tokens (token_type 3, and the unknown token, type 2) become special tokens, so
+`<|im_start|>` in text encodes to its one id unless `encode(..., special=False)` (how
+`vkrt.models.chat` encodes message contents); user-defined tokens (type 4) are always matched
+whole, as llama.cpp's `tokenizer_st_partition` does.
 """
 
 from __future__ import annotations
@@ -13,11 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from vkrt.errors import ModelFormatError, VkrtError
 
-_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's llama_token_type values
+_UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4  # llama.cpp's llama_token_type values
+SPACE = "\u2581"  # SentencePiece's whitespace symbol (llama-vocab.cpp llama_escape_whitespace)
 # The end-of-generation ids a GGUF can declare (llama.cpp's llama_vocab::is_eog covers these).
 EOG_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
             "tokenizer.ggml.eom_token_id")
@@ -75,6 +90,60 @@ PRE_TOKENIZERS = {
 }
 
 
+@dataclass(frozen=True)
+class SentencePiece:
+    """What a `tokenizer.ggml.model` "llama" (SentencePiece) vocabulary means in one
+    `general.architecture`: `add_space_prefix` the default of `tokenizer.ggml.add_space_prefix`
+    (llama.cpp's llama-vocab.cpp: true for every SPM vocabulary; Gemma's converter writes
+    false, and transformers' GemmaTokenizer never prefixes), `add_bos` the default of
+    `tokenizer.ggml.add_bos_token` (llama.cpp and transformers' gguf_tokenizer_mapping: true),
+    `eog_texts` the control tokens that end generation beside the declared ids (llama.cpp's
+    `special_eog_ids`, found by text)."""
+    add_space_prefix: bool = True
+    add_bos: bool = True
+    eog_texts: tuple[str, ...] = ()
+
+
+# general.architecture -> how its SentencePiece vocabulary is read; an SPM vocabulary in any
+# other architecture is refused.
+SPM_FAMILIES = {
+    # Llama 2, Mistral v0.1 (LlamaForCausalLM files): <s> and </s> as BOS/EOS ids 1 and 2.
+    "llama": SentencePiece(),
+    # Gemma 3: <bos> once, turns end with <end_of_turn> (and <eos>, its EOS id).
+    "gemma3": SentencePiece(add_space_prefix=False, eog_texts=("<end_of_turn>", "<eos>")),
+    # Phi-3 (its vocabulary is Llama 2's plus chat tokens; vkrt reads the tokenizer only).
+    "phi3": SentencePiece(eog_texts=("<|end|>", "<|endoftext|>")),
+}
+# llama.cpp's defaults for an SPM vocabulary whose file names no special ids (llama-vocab.cpp).
+SPM_DEFAULT_IDS = {"tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+                   "tokenizer.ggml.unknown_token_id": 0}
+
+
+def declared_eog_ids(token_id) -> frozenset[int]:
+    """The end-of-generation ids a file declares under `EOG_KEYS`; token_id(key) -> the
+    checked id or None."""
+    return frozenset(i for i in map(token_id, EOG_KEYS) if i is not None)
+
+
+def merges_from_scores(tokens: list[str], scores) -> list[tuple[str, str]]:
+    """BPE merges equivalent to SentencePiece's score-ordered merging: every split of a token
+    into two vocabulary entries, ranked by the joined token's score (highest first; ties: the
+    longer left part, then the longer right part, then vocabulary order). The same merges as
+    transformers' tokenization_utils_base.generate_merges(vocab, scores); llama.cpp's
+    llm_tokenizer_spm merges the adjacent pair whose joined piece has the highest score,
+    which a BPE with these ranks reproduces (transformers is a test dependency only, so the
+    few lines are here). tokens: n pieces; scores: n floats."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for token, score in zip(tokens, scores):
+        local = [(token[:k], token[k:], float(score)) for k in range(1, len(token))
+                 if token[:k] in vocab and token[k:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in merges]
+
+
 class Tokenizer:
     """Text <-> token ids for one model.
 
@@ -82,24 +151,31 @@ class Tokenizer:
     (`tokenizer.ggml.add_bos_token`; when absent the pre-tokenizer's default, True for
     llama-bpe, else False). eog_ids: every end-of-generation id the model declares (EOS,
     `eot_token_id`, `eom_token_id`) and the control tokens its pre-tokenizer's family ends
-    turns with (`PreTokenizer.eog_texts`): generation stops at any of them.
+    turns with (`PreTokenizer.eog_texts`, `SentencePiece.eog_texts`): generation stops at
+    any of them. space_prefix: the encoder prefixes a space to the text and after each special
+    token (SentencePiece's dummy prefix); `decode` removes it again.
     """
 
     def __init__(self, hf: HFTokenizer, bos_id: int | None, eos_id: int | None, add_bos: bool,
-                 eog_ids: frozenset[int] | None = None):
+                 eog_ids: frozenset[int] | None = None, space_prefix: bool = False):
         self.hf, self.bos_id, self.eos_id, self.add_bos = hf, bos_id, eos_id, add_bos
         self.eog_ids = frozenset(eog_ids if eog_ids is not None else
                                  ([] if eos_id is None else [eos_id]))
+        self.space_prefix = space_prefix
+        self._added = frozenset(hf.get_added_tokens_decoder()) if space_prefix else frozenset()
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any], path: str = "<gguf>") -> "Tokenizer":
-        """Build from `GGUFFile.metadata`. ModelFormatError if the tokenizer is unsupported or
-        its metadata is missing or inconsistent; `path` only names the file in messages."""
+        """Build from `GGUFFile.metadata`. ModelFormatError (one line naming the file and the
+        key) if the tokenizer is unsupported or its metadata is missing or inconsistent;
+        `path` only names the file in messages."""
         kind = metadata.get("tokenizer.ggml.model")
         pre = metadata.get("tokenizer.ggml.pre")
+        if kind == "llama":
+            return cls._from_sentencepiece(metadata, path)
         if kind != "gpt2":
             raise ModelFormatError(f"{path}: unsupported tokenizer.ggml.model {kind!r} "
-                                   "(supported: 'gpt2')")
+                                   "(supported: 'gpt2', 'llama')")
         supported = ", ".join(map(repr, PRE_TOKENIZERS))
         if pre is None:
             raise ModelFormatError(f"{path}: missing metadata key 'tokenizer.ggml.pre' (the "
@@ -146,13 +222,105 @@ class Tokenizer:
                 raise ModelFormatError(f"{path}: {key} {i} outside the {len(tokens)}-token vocab")
             return None if i is None else int(i)
 
-        eog = frozenset(i for i in map(token_id, EOG_KEYS) if i is not None)
+        eog = declared_eog_ids(token_id)
         if token_type is not None:
             eog |= {vocab[t] for t in rules.eog_texts
                     if t in vocab and types[vocab[t]] == _CONTROL}
         return cls(hf, token_id("tokenizer.ggml.bos_token_id"),
                    token_id("tokenizer.ggml.eos_token_id"),
                    bool(metadata.get("tokenizer.ggml.add_bos_token", rules.add_bos)), eog)
+
+    @classmethod
+    def _from_sentencepiece(cls, metadata: dict[str, Any], path: str) -> "Tokenizer":
+        """A `tokenizer.ggml.model` "llama" vocabulary (see the module docstring): tokens [n]
+        str, scores [n] float and token types [n] int (llama_token_type) required, merges
+        optional. ModelFormatError naming the file and key for a missing or inconsistent
+        one, an architecture `SPM_FAMILIES` does not describe, a pre-tokenizer other than
+        "default", add_eos_token, or normalization vkrt does not do
+        (remove_extra_whitespaces, a precompiled_charsmap)."""
+        arch = metadata.get("general.architecture")
+        if arch not in SPM_FAMILIES:
+            raise ModelFormatError(
+                f"{path}: tokenizer.ggml.model 'llama' (SentencePiece) in general.architecture "
+                f"{arch!r} is not supported (supported: {', '.join(map(repr, SPM_FAMILIES))})")
+        rules = SPM_FAMILIES[arch]
+        pre = metadata.get("tokenizer.ggml.pre")
+        if pre not in (None, "default"):
+            raise ModelFormatError(f"{path}: unsupported tokenizer.ggml.pre {pre!r} for a "
+                                   "SentencePiece vocabulary (supported: 'default' or none)")
+        if metadata.get("tokenizer.ggml.add_eos_token"):
+            # llama.cpp would append EOS to every prompt; transformers' generate would not.
+            raise ModelFormatError(f"{path}: tokenizer.ggml.add_eos_token = True is not "
+                                   "implemented (an EOS after every prompt)")
+        if metadata.get("tokenizer.ggml.remove_extra_whitespaces"):
+            raise ModelFormatError(f"{path}: tokenizer.ggml.remove_extra_whitespaces = True is "
+                                   "not implemented")
+        charsmap = metadata.get("tokenizer.ggml.precompiled_charsmap")
+        if charsmap is not None and len(charsmap):
+            raise ModelFormatError(f"{path}: tokenizer.ggml.precompiled_charsmap "
+                                   f"({len(charsmap)} bytes) is not implemented")
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        if not tokens:
+            raise ModelFormatError(f"{path}: missing metadata key 'tokenizer.ggml.tokens'")
+        n = len(tokens)
+        arrays = {}
+        for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+            value = metadata.get(key)
+            if value is None:
+                raise ModelFormatError(f"{path}: missing metadata key {key!r} (a SentencePiece "
+                                       f"vocabulary needs one per token, {n})")
+            if len(value) != n:
+                raise ModelFormatError(f"{path}: {key} has {len(value)} entries for {n} tokens")
+            arrays[key] = value
+        scores = [float(x) for x in arrays["tokenizer.ggml.scores"]]
+        if not all(abs(x) < float("inf") for x in scores):
+            raise ModelFormatError(f"{path}: tokenizer.ggml.scores holds a value that is not "
+                                   "finite")
+        types = [int(t) for t in arrays["tokenizer.ggml.token_type"]]
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        if len(vocab) != n:
+            raise ModelFormatError(f"{path}: tokenizer.ggml.tokens has duplicate tokens")
+
+        def token_id(key: str) -> int | None:
+            i = metadata.get(key, SPM_DEFAULT_IDS.get(key))
+            if i is not None and not 0 <= int(i) < n:
+                raise ModelFormatError(f"{path}: {key} {i} outside the {n}-token vocab")
+            return None if i is None else int(i)
+
+        unk = token_id("tokenizer.ggml.unknown_token_id")
+        merges = metadata.get("tokenizer.ggml.merges")
+        if merges is not None:
+            pairs = [tuple(m.split(" ", 1)) for m in merges]
+            if any(len(p) != 2 for p in pairs):
+                raise ModelFormatError(f"{path}: a merge in tokenizer.ggml.merges has no space")
+        else:
+            pairs = merges_from_scores(list(tokens), scores)
+        try:
+            hf = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, byte_fallback=True,
+                                        fuse_unk=True,
+                                        unk_token=None if unk is None else tokens[unk]))
+        except Exception as e:  # e.g. a merge naming a token that is not in the vocabulary
+            raise ModelFormatError(f"{path}: cannot build the SentencePiece tokenizer: "
+                                   f"{e}") from None
+        prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", rules.add_space_prefix))
+        # llama.cpp: ' ' + text (per text fragment after a special token), then every ' ' as
+        # U+2581; a normalizer runs per fragment between added tokens, as llama.cpp's does
+        # (transformers' phi3_tokenizer builds the same; Metaspace would not double a space).
+        steps = [normalizers.Prepend(SPACE)] if prefix else []
+        hf.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE)])
+        hf.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
+                                        decoders.Fuse()])
+        hf.add_special_tokens([AddedToken(tok, special=True, normalized=False)
+                               for tok, t in zip(tokens, types) if t in (_CONTROL, _UNKNOWN)])
+        hf.add_tokens([AddedToken(tok, special=False, normalized=False)
+                       for tok, t in zip(tokens, types) if t == _USER_DEFINED])
+        eog = declared_eog_ids(token_id)
+        eog |= {vocab[t] for t in rules.eog_texts
+                if t in vocab and types[vocab[t]] in (_CONTROL, _USER_DEFINED)}
+        return cls(hf, token_id("tokenizer.ggml.bos_token_id"),
+                   token_id("tokenizer.ggml.eos_token_id"),
+                   bool(metadata.get("tokenizer.ggml.add_bos_token", rules.add_bos)), eog,
+                   space_prefix=prefix)
 
     @property
     def special_tokens(self) -> dict[str, int]:
@@ -191,9 +359,35 @@ class Tokenizer:
             ids = [self.bos_id] + ids
         return ids
 
-    def decode(self, ids: list[int], skip_special: bool = False) -> str:
-        """The text of `ids`. Special tokens are spelled out unless `skip_special`."""
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special)
+    def decode(self, ids: list[int], skip_special: bool = False,
+               continuation: bool = False) -> str:
+        """The text of `ids`. Special tokens are spelled out unless `skip_special`.
+
+        With a SentencePiece space prefix (`space_prefix`), the one space the encoder put
+        before the text and after each special or added token is removed again, so
+        `decode(encode(s)) == s`, unless `continuation`: ids that continue earlier text
+        (generated tokens) keep every space, as llama.cpp's `token_to_piece` gives them.
+        Byte tokens (`<0xXX>`) are joined into UTF-8; an incomplete or invalid sequence
+        decodes to U+FFFD."""
+        ids = [int(i) for i in ids]
+        if not self.space_prefix or continuation:
+            return self.hf.decode(ids, skip_special_tokens=skip_special)
+        out, run = [], []   # text runs between added tokens, each had one space prefixed
+
+        def flush():
+            if run:
+                text = self.hf.decode(run)
+                out.append(text[1:] if text.startswith(" ") else text)
+                run.clear()
+
+        for i in ids:
+            if i in self._added:
+                flush()
+                out.append(self.hf.decode([i], skip_special_tokens=skip_special))
+            else:
+                run.append(i)
+        flush()
+        return "".join(out)
 
     def stream(self, skip_special: bool = False) -> "DecodeStream":
         """A detokenizer fed one id at a time: see DecodeStream."""
@@ -204,7 +398,9 @@ class DecodeStream:
     """Incremental detokenizer: `step(id) -> str` returns the new text that id completes,
     "" while it holds the start of a multi-byte UTF-8 character split across tokens;
     `finish() -> str` returns what is still held (an incomplete character decodes to U+FFFD,
-    as `decode` does). The pieces of every `step` plus `finish` equal `decode(all ids)`."""
+    as `decode` does). The pieces of every `step` plus `finish` equal
+    `decode(all ids, continuation=True)`: generated text continues the prompt, so a
+    SentencePiece token's leading space is kept."""
 
     def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
         from tokenizers.decoders import DecodeStream as _HFDecodeStream
@@ -222,7 +418,8 @@ class DecodeStream:
 
     def finish(self) -> str:
         """The text held back at the end: `decode(all ids)` minus what `step` returned."""
-        rest = self._tok.decode(self._ids, skip_special=self._skip)[self._emitted:]
+        rest = self._tok.decode(self._ids, skip_special=self._skip,
+                                continuation=True)[self._emitted:]
         self._emitted += len(rest)
         return rest
 
