@@ -89,6 +89,7 @@ def test_unsupported_architecture(tmp_path):
     (["--temperature", "-1"], "--temperature must be a finite number >= 0, got -1.0"),
     (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
     (["--temperature", "inf"], "--temperature must be a finite number >= 0, got inf"),
+    (["--trace", "/nonexistent/dir/x.json"], "--trace /nonexistent/dir/x.json: cannot write"),
 ])
 def test_bad_generation_flags(tmp_path, flags, words):
     # Refused before the model loads: the model named here does not exist.

@@ -159,4 +159,7 @@ def test_bad_requests_are_refused_before_any_work(opt_folder, device):
             model.generate("hi", max_tokens=10 ** 6)
         with pytest.raises(ConfigError, match="temperature"):
             model.generate("hi", temperature=-1.0)
+        for bad in (0, -1, 2.5, True):   # as the CLI and the server refuse them
+            with pytest.raises(VkrtError, match=f"max_tokens must be an integer >= 1, got {bad}"):
+                "".join(model.generate("hi", max_tokens=bad))
         assert model.lm.stream.counters.submits == submits

@@ -260,6 +260,14 @@ def test_errors_keep_the_server_serving(srv):
         complete(srv.client, model="gpt-9")
     assert e.value.body["code"] == "model_not_found"
     assert raw(srv.url + "/v1/completions", b"{not json")[0] == 400
+    status, err = raw(srv.url + "/v1/completions", b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400 and "nested too deeply" in err["error"]["message"]
+    # A lone surrogate (JSON "\ud800"): 400 naming the field, not a 500.
+    status, err = raw(srv.url + "/v1/completions", b'{"prompt": "a\\ud800", "max_tokens": 2}')
+    assert status == 400 and err["error"]["param"] == "prompt", err
+    status, err = raw(srv.url + "/v1/chat/completions",
+                      b'{"messages": [{"role": "user", "content": "a\\ud800"}]}')
+    assert status == 400 and "messages[0].content" in err["error"]["message"], err
     assert raw(srv.url + "/v1/nothing")[0] == 404
     with pytest.raises(openai.BadRequestError):   # past the 64-token context
         complete(srv.client, max_tokens=60)

@@ -73,6 +73,13 @@ def test_text_that_is_not_unicode_is_one_line_error(tok):
         tok.encode(bad)
 
 
+def test_a_lone_surrogate_is_one_line_error(tok):
+    """JSON's "\\ud800" decodes to a lone UTF-16 surrogate, which no surrogate escape covers."""
+    with pytest.raises(VkrtError, match=r"not valid UTF-8 \(a lone surrogate U\+D800 at "
+                                        r"character 2\)"):
+        tok.encode("ab\ud800c")
+
+
 def test_end_of_generation_ids():
     md = _tiny_metadata(**{"tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.eot_token_id": 2,
                            "tokenizer.ggml.eom_token_id": 3})

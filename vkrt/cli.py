@@ -70,6 +70,17 @@ def _read_prompt(args) -> str:
     return args.prompt
 
 
+MIN_TIMED_TOKENS = 8   # generated tokens below which `vkrt generate` reports no decode rate
+
+
+def _check_writable(path: str, flag: str) -> None:
+    """Raise VkrtError unless a file can be written at `path` (checked before the model loads,
+    so a run does not end in a traceback after its work)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise VkrtError(f"{flag} {path}: cannot write a file there")
+
+
 def _checked_request(args):
     """Everything the user typed, checked before the model loads: (checkpoint, prompt ids,
     sampling). Raises VkrtError (one line)."""
@@ -87,6 +98,8 @@ def _checked_request(args):
         sampling = Sampling(args.temperature, args.top_p, args.seed)
     except ConfigError as e:
         raise VkrtError(f"--{e}") from None
+    if getattr(args, "trace", None):
+        _check_writable(args.trace, "--trace")
     prompt = _read_prompt(args)
     checkpoint = open_checkpoint(args.model or default_model_path())
     prompt_ids = checkpoint.encode(prompt, chat=args.chat)
@@ -128,9 +141,14 @@ def _generate(args) -> int:
         bar.close()
         _write("\n")
         result = text.result
+        n = len(result.tokens)
+        # The first decode step runs while the host waits for the prefill's token (in-flight
+        # steps): with fewer than MIN_TIMED_TOKENS tokens its share makes the rate meaningless.
+        decode = (f"{result.decode_tok_s:.1f} tok/s" if n >= MIN_TIMED_TOKENS
+                  else f"n/a (fewer than {MIN_TIMED_TOKENS} tokens)")
         print(f"[{device.name}] prompt {result.prompt_tokens} tokens, generated "
-              f"{len(result.tokens)} tokens; prefill {result.prefill_tok_s:.1f} tok/s, "
-              f"decode {result.decode_tok_s:.1f} tok/s", file=sys.stderr)
+              f"{n} token{'s' if n != 1 else ''}; prefill {result.prefill_tok_s:.1f} tok/s, "
+              f"decode {decode}", file=sys.stderr)
         if config.PROFILE.value:
             stream = model.lm.stream
             print(f"counters: {stream.counters.snapshot()}", file=sys.stderr)

@@ -130,9 +130,15 @@ def encode_chat(tokenizer, template: str, messages: list[dict[str, Any]],
 
     bos_token/eos_token and `extra` go to the template (see `render_chat`); BOS is prepended
     as `tokenizer.encode` does (the model's add_bos, never a second one).
-    Raises ModelFormatError when the template fails (see `render_chat`), VkrtError when message
-    text holds special-token text that cannot be kept apart from the template's.
+    Raises ModelFormatError when the template fails (see `render_chat`), VkrtError when a
+    message's text is not valid UTF-8 (naming `messages[i].content`) or holds special-token
+    text that cannot be kept apart from the template's.
     """
+    from vkrt.models.tokenizer import check_text
+
+    for i, m in enumerate(messages):   # named by message, not by a place in the rendered prompt
+        if isinstance(m.get("content"), str):
+            check_text(m["content"], f"messages[{i}].content")
     real = render_chat(template, messages, add_generation_prompt, **extra)
     nonce = str(secrets.randbelow(10 ** 18))
     contents: dict[str, str] = {}

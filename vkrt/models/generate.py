@@ -124,8 +124,10 @@ def _sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
 
 
 def check_context(n_ctx: int, n_prompt: int, max_tokens: int) -> None:
-    """Raise VkrtError unless 1 <= n_prompt and n_prompt + max_tokens <= n_ctx (the model's
-    context length from its metadata)."""
+    """Raise VkrtError unless max_tokens is an integer >= 1, 1 <= n_prompt and n_prompt +
+    max_tokens <= n_ctx (the model's context length from its metadata)."""
+    if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1):
+        raise VkrtError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
     if n_prompt == 0:
         raise VkrtError("the prompt is empty: nothing to condition on")
     if n_prompt + max_tokens > n_ctx:

@@ -144,6 +144,22 @@ def merges_from_scores(tokens: list[str], scores) -> list[tuple[str, str]]:
     return [(a, b) for a, b, _ in merges]
 
 
+def check_text(text: str, what: str = "the text") -> None:
+    """Raise VkrtError unless `text` encodes as UTF-8: one line naming the offending
+    character position and what it is (bytes that were not UTF-8, kept as surrogate escapes by
+    Python's argv/stdin decoding, or a lone UTF-16 surrogate such as JSON's "\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        part = text[e.start:e.end]
+        try:
+            what_is = f"bytes {part.encode('utf-8', 'surrogateescape')!r}"
+        except UnicodeEncodeError:
+            what_is = "a lone surrogate " + ", ".join(f"U+{ord(c):04X}" for c in part)
+        raise VkrtError(f"{what} is not valid UTF-8 ({what_is} at character {e.start})") \
+            from None
+
+
 class Tokenizer:
     """Text <-> token ids for one model.
 
@@ -342,12 +358,7 @@ class Tokenizer:
         Raises VkrtError when `text` is not valid Unicode (lone surrogates, e.g. from a
         command-line argument that was not UTF-8).
         """
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            bad = text[e.start:e.end].encode("utf-8", "surrogateescape")
-            raise VkrtError(f"the text is not valid UTF-8 (bytes {bad!r} at character "
-                            f"{e.start})") from None
+        check_text(text)
         old = self.hf.encode_special_tokens
         self.hf.encode_special_tokens = not special
         try:

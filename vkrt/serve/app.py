@@ -76,6 +76,9 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise ProtocolError(f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ProtocolError("the request body is not valid JSON: nested too deeply") \
+                from None
 
     def context_check(ids: list[int], parsed: ParsedRequest, field: str) -> None:
         n_ctx, want = engine.n_ctx, parsed.params.max_tokens
@@ -104,6 +107,9 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
             ids = engine.encode_chat(parsed.prompt)
         except VkrtError as e:
             raise ProtocolError(f"'messages': {e}", param="messages") from None
+        except UnicodeEncodeError as e:   # text the template wrote from a non-string part
+            raise ProtocolError(f"'messages': not valid UTF-8 ({e.reason})",
+                                param="messages") from None
         context_check(ids, parsed, "messages")
         return await run(request, parsed, ids)
 
