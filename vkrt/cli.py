@@ -211,16 +211,15 @@ def _listen(host: str, port: int):
 def _serve(args) -> int:
     """`vkrt serve`: load the model (in a worker thread, so Ctrl-C takes effect at once),
     then run uvicorn in the main thread, whose signal handlers take SIGINT and SIGTERM: it
-    stops accepting, lets running requests finish for --shutdown-timeout seconds, cancels
-    the rest (their engine requests are aborted), then the engine and the model are shut
+    stops accepting (new connections are refused), lets running requests finish for
+    --shutdown-timeout seconds, cancels the rest (`vkrt.serve.app.server`: each open stream
+    ends with an error event and `data: [DONE]`), then the engine and the model are shut
     down and vkrt exits 0. A second Ctrl-C skips the wait."""
     import logging
 
-    import uvicorn
-
     from vkrt.models.model import default_model_path
     from vkrt.models.registry import open_checkpoint
-    from vkrt.serve.app import build_app
+    from vkrt.serve.app import build_app, server as draining_server
     from vkrt.serve.engine import Engine
 
     if not 0 <= args.port <= 65535:
@@ -247,9 +246,8 @@ def _serve(args) -> int:
         log = logging.getLogger("vkrt.serve")
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-        server = uvicorn.Server(uvicorn.Config(
-            build_app(engine, name, owns_engine=True), log_level="info",
-            timeout_graceful_shutdown=args.shutdown_timeout))
+        server = draining_server(engine, build_app(engine, name, owns_engine=True),
+                                 args.shutdown_timeout, log_level="info")
         host, port = sock.getsockname()[:2]
         if engine.kv is None:
             batching = "one sequence at a time"

@@ -179,6 +179,7 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
                 message = (f"generation failed: {out.error}" if out.finish_reason == ERROR
                            else "the request was cancelled (server shutting down)")
                 yield protocol.sse(ProtocolError(message, 500, "server_error").body())
+                yield protocol.sse("[DONE]")   # the stream still ends in order
                 return
             if chat_kind and out.index not in started:
                 started.add(out.index)
@@ -228,3 +229,27 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
         Route("/health", health, methods=["GET"]),
     ], exception_handlers={ProtocolError: protocol_error, HTTPException: http_error},
         lifespan=lifespan)
+
+
+CANCEL_GRACE_S = 2.0   # after cancelling: time for the aborted streams to end in order
+
+
+def server(engine: Engine, app: Starlette, drain_s: float, **config):
+    """A uvicorn Server for `app` whose graceful shutdown (SIGINT, SIGTERM) first lets running
+    requests finish for `drain_s` seconds, then cancels the engine's requests itself
+    (`Engine.cancel_all`), so that every open stream still ends in order (an error event,
+    then `data: [DONE]`) and every non-streamed request gets its 503, before uvicorn would
+    cancel the connection tasks (CANCEL_GRACE_S later). uvicorn stops accepting at once: a
+    new connection is refused from the first signal on. `config`: uvicorn.Config's."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            timer = asyncio.get_running_loop().call_later(drain_s, engine.cancel_all)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    return DrainingServer(uvicorn.Config(app, timeout_graceful_shutdown=drain_s + CANCEL_GRACE_S,
+                                         **config))

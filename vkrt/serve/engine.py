@@ -294,14 +294,21 @@ class Engine:
         """Refuse new requests, abort every waiting and running one (each gets its "abort"
         output), and join the engine thread (`timeout` seconds at most, None: until it
         ends; a step in progress finishes first)."""
+        self.cancel_all()
+        with self._cond:
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def cancel_all(self) -> None:
+        """Refuse new requests (EngineStoppedError) and abort every waiting and running one:
+        each gets its "abort" output at the start of the next step. Does not wait (safe on an
+        event loop)."""
         with self._cond:
             self._stopping = True
             for request in self._requests.values():
                 request.abort_requested = True
             self._cond.notify_all()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
 
     def __enter__(self) -> "Engine":
         return self.start()
