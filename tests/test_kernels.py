@@ -17,6 +17,8 @@ noted next to each (lavapipe, llvmpipe LLVM 15, 256-bit).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -1160,6 +1162,26 @@ def test_prefill_kernel_choice(gpu, kernels):
         assert kernels.prefill_kernel(4096) == fallback
     # 32-row blocks of 16 x 16 matrices: 2 x 2 subgroups of the device's width, 64 x 64.
     assert kernels.coop_spec() == {0: 4 * gpu.sg, 1: 16, 2: 16, 3: 16, 4: 64, 5: 64, 6: 2, 7: 2}
+
+
+def test_coop_shape_choice():
+    # Device.coop_shape over a listed set (as vkGetPhysicalDeviceCooperativeMatrixProperties-
+    # KHR reports them): f16 A/B and f32 C/Result at subgroup scope only, M/N/K of 8, 16 or
+    # 32; 16x16x16 first, else the largest K.
+    def shape(m, n, k, a="float16", c="float32", scope="subgroup"):
+        return CoopShape(m, n, k, a, a, c, c, scope)
+
+    def pick(*shapes):
+        return Device.coop_shape(SimpleNamespace(coop_shapes=shapes))
+
+    nv = (shape(16, 8, 16), shape(16, 8, 8), shape(16, 16, 16, c="float16"),
+          shape(16, 16, 16), shape(16, 16, 32, a="int8", c="int32"))
+    assert pick(*nv) == shape(16, 16, 16)
+    assert pick(shape(16, 8, 8), shape(16, 8, 16)) == shape(16, 8, 16)
+    assert pick(shape(16, 16, 16, scope="workgroup"), shape(16, 16, 16, c="float16")) is None
+    assert pick(shape(16, 16, 16, a="int8")) is None
+    assert pick(shape(16, 16, 24), shape(24, 16, 16)) is None     # K must divide 32
+    assert pick() is None
 
 
 def test_coop_module_refused_without_cooperative_matrix(gpu, kernels):
