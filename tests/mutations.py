@@ -857,22 +857,20 @@ MUTATIONS = [
 # `--coop` on such a device; bench/README.md records the last run.
 COOP = ["tests/test_kernels.py::test_linear_coop_weights_as_stored"]
 COOP_MUTATIONS = [
-    ("matmul_coop: the K tail of x is not zeroed (reads the next token's row)",
-     "vkrt/glsl/matmul_coop.comp",
-     "vec4 v = t0 + t < pc.n_tokens && k0 + q < cols4 ? x[", "vec4 v = t0 + t < pc.n_tokens ? x[",
-     COOP),
+    ("matmul_coop: the last 32-column step is skipped", "vkrt/glsl/matmul_coop.comp",
+     "for (uint k0 = 0; k0 < cols4; k0 += BK / 4)",
+     "for (uint k0 = 0; k0 + BK / 4 < cols4; k0 += BK / 4)", COOP),
     ("matmul_coop: rows past n_rows stored from the staging tile", "vkrt/glsl/matmul_coop.comp",
      "if (t + dt < pc.n_tokens && n + dn < pc.n_rows)", "if (t + dt < pc.n_tokens)", COOP),
-    ("matmul_coop: the tiles are overwritten before every subgroup used them (no barrier "
-     "after the products)", "vkrt/glsl/matmul_coop.comp",
-     "acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);\n            }\n        }\n        barrier();",
-     "acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);\n            }\n        }", COOP),
+    ("matmul_coop: W^T loaded row-major (W itself, not its transpose)",
+     "vkrt/glsl/matmul_coop.comp", "S4,\n                            gl_CooperativeMatrixLayoutColumnMajor);",
+     "S4,\n                            gl_CooperativeMatrixLayoutRowMajor);", COOP),
     ("matmul_coop: row tiles past limit_x do not spill into z", "vkrt/glsl/matmul_coop.comp",
      "uint tile = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;",
      "uint tile = gl_WorkGroupID.x;",
      ["tests/test_grids.py::test_matmul_coop_spills_row_tiles_into_z"]),
-    ("matmul_coop: stored straight into y whatever n_rows (misaligned rows)",
-     "vkrt/glsl/matmul_coop.comp", " && pc.n_rows % 4 == 0)", ")", COOP),
+    ("matmul_coop: a partial token tile stored straight into y (tokens past n_tokens)",
+     "vkrt/glsl/matmul_coop.comp", "if (t + TM <= pc.n_tokens && n + TN", "if (n + TN", COOP),
 ]
 
 
