@@ -1,8 +1,9 @@
 """Prefill products on the f32 tiled kernel against cooperative matrices, side by side in one
-process: `matmul_tiled` and `matmul_coop` (one or more workgroup tilings) over 7B shapes.
+process: `matmul_tiled` and `matmul_coop` (the tiling `Kernels.linear` picks, `coop`, and any
+`--tiles`) over 7B shapes.
 
     python bench/matmul_coop.py [--tokens 512] [--shapes 4096x4096,14336x4096,4096x14336]
-        [--types q4_1,q4_k,float16] [--tiles 64x64:2x2,128x128:2x2] [--repeat 20] [--json]
+        [--types q4_1,q4_k,float16] [--tiles 64x64:2x2,128x64:2x2] [--repeat 20] [--json]
 
 A shape is [rows, cols] of W (N, K); x is [tokens, cols] f32 of standard normals, y [tokens,
 rows]. Each type's matrix holds random bytes with its f16 scale fields set to finite values
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--shapes", default="4096x4096,14336x4096,4096x14336")
     ap.add_argument("--types", default="q4_1,q4_k,float16")
-    ap.add_argument("--tiles", default="64x64:2x2,128x128:2x2")
+    ap.add_argument("--tiles", default="", help="tilings beside the one linear picks")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", action="store_true")
@@ -96,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
                     y = stream.upload(np.zeros((T, rows), np.float32), "y_tiled")
                     arms["tiled"] = (k.linear(xin, w, y, T, name="tiled"), y)
                     row_kernel = k.prefill_kernel(T)
-                base = k.coop_spec()
+                with config.COOPMAT.override("1"):     # the tile linear picks
+                    y = stream.upload(np.zeros((T, rows), np.float32), "y_coop")
+                    arms["coop"] = (k.linear(xin, w, y, T, name="coop"), y)
+                base = k.coop_spec(rows, T)
                 for bm, bn, sgm, sgn in tiles:
                     spec = {**base, 0: sgm * sgn * dev.subgroup_size, 4: bm, 5: bn, 6: sgm,
                             7: sgn}

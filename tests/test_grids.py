@@ -176,9 +176,9 @@ def test_matmul_tiled_spills_row_tiles_into_z(gpu, monkeypatch):
 
 def test_matmul_coop_spills_row_tiles_into_z(gpu, monkeypatch):
     """matmul_coop (prefill on cooperative matrices) spreads its tiles of BN rows over x and
-    z as matmul_tiled does: 600 rows are 10 tiles of 64, against a limit of 4 a grid of
-    (4, 2, 3) for 70 tokens, the last two workgroups past the rows. Runs where the device has
-    cooperative matrices."""
+    z as matmul_tiled does: 600 rows are 5 tiles of 128 (COOP_TILE), against a limit of 4 a
+    grid of (4, 1, 2) for 70 tokens, the last three workgroups past the rows. Runs where the
+    device has cooperative matrices."""
     device, stream, k = gpu
     if k.coop is None:
         pytest.skip(f"{device.name} lists no f16 cooperative-matrix shape")
@@ -191,8 +191,8 @@ def test_matmul_coop_spills_row_tiles_into_z(gpu, monkeypatch):
     y = stream.upload(np.full(T * n_rows + 3, -7.0, np.float32))
     with config.COOPMAT.override("1"):
         d = k.linear(tx, tw, y, T)
-    bn = k.coop_spec()[5]
-    assert d.grid == (4, -(-T // k.coop_spec()[4]), -(-(-(-n_rows // bn)) // 4))
+    spec = k.coop_spec(n_rows, T)
+    assert d.grid == (4, -(-T // spec[4]), -(-(-(-n_rows // spec[5])) // 4))
     stream.record([d])
     got = stream.read(y)
     want = x.astype(np.float64) @ w.astype(np.float64).T

@@ -22,9 +22,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import vkrt.kernels
 from vkrt import config, weight_types
 from vkrt.errors import ShaderInterfaceError, VkrtError
-from vkrt.kernels import COOP_MIN_TOKENS, Kernels
+from vkrt.kernels import COOP_LARGE_ROWS, COOP_MIN_TOKENS, Kernels
 from vkrt.models.llama import rope_table
 from vkrt.runtime.device import CoopShape, Device
 from vkrt.runtime.dispatch import Dispatch
@@ -1115,10 +1116,18 @@ def coop_or_skip(kernels):
 # test-backend-ops.cpp `test_mul_mat::max_nmse_err`). F16 weights are exact in f16, so their
 # products carry only x's rounding. A wrong block, scale, nibble or tile is off by ~1e-2 or
 # more in these units.
+# Both workgroup tiles run: COOP_TILE, and COOP_TILE_LARGE with its thresholds lowered
+# (256 tokens x 128 rows: one partial token tile of 70 or 129 tokens, one partial row tile).
+@pytest.mark.parametrize("tile", ["tile", "large"])
 @pytest.mark.parametrize("n_tokens,n_rows", [(70, 37), (129, 72)], ids=["70x37", "129x72"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
-def test_linear_coop_weights_as_stored(gpu, kernels, dtype, n_tokens, n_rows):
+def test_linear_coop_weights_as_stored(gpu, kernels, dtype, n_tokens, n_rows, tile,
+                                       monkeypatch):
     coop_or_skip(kernels)
+    if tile == "large":
+        monkeypatch.setattr(vkrt.kernels, "COOP_LARGE_ROWS", 1)
+        monkeypatch.setattr(vkrt.kernels, "COOP_LARGE_TOKENS", 1)
+        assert kernels.coop_spec(n_rows, n_tokens)[4] == vkrt.kernels.COOP_TILE_LARGE[0]
     r = rng(43)
     n_cols = cols(dtype) + (4 if not weight_types.BY_DTYPE[dtype].quantized else 0)
     tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=43)
@@ -1160,8 +1169,12 @@ def test_prefill_kernel_choice(gpu, kernels):
         assert kernels.prefill_kernel(2) == "matmul_coop"
     with config.COOPMAT.override("0"):
         assert kernels.prefill_kernel(4096) == fallback
-    # 32-row blocks of 16 x 16 matrices: 2 x 2 subgroups of the device's width, 64 x 64.
-    assert kernels.coop_spec() == {0: 4 * gpu.sg, 1: 16, 2: 16, 3: 16, 4: 64, 5: 64, 6: 2, 7: 2}
+    # 128 tokens x 128 rows over 2 x 4 subgroups of the device's width; 256 x 128 over 4 x 2
+    # from COOP_LARGE_ROWS rows and 256 tokens.
+    spec = {0: 8 * gpu.sg, 1: 16, 2: 16, 3: 16, 4: 128, 5: 128, 6: 2, 7: 4}
+    assert kernels.coop_spec(4096, 512) == spec
+    assert kernels.coop_spec(COOP_LARGE_ROWS, 255) == spec
+    assert kernels.coop_spec(COOP_LARGE_ROWS, 256) == {**spec, 4: 256, 6: 4, 7: 2}
 
 
 def test_coop_shape_choice():

@@ -32,12 +32,16 @@ MATMUL_TOKENS = 8        # tokens per matmul workgroup (each W row read once per
 TILE_ROWS, TILE_TOKENS = 32, 64
 # Prefill products on cooperative matrices (matmul_coop: f16 operands, f32 accumulation) on a
 # device that lists an f16 x f16 -> f32 subgroup shape (`Device.coop_shape`), for products of
-# at least COOP_MIN_TOKENS tokens (VKRT_COOPMAT=auto; bench/README.md has the A/B): a
-# workgroup of COOP_SUBGROUPS = (along tokens, along rows) subgroups, each a block of
-# COOP_SUB x COOP_SUB outputs (rounded up to whole cooperative matrices).
+# at least COOP_MIN_TOKENS tokens (VKRT_COOPMAT=auto). Workgroup tiles (BM tokens, BN rows,
+# subgroups along tokens, along rows): COOP_TILE, or COOP_TILE_LARGE for products of at
+# least COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS tokens (its BM). On the H200 at 512 tokens (bench/README.md,
+# bench/matmul_coop.py), 128 x 128 over 2 x 4 subgroups was the best single tile over the
+# three 7B shapes and Q4_1 / Q4_K / F16 (58-108 TFLOP/s; 64 x 64 over 2 x 2: 27-89), and
+# 256 x 128 over 4 x 2 faster at 14336 rows (89-109 against 61-94) but slower at 4096 (36-67).
 COOP_MIN_TOKENS = 64
-COOP_SUBGROUPS = (2, 2)
-COOP_SUB = 32
+COOP_TILE = (128, 128, 2, 4)
+COOP_TILE_LARGE = (256, 128, 4, 2)
+COOP_LARGE_ROWS, COOP_LARGE_TOKENS = 8192, 256
 F32, U32 = "float32", "uint32"
 ATTENTION_SPLITS = 32    # most splits of the KV cache per head at decode (attention_split)
 # Decode attention in one dispatch (attention_decode: a workgroup per head, its scores in
@@ -276,13 +280,17 @@ class Kernels:
                                  name=name, need=(n_tokens * n, None, n_tokens * n), n=n,
                                  eps=eps, n_rows=n_tokens)
 
-    def coop_spec(self) -> dict:
-        """matmul_coop's specialization constants for the shape `coop`: workgroup size,
-        TM, TN, TK, BM (tokens), BN (rows), SG_M, SG_N (COOP_SUBGROUPS, COOP_SUB)."""
-        (sg_m, sg_n), c = COOP_SUBGROUPS, self.coop
-        sub_m, sub_n = (-(-COOP_SUB // d) * d for d in (c.m, c.n))
+    def coop_spec(self, n_rows: int, n_tokens: int) -> dict:
+        """matmul_coop's specialization constants for a product of n_tokens x n_rows on the
+        shape `coop`: workgroup size, TM, TN, TK, BM (tokens), BN (rows), SG_M, SG_N
+        (COOP_TILE, or COOP_TILE_LARGE from COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS
+        tokens)."""
+        tile = COOP_TILE_LARGE if (n_rows >= COOP_LARGE_ROWS
+                                   and n_tokens >= COOP_LARGE_TOKENS) else COOP_TILE
+        (bm, bn, sg_m, sg_n), c = tile, self.coop
+        assert bm % (sg_m * c.m) == 0 and bn % (sg_n * c.n) == 0, (tile, c)
         return {0: sg_m * sg_n * self._pipelines.device.subgroup_size, 1: c.m, 2: c.n,
-                3: c.k, 4: sg_m * sub_m, 5: sg_n * sub_n, 6: sg_m, 7: sg_n}
+                3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n}
 
     def prefill_kernel(self, n_tokens: int) -> str:
         """The kernel `linear` runs a product of `n_tokens` > 1 tokens on: `matmul_coop`
@@ -324,7 +332,7 @@ class Kernels:
         need = (None, n_tokens * n_in, n_tokens * n_out)
         kernel = self.prefill_kernel(n_tokens)
         if kernel == "matmul_coop":
-            spec = self.coop_spec()
+            spec = self.coop_spec(n_out, n_tokens)
             x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
             grid = (x_groups, _groups(n_tokens, spec[4]), z_groups)
             return self.weight_op("matmul_coop", weight, spec=spec)(
