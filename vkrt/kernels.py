@@ -36,7 +36,7 @@ TILE_ROWS, TILE_TOKENS = 32, 64
 # subgroups along tokens, along rows): COOP_TILE, or COOP_TILE_LARGE for products of at
 # least COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS tokens (its BM). On the H200 at 512 tokens (bench/README.md,
 # bench/matmul_coop.py), 128 x 128 over 2 x 4 subgroups was the best single tile over the
-# three 7B shapes and Q4_1 / Q4_K / F16 (58-108 TFLOP/s; 64 x 64 over 2 x 2: 27-89), and
+# three 7B shapes and Q4_1 / Q4_K / F16 (58-109 TFLOP/s; 64 x 64 over 2 x 2: 27-89), and
 # 256 x 128 over 4 x 2 faster at 14336 rows (89-109 against 61-94) but slower at 4096 (36-67).
 COOP_MIN_TOKENS = 64
 COOP_TILE = (128, 128, 2, 4)
