@@ -10,8 +10,8 @@
 // shape one the device lists in vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR, Vulkan spec
 // "Cooperative Matrices"; 16 x 16 x 16 f16 -> f32 on NVIDIA). The f16 rounding of both
 // operands bounds the error at about 2 * 2^-11 of sum |x w| (tests/test_kernels.py states the
-// bound); an |x| past 65504 becomes infinite in f16 (llama.cpp's ggml-vulkan mul_mm rounds
-// activations to f16 the same way in its cooperative-matrix path).
+// bound); an |x| past 65504 becomes infinite in f16 (ggml-vulkan's mul_mm.comp stages both
+// operands in shared memory as FLOAT_TYPE, f16, in its cooperative-matrix builds too).
 // A workgroup computes BM tokens x BN rows: SG_M x SG_N subgroups, each an (BM / SG_M) x
 // (BN / SG_N) block of CM x CN accumulators; for each step of BK = 32 columns it loads the
 // x and W tiles into shared memory once (rows padded by 8 halves, so that every row starts

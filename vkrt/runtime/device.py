@@ -217,6 +217,10 @@ class Device:
         direct_host_access: map device-local buffers when their memory is host-visible, so
             host reads and writes are a memcpy; default True on CPU and integrated devices.
             False forces the staging-copy path a discrete GPU takes (tests use it on lavapipe).
+    Attributes beside the handles: `features` (the optional features enabled, by Vulkan
+    name: shaderFloat16, vulkanMemoryModel, cooperativeMatrix, ...), `coop_shapes` (every
+    cooperative-matrix shape the device lists, `CoopShape`; () without
+    VK_KHR_cooperative_matrix) and `coop_shape()` (the one matmul_coop runs on, or None).
     Raises: NoVulkanDriverError, VkrtError (bad index, missing validation layer).
     Use as a context manager, or call `close()`: Vulkan objects are released explicitly,
     not by the garbage collector.
