@@ -297,6 +297,29 @@ MUTATIONS = [
      "vkrt/glsl/matmul_tiled.comp", "        for (uint j = 0; j < 4; ++j) acc[j] += part[j];\n        barrier();",
      "        for (uint j = 0; j < 4; ++j) acc[j] += part[j];",
      ["tests/test_kernels.py::test_matmul_tiled_any_tile"]),
+    # -- cooperative matrices: the capability gate and the kernel choice (lavapipe catches
+    # these; the kernel's own mutations are COOP_MUTATIONS below) ---------------------------
+    ("pipeline: a module's capabilities are not checked against the device",
+     "vkrt/runtime/pipeline.py", "        self._check_capabilities(dev)\n", "",
+     ["tests/test_kernels.py::test_coop_module_refused_without_cooperative_matrix"]),
+    ("reflect: capabilities are not recorded", "vkrt/gen/reflect.py",
+     "            self.capabilities.add(a[0])", "            pass",
+     ["tests/test_kernels.py::test_coop_module_refused_without_cooperative_matrix",
+      "tests/test_gen_fixtures.py"]),
+    ("kernels: VKRT_COOPMAT=auto takes matmul_coop one token late", "vkrt/kernels.py",
+     "and n_tokens >= COOP_MIN_TOKENS", "and n_tokens > COOP_MIN_TOKENS",
+     ["tests/test_kernels.py::test_prefill_kernel_choice"]),
+    ("kernels: VKRT_COOPMAT=0 is ignored", "vkrt/kernels.py",
+     '(mode == "on" or mode == "auto"', '(mode == "on" or mode != "on"',
+     ["tests/test_kernels.py::test_prefill_kernel_choice"]),
+    ("kernels: VKRT_COOPMAT=1 on a device without a shape falls back silently",
+     "vkrt/kernels.py", 'if mode == "on" and self.coop is None:', "if False:",
+     ["tests/test_kernels.py::test_prefill_kernel_choice"]),
+    ("device: coop_shape takes any scope", "vkrt/runtime/device.py",
+     ' and s.scope == "subgroup"', "", ["tests/test_kernels.py::test_coop_shape_choice"]),
+    ("device: coop_shape takes the first fit, not 16x16x16", "vkrt/runtime/device.py",
+     "key=lambda s: ((s.m, s.n, s.k) != (16, 16, 16), -s.k, -s.m * s.n)",
+     "key=lambda s: 0", ["tests/test_kernels.py::test_coop_shape_choice"]),
     ("attention split: the merge ignores each split's maximum", "vkrt/glsl/attention_combine.comp",
      "float c = weight(part[o + pc.head_dim], mx);", "float c = 1.0;",
      ["tests/test_kernels.py::test_attention_decode_split"]),
@@ -907,6 +930,28 @@ MUTATIONS = [
 ]
 
 
+# matmul_coop's own mutations: caught only where the kernel runs, a device with cooperative
+# matrices (the H200; on lavapipe its tests skip, so these would be MISSED there). Run with
+# `--coop` on such a device; bench/README.md records the last run.
+COOP = ["tests/test_kernels.py::test_linear_coop_weights_as_stored"]
+COOP_MUTATIONS = [
+    ("matmul_coop: the last 32-column step is skipped", "vkrt/glsl/matmul_coop.comp",
+     "for (uint k0 = 0; k0 < cols4; k0 += BK / 4)",
+     "for (uint k0 = 0; k0 + BK / 4 < cols4; k0 += BK / 4)", COOP),
+    ("matmul_coop: rows past n_rows stored from the staging tile", "vkrt/glsl/matmul_coop.comp",
+     "if (t + dt < pc.n_tokens && n + dn < pc.n_rows)", "if (t + dt < pc.n_tokens)", COOP),
+    ("matmul_coop: W^T loaded row-major (W itself, not its transpose)",
+     "vkrt/glsl/matmul_coop.comp", "S4,\n                            gl_CooperativeMatrixLayoutColumnMajor);",
+     "S4,\n                            gl_CooperativeMatrixLayoutRowMajor);", COOP),
+    ("matmul_coop: row tiles past limit_x do not spill into z", "vkrt/glsl/matmul_coop.comp",
+     "uint tile = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;",
+     "uint tile = gl_WorkGroupID.x;",
+     ["tests/test_grids.py::test_matmul_coop_spills_row_tiles_into_z"]),
+    ("matmul_coop: a partial token tile stored straight into y (tokens past n_tokens)",
+     "vkrt/glsl/matmul_coop.comp", "if (t + TM <= pc.n_tokens && n + TN", "if (n + TN", COOP),
+]
+
+
 def run(name: str, file: str, old: str, new: str, tests: list[str]) -> tuple[bool, str]:
     """Apply one mutation in a copy of the tree and run its tests: (caught, report line)."""
     t0 = time.monotonic()
@@ -963,8 +1008,10 @@ def main() -> int:
     ap.add_argument("-k", default="", help="run the mutations whose name contains this")
     ap.add_argument("-j", type=int, default=os.cpu_count() or 1,
                     help="mutations run at once (default: one per CPU)")
+    ap.add_argument("--coop", action="store_true",
+                    help="also matmul_coop's COOP_MUTATIONS (a device with cooperative matrices)")
     args = ap.parse_args()
-    chosen = [m for m in MUTATIONS if args.k in m[0]]
+    chosen = [m for m in MUTATIONS + (COOP_MUTATIONS if args.coop else []) if args.k in m[0]]
     for i in range(max(1, args.j)):
         _SLOTS.put(str(ROOT / ".cache" / f"mutation-slot-{i}"))
     t0 = time.monotonic()

@@ -45,6 +45,8 @@ def test_report_counts_match_the_arms(opt_folder, device):
             s = arm[key]
             assert 0 < s["min"] <= s["median"] <= s["max"], (label, key)
     assert r["weight_bytes"] == weights > 0
+    # The prefill products' kernel (4-token batches: below COOP_MIN_TOKENS, the f32 one).
+    assert r["prefill_kernel"] == ("matmul" if device.info.kind == "cpu" else "matmul_tiled")
     # A decode step reads every weight but one row of the position table (the test model's
     # embedding is also its output matrix, tied): all of the weights, less that table.
     positions = model_positions_bytes

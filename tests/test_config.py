@@ -14,6 +14,8 @@ from vkrt.errors import ConfigError, VkrtError
     (config.FENCE_TIMEOUT_S, "2.5", 2.5), (config.FENCE_TIMEOUT_S, "inf", math.inf),
     (config.FENCE_TIMEOUT_S, None, 600.0),
     (config.BARRIERS, "always", "always"), (config.MODEL, "m.gguf", "m.gguf"),
+    (config.COOPMAT, "AUTO", "auto"), (config.COOPMAT, "1", "on"), (config.COOPMAT, "off", "off"),
+    (config.COOPMAT, None, "auto"),
 ])
 def test_accepted(switch, raw, value):
     with switch.override(raw):
@@ -25,7 +27,7 @@ def test_accepted(switch, raw, value):
     (config.VALIDATION, "maybe"), (config.PROFILE, "2"),
     (config.FENCE_TIMEOUT_S, "0"), (config.FENCE_TIMEOUT_S, "-inf"),
     (config.FENCE_TIMEOUT_S, "nan"), (config.FENCE_TIMEOUT_S, "ten"),
-    (config.BARRIERS, "never"),
+    (config.BARRIERS, "never"), (config.COOPMAT, "tensor"),
 ])
 def test_refused_in_one_line(switch, raw):
     with switch.override(raw), pytest.raises(ConfigError) as info:

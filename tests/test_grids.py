@@ -172,3 +172,34 @@ def test_matmul_tiled_spills_row_tiles_into_z(gpu, monkeypatch):
     np.testing.assert_array_equal(got[-3:], -7.0)
     for t in (tw, tx, y):
         t.buffer.close()
+
+
+def test_matmul_coop_spills_row_tiles_into_z(gpu, monkeypatch):
+    """matmul_coop (prefill on cooperative matrices) spreads its tiles of BN rows over x and
+    z as matmul_tiled does: 600 rows are 5 tiles of 128 (COOP_TILE), against a limit of 4 a
+    grid of (4, 1, 2) for 70 tokens, the last three workgroups past the rows. Runs where the
+    device has cooperative matrices."""
+    device, stream, k = gpu
+    if k.coop is None:
+        pytest.skip(f"{device.name} lists no f16 cooperative-matrix shape")
+    monkeypatch.setattr(k, "limit", (4, 2, 65535))
+    r = np.random.default_rng(5)
+    n_rows, n_cols, T = 600, 64, 70
+    w = r.standard_normal((n_rows, n_cols)).astype(np.float32)
+    x = r.standard_normal((T, n_cols)).astype(np.float32)
+    tw, tx = stream.upload(w), stream.upload(x)
+    y = stream.upload(np.full(T * n_rows + 3, -7.0, np.float32))
+    with config.COOPMAT.override("1"):
+        d = k.linear(tx, tw, y, T)
+    spec = k.coop_spec(n_rows, T)
+    assert d.grid == (4, -(-T // spec[4]), -(-(-(-n_rows // spec[5])) // 4))
+    stream.record([d])
+    got = stream.read(y)
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    # f16 operands: within 2^-10 + K 2^-23 of sum |x w| (tests/test_kernels.py).
+    scale = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    assert np.all(np.abs(got[:-3].reshape(T, n_rows) - want)
+                  <= (2.0 ** -10 + n_cols * 2.0 ** -23) * scale)
+    np.testing.assert_array_equal(got[-3:], -7.0)
+    for t in (tw, tx, y):
+        t.buffer.close()

@@ -17,14 +17,17 @@ noted next to each (lavapipe, llvmpipe LLVM 15, 256-bit).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
-from vkrt import weight_types
+import vkrt.kernels
+from vkrt import config, weight_types
 from vkrt.errors import ShaderInterfaceError, VkrtError
-from vkrt.kernels import Kernels
+from vkrt.kernels import COOP_LARGE_ROWS, COOP_MIN_TOKENS, Kernels
 from vkrt.models.llama import rope_table
-from vkrt.runtime.device import Device
+from vkrt.runtime.device import CoopShape, Device
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
@@ -1029,6 +1032,7 @@ def test_linear_weights_as_stored(gpu, kernels, dtype, n_tokens, tiled):
     # x at row 2 of 3; prefill tiles 7 and 9 tokens by 8 (one partial tile, then two), or,
     # tiled (matmul_tiled, a GPU's prefill), 7 and 70 tokens by 64 and 37 rows by 32.
     kernels.tiled_matmul = tiled
+    kernels.coop = None        # the f32 kernels (matmul_coop: test_linear_coop_weights_as_stored)
     r, n_rows, n_cols = rng(40), 37, cols(dtype)
     w = randn(r, n_rows, n_cols)
     tw, values = stored_weight(gpu, dtype, w, seed=40)
@@ -1088,6 +1092,130 @@ def test_weight_types_the_kernels_do_not_read_are_refused(gpu, kernels):
         kernels.weight_op("matvec", Tensor.of(buf, "q8_0", (2, 32)))(
             Tensor.of(buf, "q4_1", (2, 32)), x, y, grid=(2, 1, 1), n_cols=32, x_offset=0,
             n_rows=2)
+
+
+# -- prefill on cooperative matrices (matmul_coop_*, VK_KHR_cooperative_matrix) -------------
+def coop_or_skip(kernels):
+    """Skip (with the reason) on a device that lists no f16 x f16 -> f32 subgroup shape."""
+    if kernels.coop is None:
+        pytest.skip(f"{kernels._pipelines.device.name} lists no f16 -> f32 subgroup "
+                    "cooperative-matrix shape (VK_KHR_cooperative_matrix): lavapipe has none")
+
+
+# Every weight type through matmul_coop at odd sizes: 70 tokens (a token tile of 64 and one of
+# 6) by 37 rows (n_rows % 4 != 0: every tile stored through the staging tile), and 129 tokens
+# (two whole tiles and one of 1) by 72 rows (n_rows % 4 == 0: whole accumulators stored
+# straight into y, the last row tile's through staging); scalar types over 100 columns (three
+# 32-column steps and one of 4), block types 3 blocks (96 or 768).
+# Bound (relative to sum_k |x_k w_k|, w as gguf-py dequantizes it, float64): x and the
+# dequantized w are each rounded once to f16 (unit roundoff u = 2^-11, round to nearest), so
+# each product is off by at most (2u + u^2) |x w|; the tensor core sums the exact f16 products
+# into f32 over K terms, at most K * 2^-24 of sum |x w| with rounding, K * 2^-23 allowed for
+# accumulators that truncate. Bound: 2^-10 + K * 2^-23 per output (llama.cpp's
+# tests/test-backend-ops.cpp gates its matrix products by a normalized mean squared error
+# over the whole output instead; this bound is per element and worst case). F16 weights are
+# exact in f16, so their products carry only x's rounding. A wrong block, scale, nibble or tile is off by ~1e-2 or
+# more in these units.
+# Both workgroup tiles run: COOP_TILE, and COOP_TILE_LARGE with its thresholds lowered
+# (256 tokens x 128 rows: one partial token tile of 70 or 129 tokens, one partial row tile).
+@pytest.mark.parametrize("tile", ["tile", "large"])
+@pytest.mark.parametrize("n_tokens,n_rows", [(70, 37), (129, 72)], ids=["70x37", "129x72"])
+@pytest.mark.parametrize("dtype", WEIGHT_TYPES)
+def test_linear_coop_weights_as_stored(gpu, kernels, dtype, n_tokens, n_rows, tile,
+                                       monkeypatch):
+    coop_or_skip(kernels)
+    if tile == "large":
+        monkeypatch.setattr(vkrt.kernels, "COOP_LARGE_ROWS", 1)
+        monkeypatch.setattr(vkrt.kernels, "COOP_LARGE_TOKENS", 1)
+        assert kernels.coop_spec(n_rows, n_tokens)[4] == vkrt.kernels.COOP_TILE_LARGE[0]
+    r = rng(43)
+    n_cols = cols(dtype) + (4 if not weight_types.BY_DTYPE[dtype].quantized else 0)
+    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=43)
+    x = randn(r, n_tokens, n_cols)
+    tx, ty = gpu.upload(x), gpu.filled(n_tokens * n_rows + 5)
+    with config.COOPMAT.override("1"):
+        assert kernels.prefill_kernel(n_tokens) == "matmul_coop"
+        gpu.stream.record([kernels.linear(tx, tw, ty, n_tokens)])
+    got = gpu.read(ty)
+    terms = x.astype(np.float64)[:, None, :] * values[None, :, :]
+    err = rel_err(got[:-5].reshape(n_tokens, n_rows), terms.sum(2), np.abs(terms).sum(2))
+    bound = 2.0 ** -10 + n_cols * 2.0 ** -23
+    print(f"matmul_coop {dtype} {n_tokens}x{n_rows}x{n_cols}: error {err:.2e} of sum|xw| "
+          f"(bound {bound:.2e})")
+    assert err < bound, err
+    np.testing.assert_array_equal(got[-5:], SENTINEL)
+
+
+FAKE_SHAPE = CoopShape(16, 16, 16, "float16", "float16", "float32", "float32", "subgroup")
+
+
+def test_prefill_kernel_choice(gpu, kernels):
+    # VKRT_COOPMAT: auto takes matmul_coop from COOP_MIN_TOKENS tokens where the device has a
+    # shape, 1 from 2 tokens (refused without a shape), 0 never; without a shape (lavapipe)
+    # the f32 kernels as before. A pretend shape stands in on a device without one.
+    fallback = "matmul_tiled" if kernels.tiled_matmul else "matmul"
+    kernels.coop = None
+    for mode in ("auto", "0"):
+        with config.COOPMAT.override(mode):
+            assert kernels.prefill_kernel(4096) == fallback
+    with config.COOPMAT.override("1"), pytest.raises(VkrtError, match="VKRT_COOPMAT=1 but .* "
+                                                                       "lists no f16"):
+        kernels.prefill_kernel(64)
+    kernels.coop = FAKE_SHAPE
+    with config.COOPMAT.override("auto"):
+        assert kernels.prefill_kernel(COOP_MIN_TOKENS - 1) == fallback
+        assert kernels.prefill_kernel(COOP_MIN_TOKENS) == "matmul_coop"
+    with config.COOPMAT.override("1"):
+        assert kernels.prefill_kernel(2) == "matmul_coop"
+    with config.COOPMAT.override("0"):
+        assert kernels.prefill_kernel(4096) == fallback
+    # 128 tokens x 128 rows over 2 x 4 subgroups of the device's width; 256 x 128 over 4 x 2
+    # from COOP_LARGE_ROWS rows and 256 tokens.
+    spec = {0: 8 * gpu.sg, 1: 16, 2: 16, 3: 16, 4: 128, 5: 128, 6: 2, 7: 4}
+    assert kernels.coop_spec(4096, 512) == spec
+    assert kernels.coop_spec(COOP_LARGE_ROWS, 255) == spec
+    assert kernels.coop_spec(COOP_LARGE_ROWS, 256) == {**spec, 4: 256, 6: 4, 7: 2}
+
+
+def test_coop_shape_choice():
+    # Device.coop_shape over a listed set (as vkGetPhysicalDeviceCooperativeMatrixProperties-
+    # KHR reports them): f16 A/B and f32 C/Result at subgroup scope only, M/N/K of 8, 16 or
+    # 32; 16x16x16 first, else the largest K.
+    def shape(m, n, k, a="float16", c="float32", scope="subgroup"):
+        return CoopShape(m, n, k, a, a, c, c, scope)
+
+    def pick(*shapes):
+        return Device.coop_shape(SimpleNamespace(coop_shapes=shapes))
+
+    nv = (shape(16, 8, 16), shape(16, 8, 8), shape(16, 16, 16, c="float16"),
+          shape(16, 16, 16), shape(16, 16, 32, a="int8", c="int32"))
+    assert pick(*nv) == shape(16, 16, 16)
+    assert pick(shape(16, 8, 8), shape(16, 8, 16)) == shape(16, 8, 16)
+    assert pick(shape(16, 16, 16, scope="workgroup"), shape(16, 16, 16, c="float16")) is None
+    assert pick(shape(16, 16, 16, a="int8")) is None
+    assert pick(shape(16, 16, 24), shape(24, 16, 16)) is None     # K must divide 32
+    assert pick() is None
+
+
+def test_coop_module_refused_without_cooperative_matrix(gpu, kernels):
+    # matmul_coop declares CooperativeMatrixKHR (reflected into modules.json): a device
+    # without VK_KHR_cooperative_matrix refuses it in one line before any shader module is
+    # made, and linear routes a prefill product there when told to (a pretend shape).
+    meta = gpu.cache.modules["matmul_coop_q4_k"]
+    assert {"CooperativeMatrixKHR", "Float16", "VulkanMemoryModel"} <= set(meta.capabilities)
+    assert "CooperativeMatrixKHR" not in gpu.cache.modules["matmul_tiled_q4_k"].capabilities
+    if gpu.device.features["cooperativeMatrix"]:
+        pytest.skip(f"{gpu.device.name} has cooperative matrices")
+    kernels.coop = FAKE_SHAPE
+    w = Tensor.of(gpu.filled(37 * 96).buffer, "float32", (37, 96), name="w")
+    x, y = gpu.filled(70 * 96), gpu.filled(70 * 37)
+    with config.COOPMAT.override("1"), pytest.raises(ShaderInterfaceError) as info:
+        kernels.linear(x, w, y, 70)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg == (f"matmul_coop_f32: declares the SPIR-V capability CooperativeMatrixKHR, "
+                   f"which {gpu.device.name} does not support (device feature "
+                   f"cooperativeMatrix)")
 
 
 @pytest.mark.parametrize("dtype", [t.dtype for t in weight_types.TYPES if t.quantized])

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from mutations import MUTATIONS, ROOT
+from mutations import COOP_MUTATIONS, MUTATIONS, ROOT
+
+ALL = MUTATIONS + COOP_MUTATIONS
 
 
-@pytest.mark.parametrize("name,file,old,new,tests", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+@pytest.mark.parametrize("name,file,old,new,tests", ALL, ids=[m[0] for m in ALL])
 def test_mutation_applies(name, file, old, new, tests):
     assert (ROOT / file).read_text().count(old) == 1, f"{name}: snippet not found once in {file}"
     assert old != new

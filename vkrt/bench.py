@@ -217,6 +217,8 @@ def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
               "prompt_tokens": prompt_tokens, "tokens": tokens, "repeat": repeat,
               "batch_size": batch_size, "replay": bool(config.REPLAY.value
                                                          and getattr(lm, "replayable", False)),
+              # The kernel of the prefill products (VKRT_COOPMAT; Kernels.prefill_kernel).
+              "prefill_kernel": lm.k.prefill_kernel(max(2, min(batch_size, prompt_tokens))),
               "weight_bytes": lm.weight_bytes(),
               "weight_bytes_per_token": lm.decode_weight_bytes(),
               "peak_rss_bytes": peak_rss_bytes(), "arms": {}}
@@ -245,7 +247,9 @@ def describe(report: dict) -> str:
     """The report as a few lines of text for a terminal."""
     lines = [f"{report['model']} ({report['family']}) on {report['device']}: prompt "
              f"{report['prompt_tokens']} tokens, {report['tokens']} generated, "
-             f"{report['repeat']} repeats (median [min, max])"]
+             f"{report['repeat']} repeats (median [min, max])"
+             + (f", prefill products on {report['prefill_kernel']}"
+                if "prefill_kernel" in report else "")]
     for label, a in report["arms"].items():
         p, d, t = a["prefill_tok_s"], a["decode_tok_s"], a["tpot_ms"]
         per, host = a["per_decoded_token"], a["host_ms_per_token"]

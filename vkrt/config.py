@@ -159,5 +159,24 @@ PREFILL_FLUSH: Switch[int] = Switch(
     "A forward over several tokens (prefill) is submitted every this many dispatches, so the "
     "GPU runs the first layers while the host records the rest; 0 submits it whole.")
 
+
+
+def _coopmat(raw: str) -> str:
+    low = raw.lower()
+    if low == "auto":
+        return low
+    try:
+        return "on" if _bool(low) else "off"
+    except ValueError:
+        raise ValueError(f"auto, or one of {', '.join(_TRUE + _FALSE)}") from None
+
+
+COOPMAT: Switch[str] = Switch(
+    "VKRT_COOPMAT", _coopmat, "auto",
+    "Prefill products on cooperative matrices (matmul_coop: f16 tensor cores, f32 "
+    "accumulation; VK_KHR_cooperative_matrix): `auto` when the device lists a 16-bit float "
+    "shape and the product has at least kernels.COOP_MIN_TOKENS tokens; 1 for every product of "
+    "2 tokens or more (refused on a device without a shape); 0 never (the f32 tiled kernel).")
+
 ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS, INFLIGHT, TIMESTAMPS,
-       REPLAY, FUSE, PREFILL_FLUSH)
+       REPLAY, FUSE, PREFILL_FLUSH, COOPMAT)

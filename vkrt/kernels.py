@@ -14,8 +14,8 @@ wrong dtype or is too small for the call.
 """
 from __future__ import annotations
 
-from vkrt import weight_types
-from vkrt.errors import ShaderInterfaceError
+from vkrt import config, weight_types
+from vkrt.errors import ShaderInterfaceError, VkrtError
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.op import Op
 from vkrt.runtime.pipeline import PipelineCache
@@ -30,6 +30,18 @@ MATMUL_TOKENS = 8        # tokens per matmul workgroup (each W row read once per
 # the A/B); a CPU device keeps matmul (on lavapipe the tiled kernel was no faster: teacher-
 # forced logits of test_llama took 64-68 s against 40-80 s, while other jobs shared the box).
 TILE_ROWS, TILE_TOKENS = 32, 64
+# Prefill products on cooperative matrices (matmul_coop: f16 operands, f32 accumulation) on a
+# device that lists an f16 x f16 -> f32 subgroup shape (`Device.coop_shape`), for products of
+# at least COOP_MIN_TOKENS tokens (VKRT_COOPMAT=auto). Workgroup tiles (BM tokens, BN rows,
+# subgroups along tokens, along rows): COOP_TILE, or COOP_TILE_LARGE for products of at
+# least COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS tokens (its BM). On the H200 at 512 tokens (bench/README.md,
+# bench/matmul_coop.py), 128 x 128 over 2 x 4 subgroups was the best single tile over the
+# three 7B shapes and Q4_1 / Q4_K / F16 (58-109 TFLOP/s; 64 x 64 over 2 x 2: 27-89), and
+# 256 x 128 over 4 x 2 faster at 14336 rows (89-109 against 61-94) but slower at 4096 (36-67).
+COOP_MIN_TOKENS = 64
+COOP_TILE = (128, 128, 2, 4)
+COOP_TILE_LARGE = (256, 128, 4, 2)
+COOP_LARGE_ROWS, COOP_LARGE_TOKENS = 8192, 256
 F32, U32 = "float32", "uint32"
 ATTENTION_SPLITS = 32    # most splits of the KV cache per head at decode (attention_split)
 # Decode attention in one dispatch (attention_decode: a workgroup per head, its scores in
@@ -80,7 +92,7 @@ MANY_ROWS_PER_GROUP = 4
 WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
                   "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
-                  "matmul_tiled": ("W", F32, F32),
+                  "matmul_tiled": ("W", F32, F32), "matmul_coop": ("W", F32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
                   "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32,
                                F32, F32)}
@@ -131,6 +143,10 @@ class Kernels:
         self._few_rows_threads = sg * (ROW_SUBGROUPS if gpu else 1)
         self.many_rows_per_group = MANY_ROWS_PER_GROUP if gpu else 1
         self.tiled_matmul = gpu       # prefill products: matmul_tiled, else matmul
+        # The cooperative-matrix shape matmul_coop runs on (a `CoopShape`), or None: the
+        # device lists none (lavapipe), or VKRT_COOPMAT says never (`prefill_kernel`).
+        self.coop = pipelines.device.coop_shape()
+        self._weight_spec["matmul_coop"] = {}     # from `coop` at each call: coop_spec
         self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
         self._rmsnorm_add = Op(p("rmsnorm_add", {0: sg}), (F32, F32, F32))
         # rope.comp's pairs: adjacent (False) or halves (True, specialization constant NEOX).
@@ -264,14 +280,43 @@ class Kernels:
                                  name=name, need=(n_tokens * n, None, n_tokens * n), n=n,
                                  eps=eps, n_rows=n_tokens)
 
+    def coop_spec(self, n_rows: int, n_tokens: int) -> dict:
+        """matmul_coop's specialization constants for a product of n_tokens x n_rows on the
+        shape `coop`: workgroup size, TM, TN, TK, BM (tokens), BN (rows), SG_M, SG_N
+        (COOP_TILE, or COOP_TILE_LARGE from COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS
+        tokens)."""
+        tile = COOP_TILE_LARGE if (n_rows >= COOP_LARGE_ROWS
+                                   and n_tokens >= COOP_LARGE_TOKENS) else COOP_TILE
+        (bm, bn, sg_m, sg_n), c = tile, self.coop
+        assert bm % (sg_m * c.m) == 0 and bn % (sg_n * c.n) == 0, (tile, c)
+        return {0: sg_m * sg_n * self._pipelines.device.subgroup_size, 1: c.m, 2: c.n,
+                3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n}
+
+    def prefill_kernel(self, n_tokens: int) -> str:
+        """The kernel `linear` runs a product of `n_tokens` > 1 tokens on: `matmul_coop`
+        where the device has a cooperative-matrix shape (`coop`) and VKRT_COOPMAT allows it
+        (auto: n_tokens >= COOP_MIN_TOKENS; on: always), else `matmul_tiled` on a GPU and
+        `matmul` on a CPU device. Raises VkrtError for VKRT_COOPMAT=1 on a device without a
+        shape."""
+        mode = config.COOPMAT.value
+        if mode == "on" and self.coop is None:
+            raise VkrtError(f"VKRT_COOPMAT=1 but {self._pipelines.device.name} lists no "
+                            "f16 x f16 -> f32 subgroup cooperative-matrix shape "
+                            "(VK_KHR_cooperative_matrix)")
+        if self.coop is not None and (mode == "on" or mode == "auto"
+                                      and n_tokens >= COOP_MIN_TOKENS):
+            return "matmul_coop"
+        return "matmul_tiled" if self.tiled_matmul else "matmul"
+
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
                name: str = "", accumulate: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
         of any `WEIGHTS` dtype (n_in % 4 == 0; a multiple of the block for block types, which
         `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; past
         FEW_ROWS rows, on a GPU, `many_rows_per_group` rows per workgroup), more a matrix
-        product (prefill; x_row must be 0): `matmul_tiled` on a GPU, `matmul` on a CPU
-        device. `accumulate` (one token only): y += the product instead (`matvec_add`: a
+        product (prefill; x_row must be 0): `prefill_kernel` picks `matmul_coop` (f16
+        tensor cores) where the device has them, else `matmul_tiled` on a GPU, `matmul` on a
+        CPU device. `accumulate` (one token only): y += the product instead (`matvec_add`: a
         residual add folded into the projection)."""
         n_out, n_in = weight.shape
         if n_tokens == 1:
@@ -285,7 +330,15 @@ class Kernels:
                 n_rows=n_out)
         assert x_row == 0 and not accumulate, "matmul reads x from row 0 and overwrites y"
         need = (None, n_tokens * n_in, n_tokens * n_out)
-        if self.tiled_matmul:
+        kernel = self.prefill_kernel(n_tokens)
+        if kernel == "matmul_coop":
+            spec = self.coop_spec(n_out, n_tokens)
+            x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
+            grid = (x_groups, _groups(n_tokens, spec[4]), z_groups)
+            return self.weight_op("matmul_coop", weight, spec=spec)(
+                weight, x, y, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
+                n_tokens=n_tokens)
+        if kernel == "matmul_tiled":
             x_groups, z_groups = spread(_groups(n_out, TILE_ROWS), self.limit)
             grid = (x_groups, _groups(n_tokens, TILE_TOKENS), z_groups)
             return self.weight_op("matmul_tiled", weight)(

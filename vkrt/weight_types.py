@@ -87,6 +87,7 @@ KERNEL_SOURCES = {
     "embed_range": ("embed_range.comp", {}),
     "matmul": ("matmul.comp", {}),
     "matmul_tiled": ("matmul_tiled.comp", {}),
+    "matmul_coop": ("matmul_coop.comp", {}),
     "matvec": ("matvec.comp", {}),
     "matvec_add": ("matvec.comp", {"ADD_OUT": 1}),
     "matvec_glu": ("matvec_glu.comp", {}),

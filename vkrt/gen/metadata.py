@@ -12,9 +12,9 @@ Schema 2 (1 lacked `push_constants`):
                               "bindings", "spec_ids", "local_size", "local_size_spec_ids",
                               "push_constant_size", "push_constants"}}}
 The per-module fields are documented in `reflect.py`. A `spec_ids` entry may carry an optional
-`defaults` list (a SpecId whose constants disagree on their default), and a module an optional
-`signed_zero_inf_nan_preserve` list; a file without them loads as before, so the schema
-stays 2.
+`defaults` list (a SpecId whose constants disagree on their default), and a module optional
+`signed_zero_inf_nan_preserve` and `capabilities` lists; a file without them loads as before,
+so the schema stays 2.
 """
 from __future__ import annotations
 
@@ -81,7 +81,9 @@ class ModuleMeta:
     dimension, or None; `push_constant_size`: bytes of push constants from offset 0;
     `push_constants`: the block's members by declaration order; `signed_zero_inf_nan_preserve`:
     float widths whose infinities and NaNs the module keeps (execution mode
-    SignedZeroInfNanPreserve; the device must support each).
+    SignedZeroInfNanPreserve; the device must support each); `capabilities`: the SPIR-V
+    capabilities it declares but Shader, by name (the device must support each that
+    `Pipeline._check_device` knows).
     """
 
     name: str
@@ -95,6 +97,7 @@ class ModuleMeta:
     push_constant_size: int
     push_constants: tuple[PushConstant, ...]
     signed_zero_inf_nan_preserve: tuple[int, ...] = ()
+    capabilities: tuple[str, ...] = ()
 
 
 def render(compiler: dict, modules: dict[str, dict]) -> bytes:
@@ -138,7 +141,8 @@ def _module(name: str, d: dict) -> ModuleMeta:
         push_constant_size=int(d["push_constant_size"]),
         push_constants=tuple(PushConstant(p["name"], p["offset"], p["size"], p["type"])
                              for p in d["push_constants"]),
-        signed_zero_inf_nan_preserve=tuple(d.get("signed_zero_inf_nan_preserve", ())))
+        signed_zero_inf_nan_preserve=tuple(d.get("signed_zero_inf_nan_preserve", ())),
+        capabilities=tuple(d.get("capabilities", ())))
 
 
 def read_spirv(name: str, spirv_dir: Path = DEFAULT_SPIRV_DIR) -> bytes:

@@ -34,6 +34,11 @@ the same result but `sha256`: literal strings are decoded from the word values (
 - `signed_zero_inf_nan_preserve` (only when declared): the float widths of the entry point's
   SignedZeroInfNanPreserve execution modes (SPIR-V 1.4 / SPV_KHR_float_controls), e.g. [32]:
   the module relies on IEEE infinities and NaNs, which the device must then preserve.
+- `capabilities` (only when declared): the names of the module's OpCapability
+  instructions but `Shader` (every compute module's), sorted (SPIR-V spec 3.31, e.g.
+  `CooperativeMatrixKHR`, `Float16`, `GroupNonUniformArithmetic`, `VulkanMemoryModel`; one
+  this table does not name as `capability N`): the runtime refuses a module declaring one
+  its device lacks (`Pipeline._check_device`).
 - `sha256`: hex digest of the module bytes.
 
 Access rule (as SPIRV-Cross and SPIRV-Reflect): a buffer is read-only when the variable is
@@ -65,7 +70,7 @@ from vkrt.errors import ReflectionError
 MAGIC = 0x07230203
 
 # Opcodes (SPIR-V spec 3.52).
-OP_NAME, OP_MEMBER_NAME, OP_ENTRY_POINT, OP_EXECUTION_MODE = 5, 6, 15, 16
+OP_NAME, OP_MEMBER_NAME, OP_ENTRY_POINT, OP_EXECUTION_MODE, OP_CAPABILITY = 5, 6, 15, 16, 17
 OP_TYPE_BOOL, OP_TYPE_INT, OP_TYPE_FLOAT, OP_TYPE_VECTOR, OP_TYPE_MATRIX = 20, 21, 22, 23, 24
 OP_TYPE_IMAGE, OP_TYPE_SAMPLER, OP_TYPE_SAMPLED_IMAGE = 25, 26, 27
 OP_TYPE_ARRAY, OP_TYPE_RUNTIME_ARRAY, OP_TYPE_STRUCT, OP_TYPE_POINTER = 28, 29, 30, 32
@@ -77,6 +82,26 @@ OP_FUNCTION, OP_VARIABLE = 54, 59
 OP_DECORATE, OP_MEMBER_DECORATE, OP_DECORATION_GROUP = 71, 72, 73
 OP_EXECUTION_MODE_ID = 331
 MODE_SIGNED_ZERO_INF_NAN_PRESERVE = 4461   # execution mode (SPIR-V spec 3.6)
+# Capabilities by name (SPIR-V spec 3.31, the unified1 spirv.hpp numbers); `Shader` is left
+# out of the metadata: every Vulkan compute module declares it.
+CAPABILITY_SHADER = 1
+_CAPABILITY_NAMES = {
+    1: "Shader", 8: "Float16Buffer", 9: "Float16", 10: "Float64", 11: "Int64",
+    12: "Int64Atomics", 22: "Int16", 30: "StorageBufferArrayDynamicIndexing", 39: "Int8",
+    46: "SampledBuffer", 47: "ImageBuffer", 50: "ImageQuery", 61: "GroupNonUniform",
+    62: "GroupNonUniformVote", 63: "GroupNonUniformArithmetic", 64: "GroupNonUniformBallot",
+    65: "GroupNonUniformShuffle", 66: "GroupNonUniformShuffleRelative",
+    67: "GroupNonUniformClustered", 68: "GroupNonUniformQuad",
+    4433: "StorageBuffer16BitAccess", 4434: "UniformAndStorageBuffer16BitAccess",
+    4435: "StoragePushConstant16", 4448: "StorageBuffer8BitAccess",
+    4449: "UniformAndStorageBuffer8BitAccess", 4450: "StoragePushConstant8",
+    4464: "DenormPreserve", 4465: "DenormFlushToZero", 4466: "SignedZeroInfNanPreserve",
+    4467: "RoundingModeRTE", 4468: "RoundingModeRTZ", 5345: "VulkanMemoryModel",
+    5301: "ShaderNonUniform", 5302: "RuntimeDescriptorArray",
+    5308: "StorageBufferArrayNonUniformIndexing",
+    5346: "VulkanMemoryModelDeviceScope", 5347: "PhysicalStorageBufferAddresses",
+    5357: "CooperativeMatrixNV", 6022: "CooperativeMatrixKHR",
+    6026: "GroupNonUniformRotateKHR"}
 # Type declarations (3.52.6) and what a message calls them. Types outside this table (ray
 # queries, cooperative matrices, ...) never reach the interface that is reflected.
 _TYPE_WORDS = {19: "void", 20: "bool", 21: "integer", 22: "float", 23: "vector", 24: "matrix",
@@ -143,6 +168,7 @@ class _Module:
         self.types: dict[int, tuple[int, list[int]]] = {}
         self.constants: dict[int, tuple[int, int, list[int]]] = {}
         self.variables: list[tuple[int, int, int]] = []
+        self.capabilities: set[int] = set()
         pos = 5
         try:
             while pos < len(words):
@@ -172,7 +198,9 @@ class _Module:
         raise ReflectionError(f"{self.module}: {what}")
 
     def _record(self, op: int, a: list[int]) -> None:
-        if op == OP_NAME:
+        if op == OP_CAPABILITY:
+            self.capabilities.add(a[0])
+        elif op == OP_NAME:
             self.names[a[0]] = self.string(a[1:])[0]
         elif op == OP_MEMBER_NAME:
             self.member_names[(a[0], a[1])] = self.string(a[2:])[0]
@@ -537,6 +565,10 @@ def reflect(spirv: bytes, module: str) -> dict:
     preserve = sorted({args[0] for eid, mode, args in m.modes
                        if eid == entry_id and mode == MODE_SIGNED_ZERO_INF_NAN_PRESERVE and args})
     optional = {"signed_zero_inf_nan_preserve": preserve} if preserve else {}
+    capabilities = sorted(_CAPABILITY_NAMES.get(c, f"capability {c}")
+                          for c in m.capabilities - {CAPABILITY_SHADER})
+    if capabilities:
+        optional["capabilities"] = capabilities
     return {**optional,
         "sha256": hashlib.sha256(spirv).hexdigest(),
         "binding_count": len(ssbo_set0),

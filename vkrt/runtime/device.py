@@ -65,6 +65,47 @@ class DeviceInfo:
     driver_version: int
 
 
+# VkComponentTypeKHR values by name (Vulkan spec, VK_KHR_cooperative_matrix) and VkScopeKHR.
+_COMPONENT_NAMES = {vk.VK_COMPONENT_TYPE_FLOAT16_KHR: "float16",
+                    vk.VK_COMPONENT_TYPE_FLOAT32_KHR: "float32",
+                    vk.VK_COMPONENT_TYPE_FLOAT64_KHR: "float64",
+                    vk.VK_COMPONENT_TYPE_SINT8_KHR: "int8", vk.VK_COMPONENT_TYPE_SINT16_KHR: "int16",
+                    vk.VK_COMPONENT_TYPE_SINT32_KHR: "int32", vk.VK_COMPONENT_TYPE_SINT64_KHR: "int64",
+                    vk.VK_COMPONENT_TYPE_UINT8_KHR: "uint8", vk.VK_COMPONENT_TYPE_UINT16_KHR: "uint16",
+                    vk.VK_COMPONENT_TYPE_UINT32_KHR: "uint32",
+                    vk.VK_COMPONENT_TYPE_UINT64_KHR: "uint64"}
+_SCOPE_NAMES = {vk.VK_SCOPE_DEVICE_KHR: "device", vk.VK_SCOPE_WORKGROUP_KHR: "workgroup",
+                vk.VK_SCOPE_SUBGROUP_KHR: "subgroup", vk.VK_SCOPE_QUEUE_FAMILY_KHR: "queue_family"}
+COOPERATIVE_MATRIX = "VK_KHR_cooperative_matrix"
+
+
+@dataclass(frozen=True)
+class CoopShape:
+    """One shape a device multiplies in cooperative matrices (VkCooperativeMatrixPropertiesKHR,
+    from vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR): Result[M, N] = A[M, K] * B[K, N]
+    + C[M, N], component types by name (`float16`, `float32`, `int8`, ...), scope
+    (`subgroup`, `workgroup`, ...), saturating accumulation (integer types only)."""
+    m: int
+    n: int
+    k: int
+    a: str
+    b: str
+    c: str
+    result: str
+    scope: str
+    saturating: bool = False
+
+
+def coop_shapes(props) -> tuple[CoopShape, ...]:
+    """The CoopShape of each VkCooperativeMatrixPropertiesKHR in `props` (a sequence)."""
+    def name(t):
+        return _COMPONENT_NAMES.get(t, f"component type {t}")
+    return tuple(CoopShape(p.MSize, p.NSize, p.KSize, name(p.AType), name(p.BType),
+                           name(p.CType), name(p.ResultType),
+                           _SCOPE_NAMES.get(p.scope, f"scope {p.scope}"),
+                           bool(p.saturatingAccumulation)) for p in props)
+
+
 class ValidationError(VkrtError):
     """The Khronos validation layer reported an error (only with VKRT_VALIDATION=1)."""
 
@@ -176,6 +217,10 @@ class Device:
         direct_host_access: map device-local buffers when their memory is host-visible, so
             host reads and writes are a memcpy; default True on CPU and integrated devices.
             False forces the staging-copy path a discrete GPU takes (tests use it on lavapipe).
+    Attributes beside the handles: `features` (the optional features enabled, by Vulkan
+    name: shaderFloat16, vulkanMemoryModel, cooperativeMatrix, ...), `coop_shapes` (every
+    cooperative-matrix shape the device lists, `CoopShape`; () without
+    VK_KHR_cooperative_matrix) and `coop_shape()` (the one matmul_coop runs on, or None).
     Raises: NoVulkanDriverError, VkrtError (bad index, missing validation layer).
     Use as a context manager, or call `close()`: Vulkan objects are released explicitly,
     not by the garbage collector.
@@ -296,7 +341,7 @@ class Device:
         want12 = new("VkPhysicalDeviceVulkan12Features*", {
             "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, "pNext": want11,
             "shaderFloat16": f12.shaderFloat16, "storageBuffer8BitAccess": f12.storageBuffer8BitAccess,
-            "shaderInt8": f12.shaderInt8})
+            "shaderInt8": f12.shaderInt8, "vulkanMemoryModel": f12.vulkanMemoryModel})
         # Submissions are ordered by a timeline semaphore (queue.py): core in Vulkan 1.2, but
         # an optional feature (spec 7.4 "Semaphores"; Roadmap 2022 requires it).
         if not f12.timelineSemaphore:
@@ -304,8 +349,20 @@ class Device:
                             f"not supported (vkrt orders submissions with one)")
         want12.timelineSemaphore = 1
         self.features = {"storageBuffer16BitAccess": bool(f11.storageBuffer16BitAccess),
-                         "shaderFloat16": bool(f12.shaderFloat16), "timelineSemaphore": True}
+                         "shaderFloat16": bool(f12.shaderFloat16), "timelineSemaphore": True,
+                         "storageBuffer8BitAccess": bool(f12.storageBuffer8BitAccess),
+                         "shaderInt8": bool(f12.shaderInt8),
+                         "vulkanMemoryModel": bool(f12.vulkanMemoryModel),
+                         "cooperativeMatrix": False}
         extensions = self._calibration_extension()
+        # VK_KHR_cooperative_matrix (tensor cores), enabled only when the device offers the
+        # extension and its cooperativeMatrix feature (VkPhysicalDeviceCooperativeMatrix-
+        # FeaturesKHR): its modules (matmul_coop_*) also need shaderFloat16 and the Vulkan
+        # memory model, which glslang's GL_KHR_memory_scope_semantics declares.
+        chain, coop = want12, self._cooperative_matrix()   # both stay alive to vkCreateDevice
+        if coop is not None:
+            coop.pNext, chain = want12, coop
+            extensions.append(COOPERATIVE_MATRIX)
         ext_names = [new("char[]", e.encode()) for e in extensions]
         ext_ptr = new("char*[]", ext_names) if ext_names else NULL
         priority = new("float[1]", [1.0])
@@ -313,7 +370,7 @@ class Device:
             "sType": vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
             "queueFamilyIndex": self.queue_family, "queueCount": 1, "pQueuePriorities": priority})
         info = new("VkDeviceCreateInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, "pNext": want12,
+            "sType": vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, "pNext": chain,
             "queueCreateInfoCount": 1, "pQueueCreateInfos": queue_info,
             "enabledExtensionCount": len(ext_names), "ppEnabledExtensionNames": ext_ptr})
         out = new("VkDevice*")
@@ -332,6 +389,66 @@ class Device:
         queue = new("VkQueue*")
         lib.vkGetDeviceQueue(self.handle, self.queue_family, 0, queue)
         self.queue = queue[0]
+
+    def _cooperative_matrix(self):
+        """The VkPhysicalDeviceCooperativeMatrixFeaturesKHR to chain into device creation when
+        the device offers VK_KHR_cooperative_matrix with its cooperativeMatrix feature in
+        compute shaders (cooperativeMatrixSupportedStages), else None. Sets `coop_shapes`:
+        every shape vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR lists (Vulkan spec,
+        "Cooperative Matrices"), () without the extension; `features["cooperativeMatrix"]`."""
+        self.coop_shapes: tuple[CoopShape, ...] = ()
+        try:
+            names = [e.extensionName for e in
+                     vk.vkEnumerateDeviceExtensionProperties(self.physical, None)]
+        except vk.VkError:
+            return None
+        if COOPERATIVE_MATRIX not in names:
+            return None
+        feat = new("VkPhysicalDeviceCooperativeMatrixFeaturesKHR*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR})
+        f2 = new("VkPhysicalDeviceFeatures2*",
+                 {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, "pNext": feat})
+        lib.vkGetPhysicalDeviceFeatures2(self.physical, f2)
+        cprops = new("VkPhysicalDeviceCooperativeMatrixPropertiesKHR*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_KHR})
+        p2 = new("VkPhysicalDeviceProperties2*",
+                 {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": cprops})
+        lib.vkGetPhysicalDeviceProperties2(self.physical, p2)
+        if not (feat.cooperativeMatrix
+                and cprops.cooperativeMatrixSupportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT):
+            return None
+        # The raw entry point (an instance-level function of a device extension), so that each
+        # output element carries its sType as the spec requires (the binding's wrapper leaves
+        # them zero).
+        name = b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
+        raw = lib.vkGetInstanceProcAddr(self.instance, name)
+        if raw == NULL:
+            return None
+        get = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", raw)
+        count = new("uint32_t*")
+        check(get(self.physical, count, NULL), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+        props = new("VkCooperativeMatrixPropertiesKHR[]", max(1, count[0]))
+        for i in range(count[0]):
+            props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+        check(get(self.physical, count, props),
+              "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+        self.coop_shapes = coop_shapes([props[i] for i in range(count[0])])
+        self.features["cooperativeMatrix"] = True
+        return new("VkPhysicalDeviceCooperativeMatrixFeaturesKHR*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
+            "cooperativeMatrix": 1})
+
+    def coop_shape(self, a: str = "float16", c: str = "float32") -> CoopShape | None:
+        """The subgroup-scope shape with A and B of type `a`, C and Result of type `c` that
+        matmul_coop can use (M, N and K each 8, 16 or 32: whole f16vec4 loads, K dividing its
+        32-column step), 16x16x16 first (the common NVIDIA one), then the largest K; None when
+        the device lists none."""
+        fits = [s for s in self.coop_shapes
+                if s.a == s.b == a and s.c == s.result == c and s.scope == "subgroup"
+                and all(v in (8, 16, 32) for v in (s.m, s.n, s.k))]
+        if not fits:
+            return None
+        return min(fits, key=lambda s: ((s.m, s.n, s.k) != (16, 16, 16), -s.k, -s.m * s.n))
 
     def _calibration_extension(self) -> list[str]:
         """VK_EXT_calibrated_timestamps when the device offers it with both the device and

@@ -22,6 +22,17 @@ _SPEC_FORMAT = {"bool": "<I", "int8": "<b", "uint8": "<B", "int16": "<h", "uint1
                 "float16": "<e", "int32": "<i", "uint32": "<I", "float32": "<f",
                 "int64": "<q", "uint64": "<Q", "float64": "<d"}
 SETS_PER_POOL = 256
+# SPIR-V capabilities a module may declare (reflected into `ModuleMeta.capabilities`) -> the
+# `Device.features` entry without which the device cannot run it (Vulkan spec, appendix
+# "SPIR-V Environment", "Capabilities": e.g. CooperativeMatrixKHR needs
+# VkPhysicalDeviceCooperativeMatrixFeaturesKHR::cooperativeMatrix, Float16 shaderFloat16,
+# VulkanMemoryModel vulkanMemoryModel). Capabilities not listed here are either required of
+# every device at creation (the subgroup operations: device.py) or left to the driver.
+CAPABILITY_FEATURES = {
+    "CooperativeMatrixKHR": "cooperativeMatrix", "Float16": "shaderFloat16",
+    "Int8": "shaderInt8", "StorageBuffer16BitAccess": "storageBuffer16BitAccess",
+    "StorageBuffer8BitAccess": "storageBuffer8BitAccess",
+    "VulkanMemoryModel": "vulkanMemoryModel"}
 
 
 class Pipeline:
@@ -64,6 +75,7 @@ class Pipeline:
                 f"{meta.name}: push constants of {self.push_constant_size} bytes exceed the "
                 f"device's maxPushConstantsSize {dev.max_push_constants_size}")
         values = self._specialize(spec)
+        self._check_capabilities(dev)
 
         code = new("uint32_t[]", len(spirv) // 4)
         ffi.memmove(code, spirv, len(spirv))
@@ -133,6 +145,7 @@ class Pipeline:
         one invocation per head dimension), and a module declaring SignedZeroInfNanPreserve
         (it relies on IEEE infinities) for a float width the device does not preserve
         (shaderSignedZeroInfNanPreserveFloat16/32/64; Vulkan spec, "Float Controls").
+        Capabilities are checked before the shader module is made (`_check_capabilities`).
 
         Raises: ShaderInterfaceError, one line naming the module and the numbers."""
         size, lim = self.local_size, dev.limits
@@ -149,6 +162,21 @@ class Pipeline:
                     f"{self.name}: keeps IEEE infinities and NaNs of {bits}-bit floats "
                     f"(SignedZeroInfNanPreserve), which {dev.name} does not support "
                     f"(shaderSignedZeroInfNanPreserveFloat{bits})")
+
+    def _check_capabilities(self, dev: Device) -> None:
+        """Refuse a module that declares a SPIR-V capability (reflected, `meta.capabilities`)
+        whose device feature `dev` has not enabled (CAPABILITY_FEATURES: CooperativeMatrixKHR
+        without VK_KHR_cooperative_matrix, Float16 without shaderFloat16, ...), before
+        vkCreateShaderModule sees it (Vulkan spec, appendix "SPIR-V Environment",
+        "Capabilities": each capability a module declares must be enabled on the device).
+
+        Raises: ShaderInterfaceError, one line naming the module, capability and feature."""
+        for cap in self.meta.capabilities:
+            feature = CAPABILITY_FEATURES.get(cap)
+            if feature is not None and not dev.features.get(feature):
+                raise ShaderInterfaceError(
+                    f"{self.name}: declares the SPIR-V capability {cap}, which {dev.name} "
+                    f"does not support (device feature {feature})")
 
     def _specialize(self, spec: dict) -> list:
         """Resolve `spec` (keys: constant name or id) against the reflected constants and

@@ -1,0 +1,144 @@
+#version 450
+// Matrix-matrix product for prefill on cooperative matrices (tensor cores): y[t, n] =
+// sum_k x[t, k] * W[n, k], i.e. Y[T, N] = X[T, K] * W[N, K]^T. x: [n_tokens, n_cols] f32;
+// W: [n_rows, n_cols] as the GGUF stores it (weights.glsl, one variant per type,
+// vkrt/glsl/variants.json); y: [n_tokens, n_rows] f32; n_cols % 4 == 0 (% 32 for block types).
+// The products run in f16 with f32 accumulation: x is rounded to f16 as it is loaded into
+// shared memory, W dequantized (in f32, as weights.glsl reads it) and rounded to f16 there too,
+// and each subgroup multiplies TM x TK by TK x TN tiles of them with coopMatMulAdd into f32
+// accumulators (GL_KHR_cooperative_matrix / SPV_KHR_cooperative_matrix, subgroup scope; the
+// shape one the device lists in vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR, Vulkan spec
+// "Cooperative Matrices"; 16 x 16 x 16 f16 -> f32 on NVIDIA). The f16 rounding of both
+// operands bounds the error at about 2 * 2^-11 of sum |x w| (tests/test_kernels.py states the
+// bound); an |x| past 65504 becomes infinite in f16 (ggml-vulkan's mul_mm.comp stages both
+// operands in shared memory as FLOAT_TYPE, f16, in its cooperative-matrix builds too).
+// A workgroup computes BM tokens x BN rows: SG_M x SG_N subgroups, each an (BM / SG_M) x
+// (BN / SG_N) block of CM x CN accumulators; for each step of BK = 32 columns it loads the
+// x and W tiles into shared memory once (rows padded by 8 halves, so that every row starts
+// 16-byte aligned as coopMatLoad needs and rows fall on different banks), having fetched
+// them into registers during the step before (the global loads overlap the products, as
+// ggml-vulkan's mul_mm.comp and CUTLASS's pipelined mainloops do). Out-of-range
+// tokens, rows and columns load as 0 (the tails of T, N and K); results are stored straight
+// into y when a whole accumulator lies inside y and n_rows % 4 == 0 (the 16-byte alignment
+// coopMatStore needs), else through a per-subgroup staging tile in shared memory, element by
+// element with bounds. The workgroup must be SG_M * SG_N full subgroups (local_size_x =
+// SG_M * SG_N * subgroup size; NVIDIA's subgroups are always 32 wide and full).
+// Specialization constants: 0 = local_size_x, 1 = TM, 2 = TN, 3 = TK (the cooperative matrix
+// shape; TK divides 32 and TM, TN, TK are multiples of 8), 4 = BM, 5 = BN (multiples of
+// SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N. Dispatch: (min(row tiles, limit_x),
+// ceil(n_tokens / BM), ceil(row tiles / limit_x)) with row tiles = ceil(n_rows / BN): tiles
+// past maxComputeWorkGroupCount.x spill into z. Push constants: n_cols, n_rows, n_tokens.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_control_flow_attributes : require
+layout(local_size_x_id = 0) in;
+#include "weights.glsl"
+layout(constant_id = 1) const uint TM = 16;
+layout(constant_id = 2) const uint TN = 16;
+layout(constant_id = 3) const uint TK = 16;
+layout(constant_id = 4) const uint BM = 64;
+layout(constant_id = 5) const uint BN = 64;
+layout(constant_id = 6) const uint SG_M = 2;
+layout(constant_id = 7) const uint SG_N = 2;
+layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
+layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
+layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; } pc;
+
+const uint NT = gl_WorkGroupSize.x;
+const uint BK = 32;                       // columns per step (a Q8_0 / Q4_1 block)
+const uint XL = BM * BK / 4, WL = BN * BK / 4;          // vec4 of a step's x and W tiles
+const uint XP = (XL + NT - 1) / NT, WP = (WL + NT - 1) / NT;   // per invocation
+const uint S4 = (BK + 8) / 4;             // f16vec4 per shared row: 80 bytes
+const uint SM = BM / SG_M, SN = BN / SG_N;  // one subgroup's tokens and rows
+const uint CM = SM / TM, CN = SN / TN;    // its accumulators along tokens and rows
+shared f16vec4 xs[BM * S4];               // [token][k]
+shared f16vec4 ws[BN * S4];               // [row][k]: W^T column-major
+shared float stage[SG_M * SG_N * TM * TN];
+
+void main() {
+    uint tile = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
+    uint n0 = tile * BN, t0 = gl_WorkGroupID.y * BM, tid = gl_LocalInvocationID.x;
+    if (n0 >= pc.n_rows) return;  // uniform per workgroup
+    uint cols4 = pc.n_cols / 4;
+    uint sg = gl_SubgroupID, sm0 = sg / SG_N * SM, sn0 = sg % SG_N * SN;
+    coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> acc[CM * CN];
+    [[unroll]] for (uint i = 0; i < CM * CN; ++i)
+        acc[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
+    // The next step's x and W are fetched into registers while this step's products run
+    // (loads in flight across the products: a register double buffer); every loop runs to
+    // specialization constants and is unrolled, so the accumulators and buffers stay in
+    // registers.
+    vec4 xr[XP], wr[WP];
+    [[unroll]] for (uint p = 0; p < XP; ++p) {
+        uint i = tid + p * NT, t = i / (BK / 4), q = i % (BK / 4);
+        xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4 ? x[(t0 + t) * cols4 + q] : vec4(0.0);
+    }
+    [[unroll]] for (uint p = 0; p < WP; ++p) {
+        uint i = tid + p * NT, r = i / (BK / 4), q = i % (BK / 4);
+        wr[p] = i < WL && n0 + r < pc.n_rows && q < cols4 ? weight4(n0 + r, q, pc.n_cols)
+                                                         : vec4(0.0);
+    }
+    for (uint k0 = 0; k0 < cols4; k0 += BK / 4) {
+        barrier();                        // every subgroup is done with the last step's tiles
+        [[unroll]] for (uint p = 0; p < XP; ++p) {
+            uint i = tid + p * NT;
+            if (i < XL) xs[i / (BK / 4) * S4 + i % (BK / 4)] = f16vec4(xr[p]);
+        }
+        [[unroll]] for (uint p = 0; p < WP; ++p) {
+            uint i = tid + p * NT;
+            if (i < WL) ws[i / (BK / 4) * S4 + i % (BK / 4)] = f16vec4(wr[p]);
+        }
+        barrier();
+        uint k1 = k0 + BK / 4;            // the next step; out-of-range columns load as 0
+        if (k1 < cols4) {
+            [[unroll]] for (uint p = 0; p < XP; ++p) {
+                uint i = tid + p * NT, t = i / (BK / 4), q = k1 + i % (BK / 4);
+                xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4 ? x[(t0 + t) * cols4 + q]
+                                                                    : vec4(0.0);
+            }
+            [[unroll]] for (uint p = 0; p < WP; ++p) {
+                uint i = tid + p * NT, r = i / (BK / 4), q = k1 + i % (BK / 4);
+                wr[p] = i < WL && n0 + r < pc.n_rows && q < cols4 ? weight4(n0 + r, q, pc.n_cols)
+                                                                 : vec4(0.0);
+            }
+        }
+        [[unroll]] for (uint kk = 0; kk < BK / TK; ++kk) {
+            coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b[CN];
+            [[unroll]] for (uint j = 0; j < CN; ++j)
+                coopMatLoad(b[j], ws, (sn0 + j * TN) * S4 + kk * TK / 4, S4,
+                            gl_CooperativeMatrixLayoutColumnMajor);
+            [[unroll]] for (uint i = 0; i < CM; ++i) {
+                coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
+                coopMatLoad(a, xs, (sm0 + i * TM) * S4 + kk * TK / 4, S4,
+                            gl_CooperativeMatrixLayoutRowMajor);
+                [[unroll]] for (uint j = 0; j < CN; ++j)
+                    acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);
+            }
+        }
+    }
+    uint lane = gl_SubgroupInvocationID, base = sg * TM * TN;
+    [[unroll]] for (uint i = 0; i < CM; ++i) {
+        uint t = t0 + sm0 + i * TM;
+        [[unroll]] for (uint j = 0; j < CN; ++j) {
+            uint n = n0 + sn0 + j * TN;
+            if (t >= pc.n_tokens || n >= pc.n_rows) continue;   // uniform per subgroup
+            if (t + TM <= pc.n_tokens && n + TN <= pc.n_rows && pc.n_rows % 4 == 0) {
+                coopMatStore(acc[i * CN + j], y, t * pc.n_rows + n, pc.n_rows,
+                             gl_CooperativeMatrixLayoutRowMajor);
+                continue;
+            }
+            coopMatStore(acc[i * CN + j], stage, base, TN, gl_CooperativeMatrixLayoutRowMajor);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            for (uint e = lane; e < TM * TN; e += gl_SubgroupSize) {
+                uint dt = e / TN, dn = e % TN;
+                if (t + dt < pc.n_tokens && n + dn < pc.n_rows)
+                    y[(t + dt) * pc.n_rows + n + dn] = stage[base + e];
+            }
+            subgroupBarrier();            // the tile is read before the next store
+        }
+    }
+}
