@@ -157,6 +157,13 @@ class Kernels:
         self._rope_pos = {neox: Op(p("rope_pos", {0: ELEMENTWISE_BLOCK, 1: int(neox)}),
                                    (F32, F32, F32, U32)) for neox in (False, True)}
         self._copy_rows_pos = Op(p("copy_rows_pos", {0: ELEMENTWISE_BLOCK}), (F32, F32, U32))
+        # The batched runner (vkrt/models/batch.py): positions from a device tensor, the
+        # KV-cache write by slot mapping, attention over a paged KV cache, argmax per row.
+        self._rope_positions = {neox: Op(p("rope_positions", {0: ELEMENTWISE_BLOCK,
+                                                               1: int(neox)}),
+                                         (F32, F32, F32, U32)) for neox in (False, True)}
+        self._kv_write = Op(p("kv_write", {0: ELEMENTWISE_BLOCK}), (F32, F32, U32, F32, F32))
+        self._paged: dict[int, Op] = {}   # window -> attention_paged op (built on first use)
         self._advance_pos = Op(p("advance_pos", {}), (U32,))
         # silu_mul.comp's activation: SiLU (False) or GELU-tanh (True, constant GELU).
         self._silu_mul = {gelu: Op(p("silu_mul", {0: ELEMENTWISE_BLOCK, 1: int(gelu)}),
@@ -166,6 +173,8 @@ class Kernels:
         self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._argmax = Op(p("argmax", {0: ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK}),
                           (F32, U32))
+        self._argmax_rows = Op(p("argmax_rows", {0: ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK}),
+                               (F32, U32))
         # attention's workgroup is one head: local_size_x = head_dim. Sliding-window layers
         # get their own pipelines (specialization constant WINDOW; `_windowed`).
         self._attention = self._attention_split = self._attention_combine = None
@@ -309,7 +318,7 @@ class Kernels:
         return "matmul_tiled" if self.tiled_matmul else "matmul"
 
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
-               name: str = "", accumulate: bool = False) -> Dispatch:
+               name: str = "", accumulate: bool = False, matmul: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
         of any `WEIGHTS` dtype (n_in % 4 == 0; a multiple of the block for block types, which
         `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; past
@@ -317,9 +326,11 @@ class Kernels:
         product (prefill; x_row must be 0): `prefill_kernel` picks `matmul_coop` (f16
         tensor cores) where the device has them, else `matmul_tiled` on a GPU, `matmul` on a
         CPU device. `accumulate` (one token only): y += the product instead (`matvec_add`: a
-        residual add folded into the projection)."""
+        residual add folded into the projection). `matmul`: the matrix product even for one
+        token, and never `matmul_coop` (the batched runner: a token's result must not depend
+        on how many tokens run with it, so every count takes the same f32 kernel)."""
         n_out, n_in = weight.shape
-        if n_tokens == 1:
+        if n_tokens == 1 and not matmul:
             rows = self.many_rows_per_group if n_out > FEW_ROWS else 1
             threads = self.row_threads(n_out) * rows
             op = self.weight_op("matvec_add" if accumulate else "matvec", weight, threads,
@@ -330,7 +341,8 @@ class Kernels:
                 n_rows=n_out)
         assert x_row == 0 and not accumulate, "matmul reads x from row 0 and overwrites y"
         need = (None, n_tokens * n_in, n_tokens * n_out)
-        kernel = self.prefill_kernel(n_tokens)
+        kernel = (("matmul_tiled" if self.tiled_matmul else "matmul") if matmul
+                  else self.prefill_kernel(n_tokens))
         if kernel == "matmul_coop":
             spec = self.coop_spec(n_out, n_tokens)
             x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
@@ -444,6 +456,70 @@ class Kernels:
                                        width=width, dst_row=dst_row)
         return self._copy_rows(src, dst, grid=grid, name=name, need=need, width=width,
                                dst_row=dst_row)
+
+    def rope_positions(self, src: Tensor, cos_sin: Tensor, dst: Tensor, positions: Tensor,
+                       n_tokens: int, n_heads: int, head_dim: int, name: str = "",
+                       neox: bool = False) -> Dispatch:
+        """dst[t] = src[t] rotated by the angles of position positions[t] for t < n_tokens
+        (`rope_positions`: pairs as `rope`); src, dst [tokens, n_heads * head_dim] f32,
+        positions [tokens] u32 (a device tensor the batched runner writes each step), cos_sin
+        [n_positions, head_dim / 2, 2] f32. The caller keeps every position below
+        n_positions (vkrt/models/batch.py checks them on the host)."""
+        width = n_heads * head_dim
+        grid = (_groups(width // 2, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
+        return self._rope_positions[neox](
+            src, cos_sin, dst, positions, grid=grid, name=name,
+            need=(n_tokens * width, head_dim, n_tokens * width, n_tokens), n_heads=n_heads,
+            head_dim=head_dim, pos0=0, dst_row=0)
+
+    def kv_write(self, k: Tensor, v: Tensor, slots: Tensor, k_cache: Tensor, v_cache: Tensor,
+                 n_tokens: int, name: str = "") -> Dispatch:
+        """k_cache[slots[t]] = k[t], v_cache[slots[t]] = v[t] for t < n_tokens: this step's K
+        (after RoPE) and V into a paged KV cache by slot mapping (`kv_write`); k, v [tokens,
+        width] f32, slots [tokens] u32, caches [n_slots, width] f32. The caller keeps every
+        slot below n_slots (vkrt/models/batch.py checks the slot mapping on the host)."""
+        width = k_cache.shape[-1]
+        grid = (_groups(width, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
+        return self._kv_write(k, v, slots, k_cache, v_cache, grid=grid, name=name,
+                              need=(n_tokens * width, n_tokens * width, n_tokens, width, width),
+                              width=width)
+
+    def attention_paged(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor,
+                        positions: Tensor, seq_of_token: Tensor, block_tables: Tensor,
+                        n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                        block_size: int, scale: float, name: str = "",
+                        window: int = 0) -> Dispatch:
+        """Causal grouped-query attention of n_tokens queries of several sequences over a
+        paged KV cache (`attention_paged`, one workgroup per (head, token)): token t attends to
+        positions 0 ..= positions[t] (the last `window` of them when window > 0) of sequence
+        seq_of_token[t], position j at slot block_tables[seq, j // block_size] * block_size +
+        j % block_size. q, out [tokens, n_heads * head_dim] f32; caches [n_slots, n_kv_heads *
+        head_dim] f32; positions, seq_of_token [tokens] u32; block_tables [rows, table_width]
+        u32 (device tensors the batched runner writes each step; it checks every slot a token
+        reaches on the host). A token's result depends only on its position and its
+        sequence's keys (the reduction order of attention.comp)."""
+        if head_dim % 4:
+            raise ShaderInterfaceError(f"attention_paged: head_dim {head_dim} is not a multiple "
+                                       "of 4 (vec4 loads)")
+        op = self._paged.get(window)
+        if op is None:
+            spec = {0: head_dim, 1: window} if window else {0: head_dim}
+            op = self._paged[window] = Op(self._pipelines.get_pipeline("attention_paged", spec),
+                                          (F32, F32, F32, F32, U32, U32, U32))
+        qn = n_tokens * n_heads * head_dim
+        kvw = n_kv_heads * head_dim
+        return op(q, k_cache, v_cache, out, positions, seq_of_token, block_tables,
+                  grid=(n_heads, *spread(n_tokens, self.limit[1:])), name=name,
+                  need=(qn, kvw, kvw, qn, n_tokens, n_tokens, block_tables.shape[-1]),
+                  n_heads=n_heads, n_kv_heads=n_kv_heads, block_size=block_size,
+                  table_width=block_tables.shape[-1], scale=scale)
+
+    def argmax_rows(self, logits: Tensor, out: Tensor, n: int, n_rows: int,
+                    name: str = "") -> Dispatch:
+        """out[r] = the smallest index of the largest of logits[r * n : (r + 1) * n] for
+        r < n_rows (`argmax_rows`, one workgroup per row); logits f32, out u32."""
+        return self._argmax_rows(logits, out, grid=(n_rows, 1, 1), name=name,
+                                 need=(n_rows * n, n_rows), n=n, offset=0)
 
     def advance_pos(self, pos: Tensor, n: int, name: str = "advance_pos") -> Dispatch:
         """pos[0] += n on the GPU: the last dispatch of a replayed step ([1] u32)."""

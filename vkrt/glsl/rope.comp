@@ -17,6 +17,9 @@
 // Variant rope_pos (POS_BUFFER): binding 3 holds a u32 P added to pos0 (and to dst_row when
 // push constant dst_at_pos is 1: K into the cache), so a recorded step can be replayed at the
 // next position (the step advances P on the GPU).
+// Variant rope_positions (POSITIONS): binding 3 holds positions [n_tokens] u32, token t's
+// position in its own sequence (the batched runner, vkrt/models/batch.py): token t is rotated
+// by the angles of position positions[t] and written at row dst_row + t (pos0 unused).
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
 layout(local_size_x_id = 0) in;
@@ -27,7 +30,10 @@ layout(set = 0, binding = 2) writeonly buffer Dst { vec2 dst[]; };
 layout(set = 0, binding = 0) readonly buffer SrcF { float src_f[]; };
 layout(set = 0, binding = 2) writeonly buffer DstF { float dst_f[]; };
 layout(constant_id = 1) const uint NEOX = 0;
-#ifdef POS_BUFFER
+#if defined(POSITIONS)
+layout(push_constant) uniform Push { uint n_heads; uint head_dim; uint pos0; uint dst_row; } pc;
+layout(set = 0, binding = 3) readonly buffer Positions { uint positions[]; };
+#elif defined(POS_BUFFER)
 layout(push_constant) uniform Push {
     uint n_heads; uint head_dim; uint pos0; uint dst_row; uint dst_at_pos;
 } pc;
@@ -40,12 +46,16 @@ void main() {
     uint p = gl_GlobalInvocationID.x, t = token_index();
     uint half_dim = pc.head_dim / 2, pairs = pc.n_heads * half_dim;
     if (p >= pairs) return;
-#ifdef POS_BUFFER
+#if defined(POSITIONS)
+    uint position = positions[t], row_shift = 0;
+#elif defined(POS_BUFFER)
     uint shift = pos_buf[0], row_shift = pc.dst_at_pos != 0 ? shift : 0;
+    uint position = pc.pos0 + shift + t;
 #else
     uint shift = 0, row_shift = 0;
+    uint position = pc.pos0 + shift + t;
 #endif
-    vec2 r = cos_sin[(pc.pos0 + shift + t) * half_dim + p % half_dim];
+    vec2 r = cos_sin[position * half_dim + p % half_dim];
     if (NEOX != 0) {
         // element e of head h = p / half_dim and its partner e + half_dim
         uint e = (p / half_dim) * pc.head_dim + p % half_dim;

@@ -25,6 +25,7 @@ import numpy as np
 from vkrt import config, weight_types
 from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels, attention_partials
+from vkrt.models.batch import PagedBatch
 from vkrt.models.decoder import Decoder
 from vkrt.models.arch import QKV_LAYERS, Arch
 from vkrt.models.gguf import GGUFFile
@@ -185,12 +186,14 @@ class Activations:
         self.arena.close()
 
 
-class Llama(Decoder):
+class Llama(PagedBatch, Decoder):
     """A Llama-architecture model resident on one device.
 
     Build with `Llama.from_gguf(device, gguf)`. `setup_caches(max_seq)` allocates the KV cache:
     one buffer holding, per layer, `k_cache[i]` and `v_cache[i]`, views of
     `[max_seq, n_head_kv * head_dim]` f32. Decode steps can be replayed (`Decoder`).
+    Several sequences at once over a paged KV cache: `setup_paged_cache`, `execute_batch`
+    (`PagedBatch`, vkrt/models/batch.py).
     """
 
     replayable = True
@@ -571,6 +574,7 @@ class Llama(Decoder):
         for b in {id(t.buffer): t.buffer for t in self.w.values()}.values():
             b.close()  # each weight buffer once (the arena's hold many views)
         self._close_caches()
+        self._close_paged()
         self.stream.close()
 
 

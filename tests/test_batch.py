@@ -1,0 +1,236 @@
+"""The batched runner over a paged KV cache (vkrt/models/batch.py): greedy tokens against
+transformers fp32, and BATCH INVARIANCE: a sequence's logits bit-identical (np.array_equal)
+whether it runs alone or in batches with other sequences, in prefill chunks or decode steps,
+in any batch-size bucket, replayed or recorded.
+
+`Pages` is a minimal block manager (what the scheduler's KV-block manager does): each sequence
+gets physical blocks from a shuffled free list as it grows, so sequences' blocks interleave
+and a block table row is never contiguous; `step(...)` builds one `BatchInput`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from family_files import GEMMA3_WINDOW, N_VOCAB, hf_model, write_gguf
+from reference import TransformersReference
+from test_families import ORACLE_CONFIG
+from vkrt import config
+from vkrt.models import batch as batch_mod
+from vkrt.models.batch import BatchInput
+from vkrt.models.gguf import load_gguf
+from vkrt.models.llama import Llama
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 64
+
+
+class Pages:
+    """Block tables of named sequences over `num_blocks` blocks, handed out in a shuffled
+    order (seeded)."""
+
+    def __init__(self, num_blocks: int, block_size: int, seed: int = 0):
+        self.block_size = block_size
+        self.free = list(np.random.default_rng(seed).permutation(num_blocks))
+        self.blocks: dict[str, list[int]] = {}
+
+    def slot(self, seq: str, pos: int) -> int:
+        blocks = self.blocks.setdefault(seq, [])
+        while len(blocks) <= pos // self.block_size:
+            blocks.append(int(self.free.pop()))
+        return blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def step(self, parts: list[tuple[str, list[int], int, bool]], all_logits: bool = True,
+             ) -> tuple[BatchInput, list[tuple[str, int]]]:
+        """One step of `parts` (sequence, its new token ids, the first one's position, whether
+        it samples) and the (sequence, position) of each logit row: every token's with
+        `all_logits`, else the last token of each sampling part."""
+        ids, pos, seq, slots, logit, rows = [], [], [], [], [], []
+        names = list(dict.fromkeys(p[0] for p in parts))
+        for name, tokens, start, sample in parts:
+            for j, tok in enumerate(tokens):
+                if all_logits or (sample and j == len(tokens) - 1):
+                    logit.append(len(ids))
+                    rows.append((name, start + j))
+                ids.append(tok)
+                pos.append(start + j)
+                seq.append(names.index(name))
+                slots.append(self.slot(name, start + j))
+        width = max(len(self.blocks[n]) for n in names) + 1
+        tables = np.full((len(names), width), 999999, np.uint32)   # unused: any value
+        for r, n in enumerate(names):
+            tables[r, :len(self.blocks[n])] = self.blocks[n]
+        u32 = lambda v: np.asarray(v, np.uint32)  # noqa: E731
+        return BatchInput(u32(ids), u32(pos), u32(seq), u32(slots), tables, u32(logit)), rows
+
+
+def run_schedule(model, schedule, prompts: dict[str, list[int]], n_new: int, seed: int = 0):
+    """Run sequences through steps as `schedule(state)` groups them, greedy, every token's
+    logits kept: returns ({(seq, pos): logits row}, {seq: generated tokens}). `schedule`
+    gets {seq: (tokens so far, position of the next token to run)} and returns the parts of
+    the next step ((seq, count) pairs: the next `count` tokens of seq)."""
+    pages = Pages(NUM_BLOCKS, BLOCK_SIZE, seed)
+    model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
+    tokens = {s: list(p) for s, p in prompts.items()}
+    done = {s: 0 for s in prompts}        # tokens of s whose K/V are in the cache
+    logits, generated = {}, {s: [] for s in prompts}
+    while any(len(generated[s]) < n_new for s in prompts):
+        parts = []
+        for s, count in schedule(done, tokens, generated, n_new):
+            new = tokens[s][done[s]:done[s] + count]
+            samples = done[s] + count == len(tokens[s])
+            parts.append((s, new, done[s], samples))
+        b, rows = pages.step(parts)
+        out = model.execute_batch(b, want_logits=True)
+        for r, (s, pos) in enumerate(rows):
+            logits[(s, pos)] = out.logits[r]
+        for s, new, start, samples in parts:
+            done[s] += len(new)
+            if samples:
+                r = rows.index((s, start + len(new) - 1))
+                generated[s].append(int(out.argmax[r]))
+                tokens[s].append(int(out.argmax[r]))
+                assert out.argmax[r] == np.argmax(out.logits[r])
+    return logits, {s: g[:n_new] for s, g in generated.items()}
+
+
+def alone(seq: str):
+    """Schedule: only `seq`, its whole prompt in one step, then one token per step."""
+    def schedule(done, tokens, generated, n_new):
+        if len(generated[seq]) >= n_new:
+            return []
+        return [(seq, len(tokens[seq]) - done[seq])]
+    return schedule
+
+
+def mixed(chunk: int):
+    """Schedule: every unfinished sequence each step, prefills in chunks of `chunk` tokens
+    (so prefill chunks and decode tokens share steps, in varying bucket sizes)."""
+    def schedule(done, tokens, generated, n_new):
+        return [(s, min(chunk, len(tokens[s]) - done[s])) for s in tokens
+                if len(generated[s]) < n_new]
+    return schedule
+
+
+def check_invariance(model, prompts, n_new, chunks=(3, 5)):
+    """Each sequence alone, then all mixed with prefill chunks of each size (and, last, all
+    recorded, no replay): every logits row bit-identical, the same greedy tokens. Returns the
+    alone runs' tokens."""
+    ref_logits, ref_tokens = {}, {}
+    for s in prompts:
+        lg, toks = run_schedule(model, alone(s), {s: prompts[s]}, n_new, seed=len(s))
+        ref_logits.update(lg)
+        ref_tokens.update(toks)
+    runs = [(f"chunks of {c}", lambda c=c: run_schedule(model, mixed(c), prompts, n_new))
+            for c in chunks]
+
+    def recorded():
+        with config.REPLAY.override("0"):
+            return run_schedule(model, mixed(chunks[0]), prompts, n_new, seed=7)
+    runs.append(("recorded", recorded))
+    for what, run in runs:
+        lg, toks = run()
+        assert toks == ref_tokens, what
+        assert lg.keys() == ref_logits.keys(), what
+        differ = [key for key in lg if not np.array_equal(lg[key], ref_logits[key])]
+        assert not differ, f"{what}: logits not bit-identical at (seq, position) {differ[:4]}"
+    return ref_tokens
+
+
+PROMPTS = {"count": "1, 2, 3, 4, 5,", "alphabet": "a b c d e f g",
+           "days": "Monday, Tuesday, Wednesday,"}
+
+
+def test_batch_smollm2_matches_transformers_and_is_batch_invariant(llama, tok, reference):
+    n_new = 6
+    prompts = {s: tok.encode(p) for s, p in PROMPTS.items()}
+    tokens = check_invariance(llama, prompts, n_new)
+    for s, ids in prompts.items():
+        assert tokens[s] == reference.greedy(ids, n_new), s
+
+
+@pytest.fixture(scope="module")
+def tok(default_gguf):
+    from vkrt.models.tokenizer import Tokenizer
+
+    return Tokenizer.from_metadata(default_gguf.metadata)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_batch_family_matches_transformers_and_is_batch_invariant(arch, device, tmp_path):
+    path = write_gguf(tmp_path / f"{arch}.gguf", hf_model(arch), arch, "F32")
+    ref = TransformersReference(str(path), **ORACLE_CONFIG.get(arch, {}))
+    rng = np.random.default_rng(3)
+    lengths = {"a": 11, "b": 3, "c": 6}   # "a" + generated crosses gemma3's window of 8
+    prompts = {s: [int(i) for i in rng.integers(0, N_VOCAB, n)] for s, n in lengths.items()}
+    n_new = 6
+    assert lengths["a"] > GEMMA3_WINDOW
+    model = Llama.from_gguf(device, load_gguf(path))
+    try:
+        tokens = check_invariance(model, prompts, n_new)
+        for s, ids in prompts.items():
+            assert tokens[s] == ref.greedy(ids, n_new), s
+        # Teacher-forced logits of one sequence's prefill against transformers' (1e-4).
+        ids = prompts["a"]
+        lg, _ = run_schedule(model, alone("a"), {"a": ids}, 1)
+        got = np.array([lg[("a", p)] for p in range(len(ids))])
+        err = np.abs(got - ref.logits(ids)).max()
+        assert err < 1e-4, f"{arch}: max |logit diff| {err:.2e}"
+    finally:
+        model.close()
+
+
+def test_batch_buckets_capture_once_each(llama):
+    """A step is captured once per (T bucket, R bucket) and replayed after; T past the largest
+    bucket is recorded."""
+    pages = Pages(NUM_BLOCKS, BLOCK_SIZE)
+    llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
+    c = llama.stream.counters
+    outs = {}
+    for n, captures in ((3, 1), (4, 0), (3, 0), (2, 1), (4, 0)):   # buckets 4, 4, 4, 2, 4
+        b, _ = pages.step([(f"s{n}", list(range(1, n + 1)), 0, True)], all_logits=False)
+        pages.blocks.clear()      # the next step gets other blocks
+        before = (c.captures, c.replays)
+        out = llama.execute_batch(b, want_logits=True)
+        # The same tokens in other blocks: the same bits.
+        assert np.array_equal(outs.setdefault(n, out.logits), out.logits)
+        assert (c.captures - before[0], c.replays - before[1]) == (captures, 1), n
+    big = batch_mod.MAX_REPLAY_TOKENS + 1
+    b, _ = pages.step([("big", [1] * big, 0, True)], all_logits=False)
+    before = c.replays
+    llama.execute_batch(b)
+    assert c.replays == before
+
+
+def test_batch_input_errors_name_the_field(llama):
+    llama.setup_paged_cache(8, BLOCK_SIZE)
+    assert llama.paged_cache_info == (8, BLOCK_SIZE)
+    u32 = lambda v: np.asarray(v, np.uint32)  # noqa: E731
+
+    def batch(**change):
+        fields = dict(token_ids=u32([1, 2]), positions=u32([0, 1]), seq_of_token=u32([0, 0]),
+                      slot_mapping=u32([12, 13]), block_tables=u32([[3, 5]]),
+                      logit_tokens=u32([1]))
+        fields.update(change)
+        return BatchInput(**fields)
+
+    llama.execute_batch(batch())
+    for change, match in [
+            (dict(positions=np.array([0, 1], np.int64)), r"positions: int64 \[2\]"),
+            (dict(positions=u32([0])), "positions: 1 entries for 2 tokens"),
+            (dict(token_ids=u32([1, 10 ** 6])), "token_ids: token 1 is id 1000000"),
+            (dict(seq_of_token=u32([0, 1])), "seq_of_token: token 1 is in row 1, past the 1"),
+            (dict(slot_mapping=u32([12, 14])), "slot_mapping: token 1 .* writes slot 14, its "
+                                               "block table says 13"),
+            (dict(block_tables=u32([[3, 8]]), positions=u32([0, 4]),
+                  slot_mapping=u32([12, 32])), "block_tables: row 0 block 1 is 8, past the 8"),
+            (dict(positions=u32([0, 8]), slot_mapping=u32([12, 0])),
+             "positions: token 1 is at position 8, past its block-table row of 2 blocks"),
+            (dict(positions=u32([0, 40])), "positions: token 1 is at position 40, past the 32"),
+            (dict(positions=u32([1, 1]), slot_mapping=u32([13, 13])),
+             "slot_mapping: slot 13 is written by tokens 0 and 1"),
+            (dict(logit_tokens=u32([2])), "logit_tokens: row 0 is token 2, past the 2 tokens"),
+            (dict(token_ids=u32([]), positions=u32([]), seq_of_token=u32([]),
+                  slot_mapping=u32([])), "token_ids: 0 tokens")]:
+        with pytest.raises(ValueError, match=match):
+            llama.execute_batch(batch(**change))

@@ -1,0 +1,436 @@
+"""The batched forward over a paged KV cache: one engine step of several sequences at once, as
+vLLM's GPU model runner runs it (vllm/v1/worker/gpu_model_runner.py): the new tokens of every
+scheduled sequence flattened into one list of T tokens, each with its position in its own
+sequence, the row of the block table it belongs to and the KV-cache slot its K/V goes to.
+
+KV cache (`setup_paged_cache(num_blocks, block_size)`): per layer, K and V of
+`[num_blocks * block_size + 1, n_head_kv * head_dim]` f32, slot = block * block_size + offset;
+the last slot is reserved scratch (padded tokens write it, no real token reads it). A block
+table row lists a sequence's physical block ids in order: position j of sequence s is slot
+`block_tables[s][j // block_size] * block_size + j % block_size`.
+
+One step (`execute_batch`): the token ids, positions, sequence rows, slot mapping, block table
+rows and logit rows are written into device tensors (u32), then the step runs: embedding, per
+layer RMSNorm, Q/K/V products, RoPE at each token's position (`rope_positions`), K and V
+written by slot mapping (`kv_write`) BEFORE attention, so a prefill chunk attends to its own
+keys in the same step and decode tokens mix with it; attention over each token's own sequence
+through its block table (`attention_paged`); the MLP; the final norm, logits and argmax of the
+`logit_tokens` rows only (`argmax_rows`). The command buffer does not depend on those values:
+T is padded to a bucket (1, 2, 4, ..., MAX_REPLAY_TOKENS; R, the logit rows, likewise up to
+the bucket) and each bucket's step is captured once and replayed (vkrt/runtime/replay.py),
+captured again when the activations, the KV cache or the bucket's input tensors are
+reallocated. Padded tokens are token 0 at position 0 of a scratch block-table row whose every
+block is the scratch slot's, so they write and read only that slot. More tokens than the
+largest bucket (long prefill chunks) are recorded each step, unpadded.
+
+Batch invariance: a sequence's logits are bit-identical whatever else is in the batch and
+whatever T is. Every kernel of the step computes each token's row alone in an order fixed by
+its own data: the products always run the matrix-product kernels (`matmul`/`matmul_tiled`,
+even at T = 1: never the decode matvecs, whose reduction order differs), norms one row per
+workgroup, attention one workgroup per (head, token) over blocks of positions from its first
+visible position (attention.comp's order). Padding never changes a real token's row.
+
+OPT (vkrt/models/opt.py) has no batched runner: it stays batch-size 1.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from vkrt import config
+from vkrt.models.scratch import arena, kv_cache
+from vkrt.runtime.dispatch import Dispatch
+from vkrt.runtime.tensor import Tensor
+
+MAX_REPLAY_TOKENS = 64    # the largest bucket: more tokens per step are recorded, unpadded
+
+
+def bucket(n: int) -> int:
+    """The batch-size bucket of `n` tokens (or logit rows): the least power of two >= n; 0 for
+    0 (a step returning no logits)."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+@dataclass
+class BatchInput:
+    """One engine step, flattened (vllm/v1/worker/gpu_model_runner.py): T tokens of S sequences."""
+    token_ids: np.ndarray     # u32 [T] the new tokens of every scheduled sequence, sequence after sequence
+    positions: np.ndarray     # u32 [T] each token's position in its own sequence
+    seq_of_token: np.ndarray  # u32 [T] the row of block_tables each token belongs to
+    slot_mapping: np.ndarray  # u32 [T] KV-cache slot its K/V is written to: block_tables[s][pos // block_size] * block_size + pos % block_size
+    block_tables: np.ndarray  # u32 [S, max_blocks_per_seq] physical block ids per sequence (unused entries any value)
+    logit_tokens: np.ndarray  # u32 [R] indices into the T tokens whose logits the step returns (the last token of each sequence that samples this step)
+
+
+@dataclass
+class BatchOutput:
+    argmax: np.ndarray              # u32 [R] greedy token per logit row (computed on the GPU)
+    logits: np.ndarray | None       # f32 [R, n_vocab] when asked for, else None
+
+
+@dataclass
+class PagedCache:
+    """The paged KV cache of every layer: `k[i]`, `v[i]` views of `[n_slots, kv_width]` f32
+    (n_slots = num_blocks * block_size + 1, the last the scratch slot) in one buffer, the
+    RoPE tables for positions 0 .. max_positions - 1 (`rope`, `rope_swa` for sliding layers
+    or None), and the block-table width the device tensors hold (`table_width` blocks: enough
+    for max_positions)."""
+    num_blocks: int
+    block_size: int
+    buffer: object
+    k: list
+    v: list
+    rope: Tensor
+    rope_swa: Tensor | None
+    max_positions: int
+    table_width: int
+
+    @property
+    def scratch_slot(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def close(self) -> None:
+        self.buffer.close()
+        self.rope.buffer.close()
+        if self.rope_swa is not None:
+            self.rope_swa.buffer.close()
+
+
+class StepInputs:
+    """A bucket's device tensors (u32, one buffer): `ids`, `positions`, `seq`, `slots` [T],
+    `logit_rows` [T] (R of them used), `tables` [T + 1, table_width] (row T: the scratch
+    row), `argmax` [T]; `host` the packed array written in one copy (every view but argmax)."""
+
+    def __init__(self, device, n_tokens: int, table_width: int):
+        T, W = n_tokens, table_width
+        layout = {"ids": ("uint32", (T,)), "positions": ("uint32", (T,)),
+                  "seq": ("uint32", (T,)), "slots": ("uint32", (T,)),
+                  "logit_rows": ("uint32", (T,)), "tables": ("uint32", (T + 1, W)),
+                  "argmax": ("uint32", (T,))}
+        self.buffer, views = arena(device, layout, name=f"batch_inputs[{T}]")
+        self.n_tokens, self.table_width = T, W
+        for key, view in views.items():
+            setattr(self, key, view)
+        end = self.argmax.offset   # everything before argmax is written each step
+        self.inputs = Tensor(self.buffer, 0, end, "uint32", (end // 4,), "batch_inputs")
+
+    def pack(self, fields: dict[str, np.ndarray]) -> np.ndarray:
+        """The bytes of `inputs`: each field's u32 values at its view's offset."""
+        host = np.zeros(self.inputs.shape[0], np.uint32)
+        for key, values in fields.items():
+            view = getattr(self, key)
+            start = view.offset // 4
+            host[start:start + values.size] = values.reshape(-1)
+        return host
+
+    def close(self) -> None:
+        self.buffer.close()
+
+
+class PagedBatch:
+    """The batched runner of `Llama` (mixed in): `setup_paged_cache`, `execute_batch`,
+    `paged_cache_info`. Uses the model's weights, stream, kernels and activations."""
+
+    _paged: PagedCache | None = None
+    _step_inputs: dict | None = None      # bucket (or recorded T) -> StepInputs
+    _batch_replays: dict | None = None    # (stream serial, T bucket, R bucket) -> Recording
+
+    # -- the KV cache --------------------------------------------------------------------
+    def setup_paged_cache(self, num_blocks: int, block_size: int) -> None:
+        """Allocate the paged KV cache: `num_blocks` blocks of `block_size` slots per layer
+        for K and V (f32, like `setup_caches`' cache) and one scratch slot, and the RoPE tables
+        for positions below min(n_ctx, num_blocks * block_size); frees a previous paged cache
+        (its recorded steps are captured again).
+        Raises: ValueError for num_blocks or block_size < 1, or when one layer's K (or V)
+        cache passes the device's maxStorageBufferRange."""
+        from vkrt.models.llama import rope_table
+
+        if not (isinstance(num_blocks, (int, np.integer)) and num_blocks >= 1
+                and isinstance(block_size, (int, np.integer)) and block_size >= 1):
+            raise ValueError(f"setup_paged_cache: num_blocks {num_blocks!r} and block_size "
+                             f"{block_size!r} must be integers >= 1")
+        hp = self.hp
+        width = hp.n_head_kv * hp.head_dim
+        n_slots = num_blocks * block_size + 1
+        limit = self.device.max_storage_buffer_range
+        if n_slots * width * 4 > limit:
+            raise ValueError(f"setup_paged_cache: {num_blocks} blocks of {block_size} slots are "
+                             f"{n_slots * width * 4} bytes of K per layer, more than the "
+                             f"device's maxStorageBufferRange of {limit} bytes")
+        self._close_paged()
+        max_positions = min(hp.n_ctx, num_blocks * block_size)
+        rope = self.stream.upload(rope_table(hp.head_dim, hp.rope_theta, max_positions,
+                                             hp.rope_scale, self.rope_freqs), name="paged_rope")
+        rope_swa = None
+        if any(hp.swa_layers):
+            rope_swa = self.stream.upload(rope_table(hp.head_dim, hp.rope_theta_swa,
+                                                     max_positions), name="paged_rope_swa")
+        buffer, k, v = kv_cache(self.device, hp.n_layer, n_slots, width,
+                                lambda i, what: f"blk.{i}.paged_{what}")
+        self._paged = PagedCache(int(num_blocks), int(block_size), buffer, k, v, rope, rope_swa,
+                                 max_positions, -(-max_positions // block_size))
+
+    @property
+    def paged_cache_info(self) -> tuple[int, int] | None:
+        """(num_blocks, block_size) of the paged KV cache, or None before `setup_paged_cache`."""
+        p = self._paged
+        return None if p is None else (p.num_blocks, p.block_size)
+
+    def _close_paged(self) -> None:
+        if self._batch_replays:
+            for rec in self._batch_replays.values():
+                self.stream.drop(rec)
+        self._batch_replays = {}
+        for inputs in (self._step_inputs or {}).values():
+            inputs.close()
+        self._step_inputs = {}
+        if self._paged is not None:
+            self._paged.close()
+            self._paged = None
+
+    # -- one step ------------------------------------------------------------------------
+    def validate_batch(self, b: BatchInput) -> None:
+        """Check a step before anything is written. Raises ValueError (one line naming the
+        field and the numbers): a field that is not a u32 numpy array of its shape, T = 0,
+        a token id past the vocabulary, a row past block_tables, a position at or past the
+        paged cache's positions or its block-table row, a block a token reads outside the
+        cache, a slot outside it, a slot_mapping entry that is not its position's slot, a slot
+        written twice, a logit row outside the T tokens, no paged cache."""
+        p = self._paged
+        if p is None:
+            raise ValueError("execute_batch: no paged KV cache (call setup_paged_cache first)")
+        for name, ndim in (("token_ids", 1), ("positions", 1), ("seq_of_token", 1),
+                           ("slot_mapping", 1), ("block_tables", 2), ("logit_tokens", 1)):
+            a = getattr(b, name)
+            if not isinstance(a, np.ndarray) or a.dtype != np.uint32 or a.ndim != ndim:
+                what = (f"{a.dtype} {list(a.shape)}" if isinstance(a, np.ndarray)
+                        else type(a).__name__)
+                raise ValueError(f"BatchInput.{name}: {what}, expected a {ndim}-D uint32 array")
+        T = b.token_ids.shape[0]
+        if T == 0:
+            raise ValueError("BatchInput.token_ids: 0 tokens, expected at least 1")
+        for name in ("positions", "seq_of_token", "slot_mapping"):
+            if getattr(b, name).shape[0] != T:
+                raise ValueError(f"BatchInput.{name}: {getattr(b, name).shape[0]} entries for "
+                                 f"{T} tokens")
+        S, W = b.block_tables.shape
+        R = b.logit_tokens.shape[0]
+
+        def first_bad(mask: np.ndarray) -> int | None:
+            return int(np.argmax(mask)) if mask.any() else None
+
+        checks = [
+            ("token_ids", b.token_ids >= self.hp.n_vocab,
+             lambda t: f"token {t} is id {b.token_ids[t]}, past the vocabulary of "
+                       f"{self.hp.n_vocab}"),
+            ("seq_of_token", b.seq_of_token >= S,
+             lambda t: f"token {t} is in row {b.seq_of_token[t]}, past the {S} rows of "
+                       "block_tables"),
+            ("positions", b.positions >= p.max_positions,
+             lambda t: f"token {t} is at position {b.positions[t]}, past the "
+                       f"{p.max_positions} positions of the paged KV cache (min(n_ctx, "
+                       "num_blocks * block_size))"),
+            ("positions", b.positions // p.block_size >= W,
+             lambda t: f"token {t} is at position {b.positions[t]}, past its block-table row "
+                       f"of {W} blocks of {p.block_size}"),
+            ("logit_tokens", b.logit_tokens >= T,
+             lambda r: f"row {r} is token {b.logit_tokens[r]}, past the {T} tokens"),
+        ]
+        for name, mask, message in checks:
+            bad = first_bad(mask)
+            if bad is not None:
+                raise ValueError(f"BatchInput.{name}: {message(bad)}")
+        # Every block a token reads (its sequence's blocks up to its own position's).
+        last = np.zeros(S, np.int64) - 1
+        np.maximum.at(last, b.seq_of_token.astype(np.int64), b.positions // p.block_size)
+        used = np.arange(W)[None, :] <= last[:, None]
+        bad = used & (b.block_tables >= p.num_blocks)
+        if bad.any():
+            s, j = (int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"BatchInput.block_tables: row {s} block {j} is "
+                             f"{b.block_tables[s, j]}, past the {p.num_blocks} blocks of the "
+                             "paged KV cache")
+        want = (b.block_tables[b.seq_of_token, b.positions // p.block_size].astype(np.int64)
+                * p.block_size + b.positions % p.block_size)
+        bad = first_bad(b.slot_mapping != want)
+        if bad is not None:
+            raise ValueError(f"BatchInput.slot_mapping: token {bad} (row {b.seq_of_token[bad]}, "
+                             f"position {b.positions[bad]}) writes slot {b.slot_mapping[bad]}, "
+                             f"its block table says {want[bad]}")
+        slots, counts = np.unique(b.slot_mapping, return_counts=True)
+        if (counts > 1).any():
+            slot = slots[np.argmax(counts > 1)]
+            tokens = np.flatnonzero(b.slot_mapping == slot)[:2]
+            raise ValueError(f"BatchInput.slot_mapping: slot {slot} is written by tokens "
+                             f"{tokens[0]} and {tokens[1]}")
+        if R > self._max_logit_rows():
+            raise ValueError(f"BatchInput.logit_tokens: {R} rows of {self.hp.n_vocab} logits "
+                             f"pass the device's maxStorageBufferRange (at most "
+                             f"{self._max_logit_rows()} rows)")
+
+    def _max_logit_rows(self) -> int:
+        return self.device.max_storage_buffer_range // (4 * self.hp.n_vocab)
+
+    def execute_batch(self, batch: BatchInput, want_logits: bool = False) -> BatchOutput:
+        """Run one step of T tokens (`BatchInput`) over the paged KV cache and return the
+        greedy token of each `logit_tokens` row (`BatchOutput.argmax`, u32 [R]) and, with
+        `want_logits`, their logits (f32 [R, n_vocab]). K/V of the T tokens are written into
+        their slots before attention. T up to MAX_REPLAY_TOKENS is padded to its bucket and
+        replayed (VKRT_REPLAY, no timestamps), more is recorded. Waits for the step.
+        Raises: ValueError from `validate_batch` (nothing is written then)."""
+        self.validate_batch(batch)
+        p, s = self._paged, self.stream
+        T, R = batch.token_ids.shape[0], batch.logit_tokens.shape[0]
+        replay = T <= MAX_REPLAY_TOKENS and config.REPLAY.value and not s.timing
+        T_b = bucket(T) if replay else T
+        R_b = min(bucket(R), T_b) if replay else R
+        inputs = self._inputs(T_b)
+        # Sequences as rows of the device table: the rows tokens name, in order; the scratch
+        # row (T_b) for padded tokens. Unused block entries become the scratch block.
+        rows, seq = np.unique(batch.seq_of_token, return_inverse=True)
+        W = min(batch.block_tables.shape[1], p.table_width)
+        tables = np.full((T_b + 1, p.table_width), p.num_blocks, np.uint32)
+        tables[:len(rows), :W] = np.minimum(batch.block_tables[rows, :W], p.num_blocks)
+        pad = T_b - T
+        fields = {
+            "ids": np.concatenate([batch.token_ids, np.zeros(pad, np.uint32)]),
+            "positions": np.concatenate([batch.positions, np.zeros(pad, np.uint32)]),
+            "seq": np.concatenate([seq.astype(np.uint32), np.full(pad, T_b, np.uint32)]),
+            "slots": np.concatenate([batch.slot_mapping,
+                                     np.full(pad, p.scratch_slot, np.uint32)]),
+            "logit_rows": np.concatenate([batch.logit_tokens, np.zeros(T_b - R, np.uint32)]),
+            "tables": tables}
+        s.write(inputs.inputs, inputs.pack(fields))
+        a = self._batch_activations(T_b, R_b)
+        if replay:
+            t0 = time.perf_counter_ns()
+            slot = (s.serial, T_b, R_b)
+            key = (slot, a.arena.serial, p.buffer.serial, inputs.buffer.serial,
+                   s.tracker.always)
+            rec = self._batch_replays.get(slot)
+            if rec is None or rec.key != key:
+                if rec is not None:
+                    s.drop(rec)
+                records = self.batch_step(inputs, T_b, R_b)
+                s.profiler.add("build", t0)
+                rec = self._batch_replays[slot] = s.capture(records, readback=inputs.argmax,
+                                                            key=key)
+            readback = s.replay(rec, inputs.argmax)
+            argmax = readback.get()[:R].copy() if R else np.zeros(0, np.uint32)
+        else:
+            t0 = time.perf_counter_ns()
+            records = self.batch_step(inputs, T_b, R_b)
+            s.profiler.add("build", t0)
+            s.record(records, flush_every=config.PREFILL_FLUSH.value if T_b > 1 else 0)
+            argmax = s.read(inputs.argmax.rows(0, R)) if R else np.zeros(0, np.uint32)
+        logits = None
+        if want_logits:
+            logits = (s.read(a.logits.rows(0, R)) if R
+                      else np.zeros((0, self.hp.n_vocab), np.float32))
+        return BatchOutput(np.asarray(argmax, np.uint32), logits)
+
+    def _inputs(self, n_tokens: int) -> StepInputs:
+        """The step inputs of a bucket (or of a recorded step of n_tokens: one kept, the
+        largest so far)."""
+        key = n_tokens if n_tokens <= MAX_REPLAY_TOKENS else "recorded"
+        cur = self._step_inputs.get(key)
+        if cur is None or cur.n_tokens < n_tokens:
+            if cur is not None:
+                cur.close()
+            cur = self._step_inputs[key] = StepInputs(self.device, n_tokens,
+                                                      self._paged.table_width)
+        return cur
+
+    def _batch_activations(self, T: int, R: int):
+        """The model's activations, large enough for T tokens and R logit rows (2 at least
+        when the output matrix is split, so its `head` exists)."""
+        rows = max(R, 1)
+        if self._output_name() in self.slices:
+            rows = max(rows, 2)
+        return self.activations(T, rows)
+
+    def batch_step(self, inputs: StepInputs, T: int, R: int) -> list[Dispatch]:
+        """The dispatches of one batched step of T tokens (the bucket) and R logit rows, reading
+        `inputs`' device tensors; nothing is recorded. Logits of the R rows land in
+        `acts.logits` rows 0 .. R - 1 and their argmax in `inputs.argmax`."""
+        hp, k, w, p = self.hp, self.k, self.w, self._paged
+        a = self._batch_activations(T, R)
+        out = self._embed(inputs.ids, a, T)
+        if hp.embed_scale != 1.0:
+            out.append(k.scale(a.x, T * hp.n_embd, hp.embed_scale, name="token_embd_scale"))
+        for i in range(hp.n_layer):
+            out += self._batch_layer(i, a, inputs, T)
+        if R == 0:
+            return out
+        # The logit rows of x, gathered (an f32 "embedding" lookup of x's rows) into proj.
+        out.append(k.embed(a.x, inputs.logit_rows, a.proj, R, name="logit_rows"))
+        out.append(k.rmsnorm(a.proj, w["output_norm.weight"], a.xn, R, hp.rms_eps,
+                             "output_norm"))
+        name = self._output_name()
+        if name not in self.slices:
+            out.append(k.linear(a.xn, w[name], a.logits, R, name="output", matmul=True))
+        else:
+            for row0, wt in self.slices[name]:
+                n = wt.shape[0]
+                out += [k.linear(a.xn, wt, a.head, R, name="output", matmul=True),
+                        k.copy_block(a.head, a.logits, R, n, row0, name="output.copy")]
+        out.append(k.argmax_rows(a.logits, inputs.argmax, hp.n_vocab, R, name="argmax"))
+        return out
+
+    def _batch_linear(self, x: Tensor, name: str, y: Tensor, T: int) -> list[Dispatch]:
+        """y = x W^T (+ b) for T tokens, always the matrix product (batch invariance)."""
+        k, w = self.k, self.w
+        out = [k.linear(x, w[name + ".weight"], y, T, name=name, matmul=True)]
+        if name + ".bias" in w:
+            out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
+        return out
+
+    def _batch_residual(self, i: int, a, T: int, post_norm: str,
+                        residual: str) -> list[Dispatch]:
+        """x += proj, or x += rmsnorm(proj) * the post-norm (as `Llama._projection`)."""
+        hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
+        if not hp.post_norms:
+            return [k.add(a.x, a.proj, T * hp.n_embd, name=blk + residual)]
+        return [k.rmsnorm_add(a.proj, w[blk + post_norm + ".weight"], a.x, T, hp.rms_eps,
+                              blk + post_norm)]
+
+    def _batch_layer(self, i: int, a, inputs: StepInputs, T: int) -> list[Dispatch]:
+        """Layer i of a batched step: `Llama._layer`'s arithmetic, unfused, with RoPE at each
+        token's position, K/V into the paged cache by slot mapping and paged attention."""
+        hp, k, w, p, blk = self.hp, self.k, self.w, self._paged, f"blk.{i}."
+        out = [k.rmsnorm(a.x, w[blk + "attn_norm.weight"], a.xn, T, hp.rms_eps,
+                         blk + "attn_norm"),
+               *self._batch_linear(a.xn, blk + "attn_q", a.q, T),
+               *self._batch_linear(a.xn, blk + "attn_k", a.k, T),
+               *self._batch_linear(a.xn, blk + "attn_v", a.v, T)]
+        q, kk, k_roped = a.q, a.k, a.kn
+        if hp.qk_norm:
+            out += [k.rmsnorm(a.q, w[blk + "attn_q_norm.weight"], a.attn, T * hp.n_head,
+                              hp.rms_eps, blk + "attn_q_norm"),
+                    k.rmsnorm(a.k, w[blk + "attn_k_norm.weight"], a.kn, T * hp.n_head_kv,
+                              hp.rms_eps, blk + "attn_k_norm")]
+            q, kk, k_roped = a.attn, a.kn, a.k
+        rope = p.rope_swa if hp.swa_layers[i] else p.rope
+        out += [
+            k.rope_positions(q, rope, a.q_rope, inputs.positions, T, hp.n_head, hp.head_dim,
+                             name=blk + "rope_q", neox=hp.rope_neox),
+            k.rope_positions(kk, rope, k_roped, inputs.positions, T, hp.n_head_kv, hp.head_dim,
+                             name=blk + "rope_k", neox=hp.rope_neox),
+            k.kv_write(k_roped, a.v, inputs.slots, p.k[i], p.v[i], T, name=blk + "kv_write"),
+            k.attention_paged(a.q_rope, p.k[i], p.v[i], a.attn, inputs.positions, inputs.seq,
+                              inputs.tables, T, hp.n_head, hp.n_head_kv, hp.head_dim,
+                              p.block_size, self.attn_scale, name=blk + "attn",
+                              window=hp.layer_window(i)),
+            *self._batch_linear(a.attn, blk + "attn_output", a.proj, T),
+            *self._batch_residual(i, a, T, "post_attention_norm", "attn_residual"),
+            k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps, blk + "ffn_norm"),
+            *self._batch_linear(a.xn, blk + "ffn_gate", a.gate, T),
+            *self._batch_linear(a.xn, blk + "ffn_up", a.up, T),
+            k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul",
+                       gelu=hp.gelu),
+            *self._batch_linear(a.act, blk + "ffn_down", a.proj, T),
+            *self._batch_residual(i, a, T, "post_ffw_norm", "ffn_residual"),
+        ]
+        return out
