@@ -37,6 +37,10 @@ GEN_TESTS = ["tests/test_gen_cli.py", "tests/test_gen_reflect.py", "tests/test_g
 
 # The weight readers' mutations run the product test of every weight type (weights.glsl).
 LINEAR = ["tests/test_kernels.py::test_linear_weights_as_stored"]
+# The batched runner's mutations: the random-family runs alone and mixed (bit-identity and
+# transformers' greedy tokens) and the bucket capture counts (tests/test_batch.py).
+BATCH_TESTS = ["tests/test_batch.py::test_batch_family_matches_transformers_and_is_batch_invariant",
+               "tests/test_batch.py::test_batch_buckets_capture_once_each"]
 
 # (name, file, old snippet, new snippet, tests that must fail)
 MUTATIONS = [
@@ -874,6 +878,21 @@ MUTATIONS = [
      "    if False:\n        # Vulkan binds", GEN_TESTS),
     ("refusal: kinds by opcode", "vkrt/gen/reflect.py",
      "        return _TYPE_WORDS[op]", '        return f"type opcode {op}"', GEN_TESTS),
+    # -- the batched runner over a paged KV cache (vkrt/models/batch.py) ------------------
+    ("batch: one block table shared by every sequence (row 0 read for all tokens)",
+     "vkrt/glsl/attention_paged.comp", "uint table = seq_of_token[t] * pc.table_width;",
+     "uint table = seq_of_token[0] * pc.table_width;", BATCH_TESTS),
+    ("batch: the second sequence's positions off by one", "vkrt/models/batch.py",
+     '"positions": np.concatenate([batch.positions, np.zeros(pad, np.uint32)]),',
+     '"positions": np.concatenate([batch.positions + (seq == 1), np.zeros(pad, np.uint32)]),',
+     BATCH_TESTS),
+    ("batch: a bucket's replay reused for another batch size", "vkrt/models/batch.py",
+     "            slot = (s.serial, T_b, R_b)\n"
+     "            key = (slot, a.arena.serial, p.buffer.serial, inputs.buffer.serial,\n",
+     "            slot = (s.serial, R_b)\n"
+     "            key = (slot, a.arena.serial, p.buffer.serial,\n", BATCH_TESTS),
+    ("batch: K/V written by token index, not slot mapping", "vkrt/glsl/kv_write.comp",
+     "uint slot = slots[t];", "uint slot = t;", BATCH_TESTS),
     # -- serving: vkrt/serve (the OpenAI-compatible server and its engine) ----------------
     ("serve: stop string matched per token only", "vkrt/serve/engine.py",
      "start = max(0, len(self.text) - self.hold)", "start = len(self.text)",
