@@ -1399,3 +1399,101 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, l
         got = gpu.read(t).reshape(rows, kvw)
         assert rel_err(got[p], want, scale) < 3e-7
         np.testing.assert_array_equal(np.delete(got, p, axis=0), SENTINEL)
+
+
+# -- the batched runner (vkrt/models/batch.py): positions, slot mapping, block tables -------
+def test_rope_positions_per_token(gpu):
+    """rope_positions: token t rotated by the angles of positions[t] (any order, repeats),
+    written at row t; the same bits as `rope` at that position."""
+    r, n_heads, head_dim = rng(40), 3, 16
+    positions = np.array([7, 0, 31, 7, 12], np.uint32)
+    x = randn(r, len(positions), n_heads, head_dim)
+    table = rope_table(head_dim, 10000.0, 32)
+    pairs = n_heads * head_dim // 2
+    for neox in (0, 1):
+        bx, bf, bp = gpu.upload(x), gpu.upload(table), gpu.upload(positions)
+        bd = gpu.filled(x.size + 3)
+        gpu.run("rope_positions", {0: ELEMENTWISE, 1: neox}, (bx, bf, bd, bp),
+                (groups(pairs, ELEMENTWISE), len(positions), 1), push(n_heads, head_dim, 0, 0))
+        got = gpu.read(bd)
+        np.testing.assert_array_equal(got[-3:], SENTINEL)
+        for t, p in enumerate(positions):
+            one, out = gpu.upload(x[t]), gpu.filled(n_heads * head_dim)
+            gpu.run("rope", {0: ELEMENTWISE, 1: neox}, (one, bf, out),
+                    (groups(pairs, ELEMENTWISE), 1, 1), push(n_heads, head_dim, int(p), 0))
+            np.testing.assert_array_equal(got[:-3].reshape(x.shape)[t],
+                                          gpu.read(out).reshape(n_heads, head_dim))
+
+
+def test_kv_write_by_slot_mapping(gpu):
+    r, width, n_slots = rng(41), 24, 13
+    slots = np.array([9, 0, 12, 4], np.uint32)
+    k, v = randn(r, len(slots), width), randn(r, len(slots), width)
+    bk, bv, bs = gpu.upload(k), gpu.upload(v), gpu.upload(slots)
+    kc, vc = gpu.filled(n_slots * width), gpu.filled(n_slots * width)
+    gpu.run("kv_write", {0: ELEMENTWISE}, (bk, bv, bs, kc, vc),
+            (groups(width, ELEMENTWISE), len(slots), 1), push(width))
+    for cache, src in ((kc, k), (vc, v)):
+        want = np.full((n_slots, width), SENTINEL)
+        want[slots] = src
+        np.testing.assert_array_equal(gpu.read(cache).reshape(n_slots, width), want)
+
+
+@pytest.mark.parametrize("window", [0, 5], ids=["causal", "window-5"])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_attention_paged_reads_each_sequence_through_its_block_table(gpu, window, block_size):
+    """Three sequences' keys in shuffled physical blocks (every other slot NaN, so a slot read
+    outside a token's own sequence and window poisons its output); tokens of all three
+    interleaved. Each token equals float64 attention over its own sequence, and is
+    bit-identical to attention.comp over that sequence's contiguous cache (batch
+    invariance: the same reduction order)."""
+    r, head_dim, n_heads, n_kv_heads = rng(42), 16, 4, 2
+    lengths = [37, 5, 20]
+    queries = [(1, 4), (0, 30), (2, 19), (0, 31), (0, 36), (2, 3)]   # (sequence, position)
+    need = [-(-n // block_size) for n in lengths]
+    num_blocks = sum(need) + 3
+    order = list(r.permutation(num_blocks))
+    tables = np.full((len(lengths), max(need)), order[-1], np.uint32)   # unused: a NaN block
+    k_cache = np.full((num_blocks * block_size, n_kv_heads, head_dim), np.nan, np.float32)
+    v_cache = k_cache.copy()
+    ks, vs = [], []
+    for s, n in enumerate(lengths):
+        tables[s, :need[s]] = [order.pop(0) for _ in range(need[s])]
+        ks.append(randn(r, n, n_kv_heads, head_dim))
+        vs.append(randn(r, n, n_kv_heads, head_dim))
+        for j in range(n):
+            slot = tables[s, j // block_size] * block_size + j % block_size
+            k_cache[slot], v_cache[slot] = ks[s][j], vs[s][j]
+    q = randn(r, len(queries), n_heads, head_dim)
+    seq = np.array([s for s, _ in queries], np.uint32)
+    positions = np.array([p for _, p in queries], np.uint32)
+    scale = float(np.float32(1 / np.sqrt(head_dim)))
+    bufs = [gpu.upload(a) for a in (q, k_cache, v_cache)]
+    bo = gpu.filled(q.size + 3)
+    bufs += [bo] + [gpu.upload(a) for a in (positions, seq, tables)]
+    spec = {0: head_dim, 1: window} if window else {0: head_dim}
+    gpu.run("attention_paged", spec, bufs, (n_heads, len(queries), 1),
+            push(n_heads, n_kv_heads, block_size, tables.shape[1], scale))
+    got = gpu.read(bo)
+    np.testing.assert_array_equal(got[-3:], SENTINEL)
+    got = got[:-3].reshape(q.shape)
+    for t, (s, p) in enumerate(queries):
+        kc = np.concatenate([ks[s][:p + 1], np.full((3, n_kv_heads, head_dim), np.nan,
+                                                    np.float32)])
+        vc = np.concatenate([vs[s][:p + 1], np.full((3, n_kv_heads, head_dim), np.nan,
+                                                    np.float32)])
+        want = attention_reference(q[t:t + 1], kc, vc, p, scale, window)[0]
+        np.testing.assert_allclose(got[t], want, rtol=0, atol=1e-6)
+        alone = run_attention(gpu, q[t:t + 1], kc, vc, p, scale, window=window)[0]
+        assert np.array_equal(got[t], alone), (s, p)
+
+
+def test_argmax_rows_one_row_each(gpu):
+    logits = randn(rng(43), 5, 300)
+    logits[1, [7, 250]] = 9.0      # a tie: the smaller index
+    logits[3] = -np.inf            # all -inf: index 0
+    bl, bt = gpu.upload(logits), gpu.filled(6, 0xDEAD, np.uint32)
+    gpu.run("argmax_rows", {0: 64}, (bl, bt), (5, 1, 1), push(300, 0))
+    got = gpu.read(bt, np.uint32)
+    assert list(got) == [int(np.argmax(logits[0])), 7, int(np.argmax(logits[2])), 0,
+                         int(np.argmax(logits[4])), 0xDEAD]
