@@ -67,7 +67,8 @@ class Pages:
 def run_schedule(model, schedule, prompts: dict[str, list[int]], n_new: int, seed: int = 0,
                  all_logits: bool = True):
     """Run sequences through steps as `schedule(state)` groups them, greedy, the logits of
-    every token kept (`all_logits`; else those of the sampled tokens only): returns ({(seq, pos): logits row}, {seq: generated tokens}). `schedule`
+    every token kept (`all_logits`; else those of the sampled tokens only): returns
+    ({(seq, pos): logits row}, {seq: generated tokens}). `schedule`
     gets {seq: (tokens so far, position of the next token to run)} and returns the parts of
     the next step ((seq, count) pairs: the next `count` tokens of seq)."""
     pages = Pages(NUM_BLOCKS, BLOCK_SIZE, seed)

@@ -157,13 +157,12 @@ class Kernels:
         self._rope_pos = {neox: Op(p("rope_pos", {0: ELEMENTWISE_BLOCK, 1: int(neox)}),
                                    (F32, F32, F32, U32)) for neox in (False, True)}
         self._copy_rows_pos = Op(p("copy_rows_pos", {0: ELEMENTWISE_BLOCK}), (F32, F32, U32))
-        # The batched runner (vkrt/models/batch.py): positions from a device tensor, the
-        # KV-cache write by slot mapping, attention over a paged KV cache, argmax per row.
-        self._rope_positions = {neox: Op(p("rope_positions", {0: ELEMENTWISE_BLOCK,
-                                                               1: int(neox)}),
-                                         (F32, F32, F32, U32)) for neox in (False, True)}
-        self._kv_write = Op(p("kv_write", {0: ELEMENTWISE_BLOCK}), (F32, F32, U32, F32, F32))
-        self._paged: dict[int, Op] = {}   # window -> attention_paged op (built on first use)
+        # The batched runner's ops (vkrt/models/batch.py), built on first use (`_batch_op`):
+        # RoPE at positions from a device tensor, the KV-cache write by slot mapping,
+        # attention over a paged KV cache, argmax per row. A model that never batches
+        # builds none of their pipelines.
+        self._batch_ops: dict[tuple, Op] = {}
+        self._argmax_threads = ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK
         self._advance_pos = Op(p("advance_pos", {}), (U32,))
         # silu_mul.comp's activation: SiLU (False) or GELU-tanh (True, constant GELU).
         self._silu_mul = {gelu: Op(p("silu_mul", {0: ELEMENTWISE_BLOCK, 1: int(gelu)}),
@@ -173,8 +172,6 @@ class Kernels:
         self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._argmax = Op(p("argmax", {0: ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK}),
                           (F32, U32))
-        self._argmax_rows = Op(p("argmax_rows", {0: ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK}),
-                               (F32, U32))
         # attention's workgroup is one head: local_size_x = head_dim. Sliding-window layers
         # get their own pipelines (specialization constant WINDOW; `_windowed`).
         self._attention = self._attention_split = self._attention_combine = None
@@ -230,6 +227,15 @@ class Kernels:
                 Op(p("attention_split_pos", {0: hd, 1: window}), (F32, F32, F32, F32, U32)),
                 decode, decode_pos)
         return ops
+
+    def _batch_op(self, module: str, spec: dict, dtypes: tuple) -> Op:
+        """The op of `module` specialized by `spec`, built on first use (the batched runner's
+        kernels)."""
+        key = (module, *sorted(spec.items()))
+        op = self._batch_ops.get(key)
+        if op is None:
+            op = self._batch_ops[key] = Op(self._pipelines.get_pipeline(module, spec), dtypes)
+        return op
 
     def row_threads(self, n_rows: int) -> int:
         """Invocations per output row of a decode product (`matvec*`, `qkv_rope` workgroups)
@@ -467,7 +473,9 @@ class Kernels:
         n_positions (vkrt/models/batch.py checks them on the host)."""
         width = n_heads * head_dim
         grid = (_groups(width // 2, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
-        return self._rope_positions[neox](
+        op = self._batch_op("rope_positions", {0: ELEMENTWISE_BLOCK, 1: int(neox)},
+                            (F32, F32, F32, U32))
+        return op(
             src, cos_sin, dst, positions, grid=grid, name=name,
             need=(n_tokens * width, head_dim, n_tokens * width, n_tokens), n_heads=n_heads,
             head_dim=head_dim, pos0=0, dst_row=0)
@@ -480,9 +488,9 @@ class Kernels:
         slot below n_slots (vkrt/models/batch.py checks the slot mapping on the host)."""
         width = k_cache.shape[-1]
         grid = (_groups(width, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
-        return self._kv_write(k, v, slots, k_cache, v_cache, grid=grid, name=name,
-                              need=(n_tokens * width, n_tokens * width, n_tokens, width, width),
-                              width=width)
+        op = self._batch_op("kv_write", {0: ELEMENTWISE_BLOCK}, (F32, F32, U32, F32, F32))
+        return op(k, v, slots, k_cache, v_cache, grid=grid, name=name,
+                  need=(n_tokens * width, n_tokens * width, n_tokens, width, width), width=width)
 
     def attention_paged(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor,
                         positions: Tensor, seq_of_token: Tensor, block_tables: Tensor,
@@ -501,11 +509,8 @@ class Kernels:
         if head_dim % 4:
             raise ShaderInterfaceError(f"attention_paged: head_dim {head_dim} is not a multiple "
                                        "of 4 (vec4 loads)")
-        op = self._paged.get(window)
-        if op is None:
-            spec = {0: head_dim, 1: window} if window else {0: head_dim}
-            op = self._paged[window] = Op(self._pipelines.get_pipeline("attention_paged", spec),
-                                          (F32, F32, F32, F32, U32, U32, U32))
+        op = self._batch_op("attention_paged", {0: head_dim, 1: window} if window else
+                            {0: head_dim}, (F32, F32, F32, F32, U32, U32, U32))
         qn = n_tokens * n_heads * head_dim
         kvw = n_kv_heads * head_dim
         return op(q, k_cache, v_cache, out, positions, seq_of_token, block_tables,
@@ -518,7 +523,8 @@ class Kernels:
                     name: str = "") -> Dispatch:
         """out[r] = the smallest index of the largest of logits[r * n : (r + 1) * n] for
         r < n_rows (`argmax_rows`, one workgroup per row); logits f32, out u32."""
-        return self._argmax_rows(logits, out, grid=(n_rows, 1, 1), name=name,
+        op = self._batch_op("argmax_rows", {0: self._argmax_threads}, (F32, U32))
+        return op(logits, out, grid=(n_rows, 1, 1), name=name,
                                  need=(n_rows * n, n_rows), n=n, offset=0)
 
     def advance_pos(self, pos: Tensor, n: int, name: str = "advance_pos") -> Dispatch:
