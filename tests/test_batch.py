@@ -15,6 +15,7 @@ import pytest
 from family_files import GEMMA3_WINDOW, N_VOCAB, hf_model, write_gguf
 from reference import TransformersReference
 from test_families import ORACLE_CONFIG
+from test_llama_types import LIMIT, split_files  # noqa: F401 (a fixture)
 from vkrt import config
 from vkrt.models import batch as batch_mod
 from vkrt.models.batch import BatchInput
@@ -68,9 +69,10 @@ def run_schedule(model, schedule, prompts: dict[str, list[int]], n_new: int, see
                  all_logits: bool = True):
     """Run sequences through steps as `schedule(state)` groups them, greedy, the logits of
     every token kept (`all_logits`; else those of the sampled tokens only): returns
-    ({(seq, pos): logits row}, {seq: generated tokens}). `schedule`
-    gets {seq: (tokens so far, position of the next token to run)} and returns the parts of
-    the next step ((seq, count) pairs: the next `count` tokens of seq)."""
+    ({(seq, pos): logits row}, {seq: generated tokens}). `schedule(done, tokens, generated,
+    n_new)` gets, per sequence, how many of its tokens are in the KV cache, its tokens so far
+    and its generated ones, and returns the parts of the next step ((seq, count) pairs: the
+    next `count` tokens of seq)."""
     pages = Pages(NUM_BLOCKS, BLOCK_SIZE, seed)
     model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
     tokens = {s: list(p) for s, p in prompts.items()}
@@ -240,3 +242,28 @@ def test_batch_input_errors_name_the_field(llama):
                   slot_mapping=u32([])), "token_ids: 0 tokens")]:
         with pytest.raises(ValueError, match=match):
             llama.execute_batch(batch(**change))
+
+
+def test_batch_output_split_over_rows(split_files, device, monkeypatch):  # noqa: F811
+    """token_embd and output past maxStorageBufferRange (lowered as tests/test_llama_types.py
+    does) are read in slices of rows by the batched step too (`embed_range`; the logit rows'
+    product per slice into `head`, copied into its columns): the same bits as bound whole."""
+    g = load_gguf(split_files["Q4_K"])
+    prompts = {"a": [2998, 1000, 2000, 3, 1, 1153, 2305], "b": [5, 895, 896, 2999]}
+    runs = []
+    try:
+        for split in (False, True):
+            if split:
+                monkeypatch.setattr(device, "max_storage_buffer_range", LIMIT)
+                monkeypatch.setattr(device, "min_storage_buffer_offset_alignment", 256)
+            model = Llama.from_gguf(device, g)
+            try:
+                assert bool(model.slices) == split
+                runs.append(run_schedule(model, mixed(3), prompts, 3))
+            finally:
+                model.close()
+    finally:
+        g.close()
+    (whole, tokens), (sliced, split_tokens) = runs
+    assert split_tokens == tokens and whole.keys() == sliced.keys()
+    assert all(np.array_equal(whole[key], sliced[key]) for key in whole)
