@@ -362,9 +362,17 @@ class Kernels:
             return self.weight_op("matmul_tiled", weight)(
                 weight, x, y, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
                 n_tokens=n_tokens)
+        # The batched runner's few tokens (`matmul`): a tile of the least power of two >= T
+        # tokens, not MATMUL_TOKENS (whose rows past T would be computed and dropped). A
+        # token's sum runs the same loop over k for any tile (matmul.comp), so its bits do not
+        # depend on the tile (tests/test_batch.py checks it).
+        tokens = MATMUL_TOKENS
+        if matmul and n_tokens < MATMUL_TOKENS:
+            tokens = 1 << (n_tokens - 1).bit_length()
         x_groups, z_groups = spread(n_out, self.limit)
-        grid = (x_groups, _groups(n_tokens, MATMUL_TOKENS), z_groups)
-        return self.weight_op("matmul", weight)(
+        grid = (x_groups, _groups(n_tokens, tokens), z_groups)
+        return self.weight_op("matmul", weight, spec={1: tokens} if tokens != MATMUL_TOKENS
+                              else None)(
             weight, x, y, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
             n_tokens=n_tokens)
 
