@@ -1497,3 +1497,24 @@ def test_argmax_rows_one_row_each(gpu):
     got = gpu.read(bt, np.uint32)
     assert list(got) == [int(np.argmax(logits[0])), 7, int(np.argmax(logits[2])), 0,
                          int(np.argmax(logits[4])), 0xDEAD]
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["matmul", "matmul_tiled"])
+def test_linear_matmul_rows_independent_of_the_token_count(gpu, kernels, tiled):
+    """Kernels.linear(matmul=True), the batched runner's products: token t's row has the same
+    bits whether 1, 2, 3, 5, 8 or 70 tokens run (tiles of 1, 2, 4, 8 tokens for matmul, of
+    64 for matmul_tiled; rows past the count computed or not)."""
+    kernels.tiled_matmul = tiled
+    r, n_rows, n_cols = rng(44), 70, 96
+    w, x = randn(r, n_rows, n_cols), randn(r, 70, n_cols)
+    bw, bx = gpu.upload(w), gpu.upload(x)
+    rows = {}
+    for n in (1, 2, 3, 5, 8, 70):
+        by = gpu.filled(70 * n_rows)
+        gpu.stream.record([kernels.linear(bx, bw, by, n, matmul=True)])
+        rows[n] = gpu.read(by).reshape(70, n_rows)[:n]
+        assert np.all(gpu.read(by).reshape(70, n_rows)[n:] == SENTINEL)
+    for n, got in rows.items():
+        np.testing.assert_array_equal(got, rows[70][:n])
+    terms = w[None].astype(np.float64) * x[:, None].astype(np.float64)
+    assert rel_err(rows[70], terms.sum(2), np.abs(terms).sum(2)) < 1e-6
