@@ -25,8 +25,9 @@ largest bucket (long prefill chunks) are recorded each step, unpadded.
 
 Batch invariance: a sequence's logits are bit-identical whatever else is in the batch and
 whatever T is. Every kernel of the step computes each token's row alone in an order fixed by
-its own data: the products always run the matrix-product kernels (`matmul`/`matmul_tiled`,
-even at T = 1: never the decode matvecs, whose reduction order differs), norms one row per
+its own data: the products always run the f32 matrix-product kernels (`matmul`/`matmul_tiled`,
+even at T = 1: never the decode matvecs, whose reduction order differs, nor `matmul_coop`,
+whose f16 operands the single-sequence prefill takes from COOP_MIN_TOKENS tokens), norms one row per
 workgroup, attention one workgroup per (head, token) over blocks of positions from its first
 visible position (attention.comp's order). Padding never changes a real token's row.
 
