@@ -893,6 +893,12 @@ MUTATIONS = [
      "            key = (slot, a.arena.serial, p.buffer.serial,\n", BATCH_TESTS),
     ("batch: K/V written by token index, not slot mapping", "vkrt/glsl/kv_write.comp",
      "uint slot = slots[t];", "uint slot = t;", BATCH_TESTS),
+    ("batch: the batched products take the prefill's kernel (matmul_coop from 64 tokens)",
+     "vkrt/kernels.py",
+     '        kernel = (("matmul_tiled" if self.tiled_matmul else "matmul") if matmul\n'
+     "                  else self.prefill_kernel(n_tokens))\n",
+     "        kernel = self.prefill_kernel(n_tokens)\n",
+     ["tests/test_kernels.py::test_linear_matmul_rows_independent_of_the_token_count"]),
     # -- serving: vkrt/serve (the OpenAI-compatible server and its engine) ----------------
     ("serve: stop string matched per token only", "vkrt/serve/engine.py",
      "start = max(0, len(self.text) - self.hold)", "start = len(self.text)",

@@ -1518,3 +1518,8 @@ def test_linear_matmul_rows_independent_of_the_token_count(gpu, kernels, tiled):
         np.testing.assert_array_equal(got, rows[70][:n])
     terms = w[None].astype(np.float64) * x[:, None].astype(np.float64)
     assert rel_err(rows[70], terms.sum(2), np.abs(terms).sum(2)) < 1e-6
+    # Where the prefill would take cooperative matrices (f16 operands, from COOP_MIN_TOKENS
+    # tokens), the batched products keep the f32 kernel.
+    kernels.prefill_kernel = lambda n_tokens: "matmul_coop"
+    d = kernels.linear(bx, bw, gpu.filled(70 * n_rows), 70, matmul=True)
+    assert d.pipeline.name == ("matmul_tiled_f32" if tiled else "matmul_f32")
