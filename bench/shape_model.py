@@ -8,8 +8,10 @@ carried there.
 
 PRESET (`PRESETS`): `135m` (SmolLM2-135M's shape), `1b` (hidden 2048, 16 layers, 32/8 heads,
 FFN 8192), `7b` (hidden 4096, 32 layers, 32/8 heads of 128, FFN 14336), `qwen2.5-0.5b`
-(Qwen2.5-0.5B's: qwen2, Q/K/V biases) and `qwen3-0.6b` (qwen3: per-head Q/K norms, head_dim
-128 beside a hidden size of 1024). `--types`:
+(Qwen2.5-0.5B's: qwen2, Q/K/V biases), `qwen3-0.6b` (qwen3: per-head Q/K norms, head_dim
+128 beside a hidden size of 1024) and `gemma3-1b` (Gemma 3 1B's: post-norms, per-head Q/K
+norms, head_dim 256, a 512-position window on 5 of every 6 layers, 262,144 tokens: a
+SentencePiece vocabulary padded with `vocab --pad-to 262144`). `--types`:
 - `q4_1`, `q8_0`, `q4_0`, `q4_k`, `q6_k`, `f16`, ... (any type of vkrt/weight_types.py): every
   matrix in that type, the embedding and a separate output matrix in Q8_0 (how the 2026-12
   side-by-side files were made);
@@ -55,6 +57,7 @@ class Preset:
     tied: bool = False
     rope_theta: float = 10000.0
     n_ctx: int = 8192
+    window: int = 0                  # gemma3: the sliding layers' window
 
 
 PRESETS = {
@@ -64,6 +67,8 @@ PRESETS = {
     "qwen2.5-0.5b": Preset("qwen2", 896, 24, 14, 2, 4864, 151936, rope_theta=1e6),
     "qwen3-0.6b": Preset("qwen3", 1024, 28, 16, 8, 3072, 151936, head_dim=128, tied=True,
                          rope_theta=1e6),
+    "gemma3-1b": Preset("gemma3", 1152, 26, 4, 1, 6912, 262144, head_dim=256, tied=True,
+                        rope_theta=1e6, window=512),
 }
 
 # Byte offsets of each block type's f16 scale fields (d, and m or dmin): ggml-common.h.
@@ -126,13 +131,17 @@ def tensors(p: Preset, types: str):
         if p.arch == "qwen2":
             out += [(b + "attn_q.bias", (qw,), i), (b + "attn_k.bias", (kvw,), i),
                     (b + "attn_v.bias", (kvw,), i)]
-        if p.arch == "qwen3":
+        if p.arch in ("qwen3", "gemma3"):
             out += [(b + "attn_q_norm.weight", (hd,), i), (b + "attn_k_norm.weight", (hd,), i)]
-        out += [(b + "attn_output.weight", (p.n_embd, qw), i),
-                (b + "ffn_norm.weight", (p.n_embd,), i),
+        out.append((b + "attn_output.weight", (p.n_embd, qw), i))
+        if p.arch == "gemma3":
+            out.append((b + "post_attention_norm.weight", (p.n_embd,), i))
+        out += [(b + "ffn_norm.weight", (p.n_embd,), i),
                 (b + "ffn_gate.weight", (p.n_ff, p.n_embd), i),
                 (b + "ffn_up.weight", (p.n_ff, p.n_embd), i),
                 (b + "ffn_down.weight", (p.n_embd, p.n_ff), i)]
+        if p.arch == "gemma3":
+            out.append((b + "post_ffw_norm.weight", (p.n_embd,), i))
     out.append(("output_norm.weight", (p.n_embd,), -1))
     if not p.tied:
         out.append(("output.weight", (p.n_vocab, p.n_embd), -1))
@@ -140,9 +149,16 @@ def tensors(p: Preset, types: str):
             for n, s, i in out]
 
 
-def copy_tokenizer(src: gguf.GGUFReader, w: gguf.GGUFWriter) -> int:
-    """Copy every `tokenizer.*` key of `src` into `w`; returns the token count."""
+def copy_tokenizer(src: gguf.GGUFReader, w: gguf.GGUFWriter, pad_to: int = 0) -> int:
+    """Copy every `tokenizer.*` key of `src` into `w`; returns the token count. `pad_to`:
+    append unused tokens `<unused_pad_N>` (normal type, score -1e9: never produced) up to that
+    many, for a vocabulary of another size than any tokenizer at hand (the real Gemma 3
+    vocabulary is not on the package registry)."""
     n = 0
+    count = len(src.fields["tokenizer.ggml.tokens"].data)
+    extra = max(0, pad_to - count)
+    pads = {"tokenizer.ggml.tokens": [f"<unused_pad_{i}>" for i in range(extra)],
+            "tokenizer.ggml.scores": [-1e9] * extra, "tokenizer.ggml.token_type": [1] * extra}
     for field in src.fields.values():
         if not field.name.startswith("tokenizer."):
             continue
@@ -154,6 +170,7 @@ def copy_tokenizer(src: gguf.GGUFReader, w: gguf.GGUFWriter) -> int:
                          for i in field.data]
             else:
                 value = [field.parts[i].tolist()[0] for i in field.data]
+            value += pads.get(field.name, [])
             w.add_key_value(field.name, value, vtype, sub_type=sub)
             if field.name == "tokenizer.ggml.tokens":
                 n = len(value)
@@ -163,11 +180,11 @@ def copy_tokenizer(src: gguf.GGUFReader, w: gguf.GGUFWriter) -> int:
     return n
 
 
-def write_vocab(src_path: str, out: str) -> None:
+def write_vocab(src_path: str, out: str, pad_to: int = 0) -> None:
     src = gguf.GGUFReader(src_path)
     arch = src.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(out, arch)
-    n = copy_tokenizer(src, w)
+    n = copy_tokenizer(src, w, pad_to)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.close()
@@ -195,6 +212,8 @@ def write_model(preset: str, out: str, vocab: str, types: str, seed: int) -> Non
     if a == "llama":
         w.add_uint32(f"{a}.rope.dimension_count", hd)
         w.add_uint32(f"{a}.vocab_size", p.n_vocab)
+    if p.window:
+        w.add_uint32(f"{a}.attention.sliding_window", p.window)
     n_tokens = copy_tokenizer(src, w)
     if n_tokens != p.n_vocab:
         raise SystemExit(f"{vocab}: {n_tokens} tokens, the {preset} preset has a vocabulary of "
@@ -227,8 +246,10 @@ def main() -> None:
                                      description="a GGUF of SRC's tokenizer keys only")
         ap.add_argument("src")
         ap.add_argument("out")
+        ap.add_argument("--pad-to", type=int, default=0,
+                        help="append unused tokens up to this vocabulary size")
         args = ap.parse_args(sys.argv[2:])
-        write_vocab(args.src, args.out)
+        write_vocab(args.src, args.out, args.pad_to)
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("preset", choices=sorted(PRESETS))
