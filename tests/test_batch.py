@@ -150,7 +150,7 @@ PROMPTS = {"count": "1, 2, 3, 4, 5,", "alphabet": "a b c d e f g",
 
 
 def test_batch_smollm2_matches_transformers_and_is_batch_invariant(llama, tok, reference):
-    n_new = 6
+    n_new = 4   # the random families run longer (6 tokens); SmolLM2 on lavapipe is slow here
     prompts = {s: tok.encode(p) for s, p in PROMPTS.items()}
     tokens = check_invariance(llama, prompts, n_new)
     for s, ids in prompts.items():
