@@ -320,16 +320,17 @@ def test_matvec_rows_per_workgroup(gpu, rows):
     np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
 
-def test_linear_many_rows_per_workgroup(gpu, kernels):
-    """Kernels.linear over more than FEW_ROWS rows with many_rows_per_group (a GPU's 4):
-    the grid counts workgroups of 4 rows and every row is computed."""
-    from vkrt.kernels import FEW_ROWS
+def test_linear_many_rows_per_workgroup(gpu):
+    """Kernels.linear over many rows with the GPU table (vkrt/tuning.py: past 8192 rows, 4
+    rows per workgroup): the grid counts workgroups of 4 rows and every row is computed."""
+    from vkrt import tuning
 
-    kernels.many_rows_per_group = 4
-    r, n_rows, n_cols = rng(35), FEW_ROWS + 3, 32
+    kernels = Kernels(gpu.cache, tuning=tuning.GPU)
+    r, n_rows, n_cols = rng(35), 8192 + 3, 32
     w, x = randn(r, n_rows, n_cols), randn(r, n_cols)
     bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_rows + 3)
     d = kernels.linear(bx, bw, by, 1)
+    assert kernels.decode_launch("matvec", bw, n_rows)[1] == 4
     assert d.grid[0] * d.grid[1] == -(-n_rows // 4)
     gpu.stream.record([d])
     got = gpu.read(by)
@@ -644,11 +645,13 @@ def test_attention_decode_one_dispatch(gpu, head_dim, pos0, threads, q_scale, at
 def test_attention_decode_size_fits_the_device(gpu):
     """The host's workgroup and position count (kernels._decode_attention_size) fit the
     device's limits and leave room for every shared array of attention_decode.comp."""
+    from vkrt import tuning
     from vkrt.kernels import DECODE_POSITIONS, _decode_attention_size
 
     limits = gpu.device.limits
-    for head_dim, is_gpu in ((64, True), (64, False), (4, True), (128, False)):
-        threads, positions = _decode_attention_size(limits, head_dim, is_gpu)
+    for head_dim, table in ((64, tuning.GPU), (64, tuning.CPU), (4, tuning.GPU),
+                            (128, tuning.CPU)):
+        threads, positions = _decode_attention_size(limits, head_dim, table.attention_threads)
         assert threads % (head_dim // 4) == 0
         assert threads <= limits.maxComputeWorkGroupInvocations
         assert 0 < positions <= DECODE_POSITIONS
@@ -1113,13 +1116,25 @@ def test_matvec_rows_per_workgroup_weights_as_stored(gpu, kernels, dtype):
 # RMSNorm scales the product instead of its input: s * sum_k W[k] (x[k] w_n[k]), so the
 # product's bound (2e-7 relative to sum|terms|, test_linear_weights_as_stored) holds with the
 # terms W[k] * n(x)[k] and a few more roundings of s (each 2^-24 relative).
-@pytest.fixture(params=[1, 4], ids=["1-subgroup-rows", "4-subgroup-rows"])
+# (subgroups per workgroup, rows per workgroup) of every decode product (vkrt/tuning.py):
+# a CPU device's (1, 1), a GPU's few-rows (4, 1), and rows per workgroup that leave the
+# last workgroup of 37 rows partial (3: 13 workgroups, the last with 1 row; 4 with 2
+# subgroups; 8 with one subgroup).
+ROW_LAUNCHES = {"1-subgroup-rows": (1, 1), "4-subgroup-rows": (4, 1),
+                "2-subgroups-3-rows": (2, 3), "1-subgroup-8-rows": (1, 8)}
+
+
+@pytest.fixture(params=list(ROW_LAUNCHES.values()), ids=list(ROW_LAUNCHES))
 def row_kernels(gpu, request):
-    """Kernels whose decode products run `param` subgroups per row, as a GPU does (1 on a
-    CPU device such as lavapipe: kernels.py ROW_SUBGROUPS), so both reductions run here."""
-    k = Kernels(gpu.cache)
-    k._few_rows_threads = gpu.sg * request.param
-    return k
+    """Kernels whose decode products run `param` = (subgroups, rows) per workgroup, so both
+    reductions and partial last workgroups run here."""
+    from vkrt import tuning
+
+    subgroups, rows = request.param
+    table = tuning.CPU
+    for kernel in ("matvec", "matvec_glu", "qkv_rope"):
+        table = table.with_decode(subgroups, rows, kernel)
+    return Kernels(gpu.cache, tuning=table)
 
 
 def rms_reference(x: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:

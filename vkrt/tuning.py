@@ -1,0 +1,99 @@
+"""Kernel choices as data: one table per device class, read by `vkrt.kernels.Kernels`.
+
+A device class is `Device.info.kind` folded to "gpu" (discrete, integrated, virtual) or
+"cpu" (lavapipe). Each entry names the measurement that chose it: a section of
+bench/README.md and the command behind it. Launch code (kernels.py) only reads these; a
+change of tuning is a change of this file with the measurement beside it.
+
+Decode products (`matvec`, `matvec_add`, `matvec_glu`, `qkv_rope`) take a `Decode` rule: the
+first of the kernel's rules whose `max_rows` covers the product's rows and whose `weights`
+match ("blocks": a GGUF block type, "scalar": f32/f16/bf16, "any"). `subgroups`: the
+workgroup is that many subgroups (local_size_x = subgroups x the device's subgroup size);
+`rows`: rows per workgroup (matvec.comp / matvec_glu.comp ROWS; qkv_rope always computes
+one pair of rows per workgroup and reads only `subgroups`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Decode:
+    max_rows: int | None     # products of at most this many rows (None: any)
+    weights: str             # "blocks", "scalar" or "any"
+    subgroups: int
+    rows: int
+    source: str              # the measurement (bench/README.md) that chose it
+
+    def matches(self, n_rows: int, blocks: bool) -> bool:
+        return ((self.max_rows is None or n_rows <= self.max_rows)
+                and self.weights in ("any", "blocks" if blocks else "scalar"))
+
+
+@dataclass(frozen=True)
+class Table:
+    decode: dict[str, tuple[Decode, ...]]
+    argmax_threads: int              # argmax's one workgroup
+    attention_threads: int           # attention_decode's workgroup (at most; kernels.py fits it)
+    attention_dim_splits: int        # attention_decode's workgroups per head
+    prefill_tiled: bool              # prefill products: matmul_tiled (else matmul)
+    sources: dict[str, str] = field(default_factory=dict)   # the scalar entries' measurements
+
+    def decode_rule(self, kernel: str, n_rows: int, blocks: bool) -> Decode:
+        """The rule of decode kernel `kernel` (matvec_add reads matvec's) for `n_rows` rows."""
+        rules = self.decode["matvec" if kernel == "matvec_add" else kernel]
+        return next(r for r in rules if r.matches(n_rows, blocks))
+
+    def with_decode(self, subgroups: int, rows: int, kernel: str = "matvec") -> "Table":
+        """This table with one rule for every product of `kernel` (bench/matvec_types.py's
+        --configs)."""
+        return replace(self, decode={**self.decode, kernel: (
+            Decode(None, "any", subgroups, rows, "override"),)})
+
+
+_SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
+_SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
+_BLOCKS = "bench/README.md, 2026-12-02 block reader (bench/matvec_types.py --configs)"
+
+GPU = Table(
+    decode={
+        # Few rows (a layer's 576..1536 in SmolLM2): 4 subgroups per row (1: 852, 2: 901, 4:
+        # 916-927 tok/s; 8: 911); many rows (the logits' 49,152): 4 rows per workgroup (35 ->
+        # 22 us per token).
+        "matvec": (
+            Decode(8192, "scalar", 4, 1, _SESSION1 + ": decode products 4 subgroups per row"),
+            Decode(None, "scalar", 4, 4, _SESSION2 + ": logits 4 rows per workgroup"),
+            Decode(8192, "blocks", 4, 1, _BLOCKS),
+            Decode(None, "blocks", 4, 4, _BLOCKS),
+        ),
+        "matvec_glu": (Decode(None, "any", 4, 1, _SESSION1 + ": 4 subgroups per row"),),
+        "qkv_rope": (Decode(None, "any", 4, 1, _SESSION1 + ": 4 subgroups per row"),),
+    },
+    argmax_threads=1024, attention_threads=1024, attention_dim_splits=4, prefill_tiled=True,
+    sources={"argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
+             "attention_threads": _SESSION2 + ": 1024 invocations per head (512: 949)",
+             "attention_dim_splits": _SESSION2 + ": attention 4 workgroups per head",
+             "prefill_tiled": _SESSION2 + ": prefill products tiled, 32 rows x 64 tokens"},
+)
+
+# lavapipe: a barrier between subgroups switches every invocation's coroutine
+# (glsl/reduce.glsl), so one subgroup per workgroup and no tiling (the tiled matmul was no
+# faster there: teacher-forced logits of test_llama 64-68 s against 40-80 s).
+CPU = Table(
+    decode={"matvec": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),),
+            "matvec_glu": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),),
+            "qkv_rope": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),)},
+    argmax_threads=256, attention_threads=64, attention_dim_splits=1, prefill_tiled=False,
+    sources={"prefill_tiled": "kernels.py history: test_llama on lavapipe, tiled no faster"},
+)
+
+TABLES = {"gpu": GPU, "cpu": CPU}
+
+
+def device_class(kind: str) -> str:
+    """"cpu" for a CPU device (`Device.info.kind`), else "gpu"."""
+    return "cpu" if kind == "cpu" else "gpu"
+
+
+def for_kind(kind: str) -> Table:
+    return TABLES[device_class(kind)]
