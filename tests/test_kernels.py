@@ -1116,12 +1116,12 @@ def test_matvec_rows_per_workgroup_weights_as_stored(gpu, kernels, dtype):
 # RMSNorm scales the product instead of its input: s * sum_k W[k] (x[k] w_n[k]), so the
 # product's bound (2e-7 relative to sum|terms|, test_linear_weights_as_stored) holds with the
 # terms W[k] * n(x)[k] and a few more roundings of s (each 2^-24 relative).
-# (subgroups per workgroup, rows per workgroup) of every decode product (vkrt/tuning.py):
-# a CPU device's (1, 1), a GPU's few-rows (4, 1), and rows per workgroup that leave the
-# last workgroup of 37 rows partial (3: 13 workgroups, the last with 1 row; 4 with 2
-# subgroups; 8 with one subgroup).
-ROW_LAUNCHES = {"1-subgroup-rows": (1, 1), "4-subgroup-rows": (4, 1),
-                "2-subgroups-3-rows": (2, 3), "1-subgroup-8-rows": (1, 8)}
+# (subgroups per workgroup, rows per workgroup, x staged) of every decode product
+# (vkrt/tuning.py): a CPU device's (1, 1), a GPU's few-rows (4, 1), and rows per workgroup
+# that leave the last workgroup of 37 rows partial (3: 13 workgroups, the last with 1 row,
+# block types' x through shared memory: glsl/unit_x.glsl; 8 with one subgroup).
+ROW_LAUNCHES = {"1-subgroup-rows": (1, 1, False), "4-subgroup-rows": (4, 1, False),
+                "2-subgroups-3-rows-staged": (2, 3, True), "1-subgroup-8-rows": (1, 8, False)}
 
 
 @pytest.fixture(params=list(ROW_LAUNCHES.values()), ids=list(ROW_LAUNCHES))
@@ -1130,11 +1130,45 @@ def row_kernels(gpu, request):
     reductions and partial last workgroups run here."""
     from vkrt import tuning
 
-    subgroups, rows = request.param
+    subgroups, rows, stage = request.param
     table = tuning.CPU
     for kernel in ("matvec", "matvec_glu", "qkv_rope"):
-        table = table.with_decode(subgroups, rows, kernel)
+        table = table.with_decode(subgroups, rows, kernel, stage_x=stage)
     return Kernels(gpu.cache, tuning=table)
+
+
+# Sizes the unit walk of the decode products (weights.glsl unit_dot, glsl/unit_x.glsl) makes
+# risky: rows of one block (fewer units than invocations), and many blocks (67 of 32, 9 of
+# 256: several chunks of units, the last partial), rows not a multiple of the rows per
+# workgroup; x staged or not.
+UNIT_LAUNCHES = {"2-subgroups-3-rows-staged": (2, 3, True), "1-subgroup-5-rows": (1, 5, False),
+                 "1-subgroup-2-rows-staged": (1, 2, True)}
+
+
+@pytest.mark.parametrize("launch", list(UNIT_LAUNCHES))
+@pytest.mark.parametrize("blocks,n_rows", [(1, 7), (-1, 11)], ids=["one-block", "many-blocks"])
+@pytest.mark.parametrize("dtype", [t.dtype for t in weight_types.TYPES if t.quantized])
+def test_matvec_units_odd_sizes(gpu, dtype, blocks, n_rows, launch):
+    from vkrt import tuning
+
+    t = weight_types.BY_DTYPE[dtype]
+    blocks = blocks if blocks > 0 else (67 if t.block == 32 else 9)
+    subgroups, rows, stage = UNIT_LAUNCHES[launch]
+    k = Kernels(gpu.cache, tuning=tuning.CPU.with_decode(subgroups, rows, stage_x=stage))
+    r, n_cols = rng(43), blocks * t.block
+    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=43)
+    x = randn(r, 2, n_cols)
+    tx, ty = gpu.upload(x), gpu.filled(n_rows + 3)
+    d = k.linear(tx, tw, ty, 1, x_row=1)
+    assert d.grid[0] * d.grid[1] == -(-n_rows // rows)
+    assert k.decode_launch("matvec", tw, n_rows)[2] == ({7: 1} if stage else {})
+    gpu.stream.record([d])
+    got = gpu.read(ty)
+    terms = values * x[1].astype(np.float64)
+    # As test_linear_weights_as_stored (2e-7 relative to sum|w*x|; 67 blocks: sqrt(2144)
+    # * 2^-24 = 2.8e-6 in the worst case, ~2^-24 typical).
+    assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
+    np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
 
 def rms_reference(x: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:

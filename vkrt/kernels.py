@@ -189,14 +189,19 @@ class Kernels:
                 decode, decode_pos)
         return ops
 
-    def decode_launch(self, kernel: str, weight: Tensor, n_rows: int) -> tuple[int, int]:
-        """(workgroup size, rows per workgroup) of decode product `kernel` (matvec,
-        matvec_add, matvec_glu, qkv_rope) over `n_rows` rows of `weight`: the table's rule
-        (vkrt/tuning.py) in invocations of this device's subgroups."""
+    def decode_launch(self, kernel: str, weight: Tensor, n_rows: int) -> tuple[int, int, dict]:
+        """(workgroup size, rows per workgroup, other specialization constants) of decode
+        product `kernel` (matvec, matvec_add, matvec_glu, qkv_rope) over `n_rows` rows of
+        `weight`: the table's rule (vkrt/tuning.py) in invocations of this device's
+        subgroups; STAGE_X (constant 7) for a block type where the rule stages x and the
+        stage (144 bytes per invocation, glsl/unit_x.glsl) fits the shared memory."""
         quantized = weight_types.BY_DTYPE[weight.dtype].quantized \
             if weight.dtype in weight_types.BY_DTYPE else False
         rule = self.tuning.decode_rule(kernel, n_rows, quantized)
-        return rule.subgroups * self.sg, rule.rows
+        threads = rule.subgroups * self.sg
+        stage = (quantized and rule.stage_x and 144 * threads + 4096
+                 <= self._pipelines.device.limits.maxComputeSharedMemorySize)
+        return threads, rule.rows, {7: 1} if stage else {}
 
     def weight_op(self, kernel: str, weight: Tensor, threads: int | None = None,
                   spec: dict | None = None) -> Op:
@@ -262,8 +267,9 @@ class Kernels:
         n_out, n_in = weight.shape
         if n_tokens == 1:
             kernel = "matvec_add" if accumulate else "matvec"
-            threads, rows = self.decode_launch(kernel, weight, n_out)
-            op = self.weight_op(kernel, weight, threads, {1: rows} if rows > 1 else None)
+            threads, rows, spec = self.decode_launch(kernel, weight, n_out)
+            op = self.weight_op(kernel, weight, threads,
+                                {**spec, **({1: rows} if rows > 1 else {})} or None)
             return op(
                 weight, x, y, grid=(*spread(_groups(n_out, rows), self.limit), 1), name=name,
                 need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in, x_offset=x_row * n_in,
@@ -293,8 +299,8 @@ class Kernels:
             raise ShaderInterfaceError(f"matvec_glu: gate {gate.name!r} {gate.dtype} "
                                        f"{list(gate.shape)} and up {up.name!r} {up.dtype} "
                                        f"{list(up.shape)} differ")
-        threads, rows = self.decode_launch("matvec_glu", gate, n_out)
-        spec = {**({1: 1} if gelu else {}), **({2: rows} if rows > 1 else {})}
+        threads, rows, spec = self.decode_launch("matvec_glu", gate, n_out)
+        spec = {**spec, **({1: 1} if gelu else {}), **({2: rows} if rows > 1 else {})}
         return self.weight_op("matvec_glu", gate, threads, spec or None)(
             gate, x, out, up, norm_weight, grid=(*spread(_groups(n_out, rows), self.limit), 1),
             name=name,
@@ -337,8 +343,8 @@ class Kernels:
         norm_need = (head_dim,) * 2 if qk_norm is not None else (None,) * 2
         # QK_NORM: a workgroup per Q head and per K head, then one per pair of V rows.
         groups = pairs if qk_norm is None else (qw + kvw) // head_dim + kvw // 2
-        threads, _ = self.decode_launch("qkv_rope", wq, pairs)
-        return self.weight_op("qkv_rope", wq, threads, spec)(
+        threads, _, stage = self.decode_launch("qkv_rope", wq, pairs)
+        return self.weight_op("qkv_rope", wq, threads, {**spec, **stage})(
             wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos, bq, bk, bv,
             qn, kn, grid=(*spread(groups, self.limit), 1), name=name,
             need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,

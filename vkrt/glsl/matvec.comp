@@ -7,8 +7,9 @@
 // consecutive rows (specialization constant 1, default 1): every invocation walks the
 // columns of all ROWS rows, so each x load serves ROWS rows. Block types are walked a unit
 // of 32 weights at a time (weights.glsl unit_dot: the unit's scales read once), units k =
-// lane, lane + local_size_x, ... of the row; the others (f32, f16, bf16) 4 columns at a
-// time. Each row is then summed over the workgroup (reduce.glsl). vkrt/tuning.py picks
+// lane, lane + local_size_x, ... of the row, their x loaded by unit_x.glsl (STAGE_X,
+// specialization constant 7: through shared memory); the others (f32, f16, bf16) 4 columns
+// at a time. Each row is then summed over the workgroup (reduce.glsl). vkrt/tuning.py picks
 // both constants per device class and shape.
 // Dispatch: spread(ceil(n_rows / ROWS)) workgroups (grid.glsl); rows past n_rows (the last
 // workgroup's) are neither read nor written. n_cols % 4 == 0 (% 32 for block types) and
@@ -29,39 +30,43 @@ layout(push_constant) uniform Push { uint n_cols; uint x_offset; uint n_rows; } 
 
 layout(constant_id = 1) const uint ROWS = 1;
 
+vec4 x_at(uint i) { return x[pc.x_offset / 4 + i]; }
+#ifdef WEIGHT_BLOCK
+#include "unit_x.glsl"
+#endif
+
 void main() {
-    uint n0 = linear_workgroup() * ROWS, x0 = pc.x_offset / 4;
+    uint n0 = linear_workgroup() * ROWS;
     if (n0 >= pc.n_rows) return;        // uniform per workgroup
     uint lane = gl_LocalInvocationID.x, width = gl_WorkGroupSize.x;
-    uint rows = min(ROWS, pc.n_rows - n0);
+    // Rows past n_rows (the last workgroup's) read the last row again and are not written:
+    // no branch between the loads of a unit's rows.
+    uint last = pc.n_rows - 1;
     float acc[ROWS];
     for (uint r = 0; r < ROWS; ++r) acc[r] = 0.0;
 #ifdef WEIGHT_BLOCK
-    uint blocks = pc.n_cols / WEIGHT_BLOCK;     // per row
-    for (uint k = lane; k < blocks * UNITS; k += width) {
-        uint b = k / UNITS, u = k % UNITS;
-        uvec2 run = (b * WEIGHT_BLOCK + unit_runs(u)) / 4 + x0;
+    uint blocks = pc.n_cols / WEIGHT_BLOCK, units = row_units(pc.n_cols);
+    for (uint k0 = 0; k0 < units; k0 += width) {
         vec4 xv[8];
-        for (uint i = 0; i < 4; ++i) {
-            xv[i] = x[run.x + i];
-            xv[4 + i] = x[run.y + i];
-        }
+        load_unit_x(k0, units, xv);
+        uint k = k0 + lane;
+        if (k >= units) continue;
+        uint b = k / UNITS, u = k % UNITS;
         for (uint r = 0; r < ROWS; ++r)
-            if (r < rows) acc[r] += unit_dot(((n0 + r) * blocks + b) * WEIGHT_BLOCK_BYTES, u, xv);
+            acc[r] += unit_dot((min(n0 + r, last) * blocks + b) * WEIGHT_BLOCK_BYTES, u, xv);
     }
 #else
     for (uint k = lane; k < pc.n_cols / 4; k += width) {
-        vec4 xv = x[x0 + k];
-        for (uint r = 0; r < ROWS; ++r)
-            if (r < rows) acc[r] += dot(weight4(n0 + r, k, pc.n_cols), xv);
+        vec4 xv = x_at(k);
+        for (uint r = 0; r < ROWS; ++r) acc[r] += dot(weight4(min(n0 + r, last), k, pc.n_cols), xv);
     }
 #endif
     for (uint r = 0; r < ROWS; ++r) {
         float s = workgroup_sum(acc[r]);    // every invocation: uniform control flow
 #ifdef ADD_OUT
-        if (lane == 0 && r < rows) y[n0 + r] += s;
+        if (lane == 0 && n0 + r < pc.n_rows) y[n0 + r] += s;
 #else
-        if (lane == 0 && r < rows) y[n0 + r] = s;
+        if (lane == 0 && n0 + r < pc.n_rows) y[n0 + r] = s;
 #endif
     }
 }

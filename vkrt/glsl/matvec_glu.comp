@@ -8,7 +8,7 @@
 // (weights.glsl); x: [n_cols] f32 (the residual stream); norm_w: [n_cols] f32; out: [n_rows]
 // f32. A workgroup computes ROWS consecutive rows (specialization constant 2, default 1),
 // each x load serving ROWS rows of both matrices; block types are walked a unit of 32
-// weights at a time (weights.glsl unit_dot), as matvec.comp. Dispatch:
+// weights at a time (weights.glsl unit_dot, x through unit_x.glsl: STAGE_X), as matvec.comp. Dispatch:
 // spread(ceil(n_rows / ROWS)) workgroups (grid.glsl); n_cols % 4 == 0 (% 32 for block
 // types).
 #extension GL_GOOGLE_include_directive : require
@@ -29,28 +29,29 @@ layout(constant_id = 1) const uint GELU = 0;
 #include "rms_in.glsl"
 
 layout(constant_id = 2) const uint ROWS = 1;
+vec4 x_at(uint i) { return x_weighted(i); }
+#ifdef WEIGHT_BLOCK
+#include "unit_x.glsl"
+#endif
 
 void main() {
     uint n0 = linear_workgroup() * ROWS;
     if (n0 >= pc.n_rows) return;  // uniform per workgroup
     float s = rms_scale(pc.n_cols, pc.eps);
     uint lane = gl_LocalInvocationID.x, width = gl_WorkGroupSize.x;
-    uint rows = min(ROWS, pc.n_rows - n0);
+    uint last = pc.n_rows - 1;     // rows past it read it again and are not written
     float g[ROWS], u[ROWS];
     for (uint r = 0; r < ROWS; ++r) g[r] = u[r] = 0.0;
 #ifdef WEIGHT_BLOCK
-    uint blocks = pc.n_cols / WEIGHT_BLOCK;     // per row
-    for (uint k = lane; k < blocks * UNITS; k += width) {
-        uint b = k / UNITS, un = k % UNITS;
-        uvec2 run = (b * WEIGHT_BLOCK + unit_runs(un)) / 4;
+    uint blocks = pc.n_cols / WEIGHT_BLOCK, units = row_units(pc.n_cols);
+    for (uint k0 = 0; k0 < units; k0 += width) {
         vec4 xv[8];
-        for (uint i = 0; i < 4; ++i) {
-            xv[i] = x_weighted(run.x + i);
-            xv[4 + i] = x_weighted(run.y + i);
-        }
+        load_unit_x(k0, units, xv);
+        uint k = k0 + lane;
+        if (k >= units) continue;
+        uint b = k / UNITS, un = k % UNITS;
         for (uint r = 0; r < ROWS; ++r) {
-            if (r >= rows) break;
-            uint o = ((n0 + r) * blocks + b) * WEIGHT_BLOCK_BYTES;
+            uint o = (min(n0 + r, last) * blocks + b) * WEIGHT_BLOCK_BYTES;
             g[r] += unit_dot(o, un, xv);
             u[r] += unit_dot_up(o, un, xv);
         }
@@ -59,16 +60,16 @@ void main() {
     for (uint k = lane; k < pc.n_cols / 4; k += width) {
         vec4 xv = x_weighted(k);
         for (uint r = 0; r < ROWS; ++r) {
-            if (r >= rows) break;
-            g[r] += dot(weight4(n0 + r, k, pc.n_cols), xv);
-            u[r] += dot(weight4_up(n0 + r, k, pc.n_cols), xv);
+            uint n = min(n0 + r, last);
+            g[r] += dot(weight4(n, k, pc.n_cols), xv);
+            u[r] += dot(weight4_up(n, k, pc.n_cols), xv);
         }
     }
 #endif
     for (uint r = 0; r < ROWS; ++r) {
         float gs = workgroup_sum(g[r]) * s;     // every invocation: uniform control flow
         float us = workgroup_sum(u[r]) * s;
-        if (lane == 0 && r < rows)
+        if (lane == 0 && n0 + r < pc.n_rows)
             dst[n0 + r] = (GELU != 0 ? gelu_tanh(gs) : gs / (1.0 + exp(-gs))) * us;
     }
 }

@@ -27,7 +27,8 @@
 // workgroup, so every invocation holds every value and the head's sum of squares; the
 // first invocation then norms, rotates and writes them), one per pair of V rows.
 // Each pair of rows is summed over the workgroup, every x load serving both rows; block types
-// are walked a unit of 32 weights at a time (weights.glsl unit_dot), as matvec.comp.
+// are walked a unit of 32 weights at a time (weights.glsl unit_dot, x through unit_x.glsl:
+// STAGE_X, specialization constant 7), as matvec.comp.
 // n_cols % 4 == 0 (% 32 for block types).
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
@@ -71,18 +72,18 @@ layout(push_constant) uniform Push {
 // Rows r and r + d of one matrix (its unit_dot / weight4) times n(x), this invocation's
 // share of the columns.
 #ifdef WEIGHT_BLOCK
+vec4 x_at(uint i) { return x_weighted(i); }
+#include "unit_x.glsl"
 #define PAIR_FN(NAME, DOT, W4) \
 vec2 NAME(uint r, uint d) { \
-    uint blocks = pc.n_cols / WEIGHT_BLOCK; \
+    uint blocks = pc.n_cols / WEIGHT_BLOCK, units = row_units(pc.n_cols); \
     vec2 acc = vec2(0.0); \
-    for (uint k = gl_LocalInvocationID.x; k < blocks * UNITS; k += gl_WorkGroupSize.x) { \
-        uint b = k / UNITS, un = k % UNITS; \
-        uvec2 run = (b * WEIGHT_BLOCK + unit_runs(un)) / 4; \
+    for (uint k0 = 0; k0 < units; k0 += gl_WorkGroupSize.x) { \
         vec4 xv[8]; \
-        for (uint i = 0; i < 4; ++i) { \
-            xv[i] = x_weighted(run.x + i); \
-            xv[4 + i] = x_weighted(run.y + i); \
-        } \
+        load_unit_x(k0, units, xv); \
+        uint k = k0 + gl_LocalInvocationID.x; \
+        if (k >= units) continue; \
+        uint b = k / UNITS, un = k % UNITS; \
         acc += vec2(DOT((r * blocks + b) * WEIGHT_BLOCK_BYTES, un, xv), \
                     DOT(((r + d) * blocks + b) * WEIGHT_BLOCK_BYTES, un, xv)); \
     } \
