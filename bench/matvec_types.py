@@ -12,7 +12,8 @@ and each timed by timestamp queries (`VKRT_TIMESTAMPS`' mechanism, vkrt/runtime/
 the report gives the median product's GPU time, the matrix's bytes over it (GB/s) and the
 ratio to Q4_1's. The types alternate round by round (`--rounds`), so drift affects them
 alike. `--configs SxR,...` times every type under each decode launch (S subgroups per
-workgroup, R rows per workgroup, `s` after R: x staged through shared memory;
+workgroup, R rows per workgroup, `s` after R: x staged through shared memory, `qN` after
+R: N invocations per unit of 32 weights;
 vkrt/tuning.py's `Decode`, for every row count) instead
 of the device's table, and reports each config's figures and the best per type; `--shapes
 RxC,...` repeats the whole run per matrix shape. A copy of a buffer of the largest matrix's size (vkCmdCopyBuffer: reads and writes
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", default="", help="comma-separated dtypes (default: all)")
     ap.add_argument("--configs", default="", help="SxR,...: decode launches to time "
                     "(default: the device's table)")
+    ap.add_argument("--glu", action="store_true", help="time matvec_glu (RMSNorm, gate and "
+                    "up: two matrices of the shape) instead of matvec")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default="", help="also write the JSON report here")
     args = ap.parse_args(argv)
@@ -66,14 +69,16 @@ def main(argv: list[str] | None = None) -> int:
         if configs:
             table = kernels["table"].tuning
             kernels = {}
-            for c in configs:     # SxR, SxRs: x staged through shared memory
-                s, r = c.rstrip("s").split("x")
+            for c in configs:     # SxR, SxRs: x staged through shared memory; SxRqN: N per unit
+                s, r = c.rstrip("s").split("q")[0].split("x")
                 kernels[c] = Kernels(cache, tuning=table.with_decode(
-                    int(s), int(r), stage_x=c.endswith("s")))
+                    int(s), int(r), "matvec_glu" if args.glu else "matvec",
+                    stage_x=c.endswith("s"), split=int(c.split("q")[1]) if "q" in c else 1))
         for rows, cols in shapes:
             x = stream.upload(rng.standard_normal(cols).astype(np.float32), "x")
+            norm = stream.upload(rng.standard_normal(cols).astype(np.float32), "norm")
             y = stream.upload(np.zeros(rows, np.float32), "y")
-            weights = {}
+            weights, ups = {}, {}
             for t in chosen:
                 if cols % t.block:
                     continue
@@ -84,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
                 raw = rng.integers(0, 256, nbytes, dtype=np.uint8)
                 stream.write(Tensor(w.buffer, 0, nbytes, "uint8", (nbytes,)), raw)
                 weights[t.dtype] = w
+                if args.glu:      # a second matrix (up): not the first one's bytes from L2
+                    ups[t.dtype] = u = Tensor(Buffer(dev, nbytes, name=t.dtype + "_up"), 0,
+                                              nbytes, t.dtype, (rows, cols), t.dtype)
+                    stream.write(Tensor(u.buffer, 0, nbytes, "uint8", (nbytes,)), raw[::-1])
             big = max(w.nbytes for w in weights.values())
             src, dst = (Tensor(Buffer(dev, big, name=n), 0, big, "uint8", (big,)) for n in "ab")
             stream.synchronize()
@@ -95,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                     stream.profiler.gpu_count.clear()
                     if name == "copy":
                         records = [Copy(src, dst, "copy")] * args.repeat
+                    elif args.glu:
+                        records = [kernels[c].glu(x, norm, weights[name], ups[name], y, 1e-5,
+                                                  name=name)] * args.repeat
                     else:
                         records = [kernels[c].linear(x, weights[name], y, 1, name=name)] \
                             * args.repeat
@@ -106,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                       "rows": rows, "cols": cols, "repeat": args.repeat, "types": {},
                       "configs": {}}
             for (name, c), ts in times.items():
-                nbytes = big if name == "copy" else weights[name].nbytes
+                nbytes = big if name == "copy" else weights[name].nbytes * (2 if args.glu else 1)
                 us = statistics.median(ts) / 1e3
                 # A copy reads and writes its bytes; a product reads the matrix (x, y small).
                 moved = 2 * nbytes if name == "copy" else nbytes
@@ -116,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 best = max(by_c, key=lambda c: by_c[c]["gb_s"])
                 report["types"][name] = {**by_c[best], "config": best}
             reports.append(report)
-            for t in (*weights.values(), src, dst, x, y):
+            for t in (*weights.values(), *ups.values(), src, dst, x, norm, y):
                 t.buffer.close()
         stream.close()
     if args.out:

@@ -1119,9 +1119,11 @@ def test_matvec_rows_per_workgroup_weights_as_stored(gpu, kernels, dtype):
 # (subgroups per workgroup, rows per workgroup, x staged) of every decode product
 # (vkrt/tuning.py): a CPU device's (1, 1), a GPU's few-rows (4, 1), and rows per workgroup
 # that leave the last workgroup of 37 rows partial (3: 13 workgroups, the last with 1 row,
-# block types' x through shared memory: glsl/unit_x.glsl; 8 with one subgroup).
-ROW_LAUNCHES = {"1-subgroup-rows": (1, 1, False), "4-subgroup-rows": (4, 1, False),
-                "2-subgroups-3-rows-staged": (2, 3, True), "1-subgroup-8-rows": (1, 8, False)}
+# block types' x through shared memory: glsl/unit_x.glsl; 8 with one subgroup, 4
+# invocations per unit of 32 weights).
+ROW_LAUNCHES = {"1-subgroup-rows": (1, 1, False, 1), "4-subgroup-rows": (4, 1, False, 1),
+                "2-subgroups-3-rows-staged": (2, 3, True, 1),
+                "1-subgroup-8-rows-4-per-unit": (1, 8, False, 4)}
 
 
 @pytest.fixture(params=list(ROW_LAUNCHES.values()), ids=list(ROW_LAUNCHES))
@@ -1130,10 +1132,10 @@ def row_kernels(gpu, request):
     reductions and partial last workgroups run here."""
     from vkrt import tuning
 
-    subgroups, rows, stage = request.param
+    subgroups, rows, stage, split = request.param
     table = tuning.CPU
     for kernel in ("matvec", "matvec_glu", "qkv_rope"):
-        table = table.with_decode(subgroups, rows, kernel, stage_x=stage)
+        table = table.with_decode(subgroups, rows, kernel, stage_x=stage, split=split)
     return Kernels(gpu.cache, tuning=table)
 
 
@@ -1141,8 +1143,9 @@ def row_kernels(gpu, request):
 # risky: rows of one block (fewer units than invocations), and many blocks (67 of 32, 9 of
 # 256: several chunks of units, the last partial), rows not a multiple of the rows per
 # workgroup; x staged or not.
-UNIT_LAUNCHES = {"2-subgroups-3-rows-staged": (2, 3, True), "1-subgroup-5-rows": (1, 5, False),
-                 "1-subgroup-2-rows-staged": (1, 2, True)}
+UNIT_LAUNCHES = {"2-subgroups-3-rows-staged": (2, 3, True, 1),
+                 "1-subgroup-5-rows-2-per-unit": (1, 5, False, 2),
+                 "2-subgroups-2-rows-4-per-unit": (2, 2, False, 4)}
 
 
 @pytest.mark.parametrize("launch", list(UNIT_LAUNCHES))
@@ -1153,15 +1156,16 @@ def test_matvec_units_odd_sizes(gpu, dtype, blocks, n_rows, launch):
 
     t = weight_types.BY_DTYPE[dtype]
     blocks = blocks if blocks > 0 else (67 if t.block == 32 else 9)
-    subgroups, rows, stage = UNIT_LAUNCHES[launch]
-    k = Kernels(gpu.cache, tuning=tuning.CPU.with_decode(subgroups, rows, stage_x=stage))
+    subgroups, rows, stage, split = UNIT_LAUNCHES[launch]
+    k = Kernels(gpu.cache, tuning=tuning.CPU.with_decode(subgroups, rows, stage_x=stage,
+                                                         split=split))
     r, n_cols = rng(43), blocks * t.block
     tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=43)
     x = randn(r, 2, n_cols)
     tx, ty = gpu.upload(x), gpu.filled(n_rows + 3)
     d = k.linear(tx, tw, ty, 1, x_row=1)
     assert d.grid[0] * d.grid[1] == -(-n_rows // rows)
-    assert k.decode_launch("matvec", tw, n_rows)[2] == ({7: 1} if stage else {})
+    assert k.decode_launch("matvec", tw, n_rows)[2] == ({6: split} if split > 1 else {7: 1})
     gpu.stream.record([d])
     got = gpu.read(ty)
     terms = values * x[1].astype(np.float64)

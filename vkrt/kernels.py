@@ -193,15 +193,20 @@ class Kernels:
         """(workgroup size, rows per workgroup, other specialization constants) of decode
         product `kernel` (matvec, matvec_add, matvec_glu, qkv_rope) over `n_rows` rows of
         `weight`: the table's rule (vkrt/tuning.py) in invocations of this device's
-        subgroups; STAGE_X (constant 7) for a block type where the rule stages x and the
-        stage (144 bytes per invocation, glsl/unit_x.glsl) fits the shared memory."""
+        subgroups; for a block type SPLIT (constant 6) where the rule splits units and the
+        split divides the workgroup, STAGE_X (constant 7) where the rule stages x, does not
+        split, and the stage (144 bytes per invocation, glsl/unit_x.glsl) fits the shared
+        memory."""
         quantized = weight_types.BY_DTYPE[weight.dtype].quantized \
             if weight.dtype in weight_types.BY_DTYPE else False
         rule = self.tuning.decode_rule(kernel, n_rows, quantized)
-        threads = rule.subgroups * self.sg
-        stage = (quantized and rule.stage_x and 144 * threads + 4096
-                 <= self._pipelines.device.limits.maxComputeSharedMemorySize)
-        return threads, rule.rows, {7: 1} if stage else {}
+        threads, spec = rule.subgroups * self.sg, {}
+        if quantized and rule.split > 1 and threads % rule.split == 0:
+            spec[6] = rule.split
+        elif (quantized and rule.stage_x and 144 * threads + 4096
+              <= self._pipelines.device.limits.maxComputeSharedMemorySize):
+            spec[7] = 1
+        return threads, rule.rows, spec
 
     def weight_op(self, kernel: str, weight: Tensor, threads: int | None = None,
                   spec: dict | None = None) -> Op:

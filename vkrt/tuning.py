@@ -10,9 +10,10 @@ first of the kernel's rules whose `max_rows` covers the product's rows and whose
 match ("blocks": a GGUF block type, "scalar": f32/f16/bf16, "any"). `subgroups`: the
 workgroup is that many subgroups (local_size_x = subgroups x the device's subgroup size);
 `rows`: rows per workgroup (matvec.comp / matvec_glu.comp ROWS; qkv_rope always computes
-one pair of rows per workgroup and ignores it); `stage_x`: block types load x through
-shared memory (glsl/unit_x.glsl STAGE_X; kernels.py drops it where the device's shared
-memory cannot hold the stage).
+one pair of rows per workgroup and ignores it); for block types, `split`: invocations per
+unit of 32 weights (glsl/unit_x.glsl SPLIT: 1, 2 or 4) and `stage_x`: x loaded through
+shared memory (STAGE_X, with split 1; kernels.py drops it where the device's shared memory
+cannot hold the stage).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class Decode:
     rows: int
     source: str              # the measurement (bench/README.md) that chose it
     stage_x: bool = False
+    split: int = 1
 
     def matches(self, n_rows: int, blocks: bool) -> bool:
         return ((self.max_rows is None or n_rows <= self.max_rows)
@@ -48,11 +50,11 @@ class Table:
         return next(r for r in rules if r.matches(n_rows, blocks))
 
     def with_decode(self, subgroups: int, rows: int, kernel: str = "matvec",
-                    stage_x: bool = False) -> "Table":
+                    stage_x: bool = False, split: int = 1) -> "Table":
         """This table with one rule for every product of `kernel` (bench/matvec_types.py's
         --configs)."""
         return replace(self, decode={**self.decode, kernel: (
-            Decode(None, "any", subgroups, rows, "override", stage_x),)})
+            Decode(None, "any", subgroups, rows, "override", stage_x, split),)})
 
 
 _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"

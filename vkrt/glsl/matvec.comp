@@ -38,6 +38,9 @@ vec4 x_at(uint i) { return x[pc.x_offset / 4 + i]; }
 void main() {
     uint n0 = linear_workgroup() * ROWS;
     if (n0 >= pc.n_rows) return;        // uniform per workgroup
+#ifdef WEIGHT_BLOCK
+    weights_unit_init();
+#endif
     uint lane = gl_LocalInvocationID.x, width = gl_WorkGroupSize.x;
     // Rows past n_rows (the last workgroup's) read the last row again and are not written:
     // no branch between the loads of a unit's rows.
@@ -46,14 +49,14 @@ void main() {
     for (uint r = 0; r < ROWS; ++r) acc[r] = 0.0;
 #ifdef WEIGHT_BLOCK
     uint blocks = pc.n_cols / WEIGHT_BLOCK, units = row_units(pc.n_cols);
-    for (uint k0 = 0; k0 < units; k0 += width) {
+    for (uint k0 = 0; k0 < units; k0 += unit_chunk()) {
         vec4 xv[8];
         load_unit_x(k0, units, xv);
-        uint k = k0 + lane;
+        uint k = k0 + unit_lane();
         if (k >= units) continue;
         uint b = k / UNITS, u = k % UNITS;
         for (uint r = 0; r < ROWS; ++r)
-            acc[r] += unit_dot((min(n0 + r, last) * blocks + b) * WEIGHT_BLOCK_BYTES, u, xv);
+            acc[r] += unit_dot((min(n0 + r, last) * blocks + b) * WEIGHT_BLOCK_BYTES, u, unit_q0(), SPLIT, xv);
     }
 #else
     for (uint k = lane; k < pc.n_cols / 4; k += width) {

@@ -37,6 +37,9 @@ vec4 x_at(uint i) { return x_weighted(i); }
 void main() {
     uint n0 = linear_workgroup() * ROWS;
     if (n0 >= pc.n_rows) return;  // uniform per workgroup
+#ifdef WEIGHT_BLOCK
+    weights_unit_init();
+#endif
     float s = rms_scale(pc.n_cols, pc.eps);
     uint lane = gl_LocalInvocationID.x, width = gl_WorkGroupSize.x;
     uint last = pc.n_rows - 1;     // rows past it read it again and are not written
@@ -44,16 +47,16 @@ void main() {
     for (uint r = 0; r < ROWS; ++r) g[r] = u[r] = 0.0;
 #ifdef WEIGHT_BLOCK
     uint blocks = pc.n_cols / WEIGHT_BLOCK, units = row_units(pc.n_cols);
-    for (uint k0 = 0; k0 < units; k0 += width) {
+    for (uint k0 = 0; k0 < units; k0 += unit_chunk()) {
         vec4 xv[8];
         load_unit_x(k0, units, xv);
-        uint k = k0 + lane;
+        uint k = k0 + unit_lane();
         if (k >= units) continue;
         uint b = k / UNITS, un = k % UNITS;
         for (uint r = 0; r < ROWS; ++r) {
             uint o = (min(n0 + r, last) * blocks + b) * WEIGHT_BLOCK_BYTES;
-            g[r] += unit_dot(o, un, xv);
-            u[r] += unit_dot_up(o, un, xv);
+            g[r] += unit_dot(o, un, unit_q0(), SPLIT, xv);
+            u[r] += unit_dot_up(o, un, unit_q0(), SPLIT, xv);
         }
     }
 #else

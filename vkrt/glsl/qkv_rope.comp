@@ -78,14 +78,14 @@ vec4 x_at(uint i) { return x_weighted(i); }
 vec2 NAME(uint r, uint d) { \
     uint blocks = pc.n_cols / WEIGHT_BLOCK, units = row_units(pc.n_cols); \
     vec2 acc = vec2(0.0); \
-    for (uint k0 = 0; k0 < units; k0 += gl_WorkGroupSize.x) { \
+    for (uint k0 = 0; k0 < units; k0 += unit_chunk()) { \
         vec4 xv[8]; \
         load_unit_x(k0, units, xv); \
-        uint k = k0 + gl_LocalInvocationID.x; \
+        uint k = k0 + unit_lane(); \
         if (k >= units) continue; \
         uint b = k / UNITS, un = k % UNITS; \
-        acc += vec2(DOT((r * blocks + b) * WEIGHT_BLOCK_BYTES, un, xv), \
-                    DOT(((r + d) * blocks + b) * WEIGHT_BLOCK_BYTES, un, xv)); \
+        acc += vec2(DOT((r * blocks + b) * WEIGHT_BLOCK_BYTES, un, unit_q0(), SPLIT, xv), \
+                    DOT(((r + d) * blocks + b) * WEIGHT_BLOCK_BYTES, un, unit_q0(), SPLIT, xv)); \
     } \
     return acc; \
 }
@@ -155,6 +155,9 @@ void main() {
     uint heads = pc.n_heads + pc.n_kv_heads;
     // uniform per workgroup
     if (i >= (QK_NORM != 0 ? heads + kv_pairs : q_pairs + 2 * kv_pairs)) return;
+#ifdef WEIGHT_BLOCK
+    weights_unit_init();
+#endif
     float s = rms_scale(pc.n_cols, pc.eps);
     uint p = pc.pos0 + (pc.use_pos != 0 ? pos_buf[0] : 0);
     if (QK_NORM != 0) {

@@ -78,6 +78,24 @@ vec4 W_(levels)(uvec4 n) {
     return vec4(ivec4(v << (24u - 8u * (n & 3u))) >> 24);   // byte n % 4, sign-extended
 }
 #endif
+// The block-level reader (unit_dot) looks the 16 levels up in shared memory instead: one
+// load per weight, and 16 floats in 16 distinct banks never conflict. A kernel calling
+// unit_dot calls weights_unit_init() first, in uniform control flow (it fills the table and
+// waits on a barrier); declared once however often this file is included.
+#if (defined(WEIGHT_IQ4_NL) || defined(WEIGHT_IQ4_XS)) && !defined(WEIGHT_IQ4_LUT)
+#define WEIGHT_IQ4_LUT
+shared float iq4_levels[16];
+#endif
+#ifndef WEIGHT_UNIT_INIT
+#define WEIGHT_UNIT_INIT
+void weights_unit_init() {
+#ifdef WEIGHT_IQ4_LUT
+    for (uint i = gl_LocalInvocationID.x; i < 16; i += gl_WorkGroupSize.x)
+        iq4_levels[i] = W_(levels)(uvec4(i)).x;
+    barrier();
+#endif
+}
+#endif
 #if defined(WEIGHT_Q8_0)
 // block_q8_0 (34 bytes): f16 d, int8 qs[32]; x = d * qs[e].
 vec4 W_(block4)(uint o, uint e) {
@@ -197,15 +215,20 @@ vec4 W_(block4)(uint o, uint e) {
 // The block-level reader (decode products: matvec.comp, matvec_glu.comp, qkv_rope.comp).
 // A block is UNITS units of 32 weights; unit u's weights are two runs of 16 consecutive
 // elements of the block, starting at unit_runs(u).x and unit_runs(u).y, chosen per type so
-// that a unit's low bits are 16 consecutive bytes of the block (four words: one plain uint
-// load each when the type is 4-byte aligned, the covering five words shifted when it is
-// only 2-byte aligned) and units do not share them. unit_dot(o, u, xv) is the sum of unit
-// u's 32 dequantized weights of the block at byte o times xv[0..3] (run x, as 4 vec4) and
-// xv[4..7] (run y): it reads the unit's scales, mins and d once for its 32 weights.
+// that a unit's low bits are 16 consecutive bytes of the block, four words, that no other
+// unit shares. unit_part(o, u, q, xa, xb) is the dot product of word q's weights (run x's
+// elements 4q .. 4q + 3 with xa, run y's with xb) of unit u of the block at byte o; it
+// reads the unit's scales, mins and d once for its 8 weights, and each word with one plain
+// uint load when the type is 4-byte aligned (every field it reads sits at a multiple of 4),
+// or the two covering words shifted when it is only 2-byte aligned (no unaligned access
+// assumed). unit_dot(o, u, q0, step, xv) sums the parts q0, q0 + step, ... < 4 with
+// xv[q], xv[4 + q]: step 1 is the whole unit in one invocation (its header decoded once
+// for 32 weights), step 4 a quarter per invocation (4 invocations per unit: consecutive
+// invocations read consecutive words and x; vkrt/tuning.py picks).
 // Integers become floats as halves: 0x6400 | q is the f16 1024 + q, exact for q < 1024, and
-// unpackHalf2x16 turns two of them into f32 with no int-to-float conversion (slow on GPUs).
-// Each weight is dequantized to f32 exactly as block4 (and gguf-py) computes it, or, where a
-// run has one scale and no min, the scale multiplies the run's dot product of integers.
+// unpackHalf2x16 turns two of them into f32 with no int-to-float conversion. Each weight is
+// dequantized to f32 as block4 (and gguf-py) computes it, or, where a run has one scale and
+// no min, the scale multiplies the run's dot product of integers.
 // The four bytes of v, each masked to m (a byte mask), as floats minus `bias`.
 vec4 W_(bytes_f)(uint v, uint m, float bias) {
     uint mm = m | (m << 16);
@@ -213,95 +236,69 @@ vec4 W_(bytes_f)(uint v, uint m, float bias) {
     vec2 b = unpackHalf2x16(((v >> 8) & mm) | 0x64006400u);   // bytes 1, 3
     return vec4(a.x, b.x, a.y, b.y) - (1024.0 + bias);
 }
-// The 16 bytes at an even byte offset as four words. A 4-byte-aligned type reads only
-// fields at offsets that are multiples of 4 (its layout below): four plain loads. A 2-byte
-// aligned one loads the covering words and shifts (the fifth only when it is needed: the
-// last block of a tensor may end in the padding of its last word).
-uvec4 W_(words4)(uint byte) {
-    uint i = byte / 4;
-    uvec4 a = uvec4(W_(w)[i], W_(w)[i + 1], W_(w)[i + 2], W_(w)[i + 3]);
+// Word q of the 16 bytes at an even byte offset.
+uint W_(word_q)(uint byte, uint q) {
+    uint i = byte / 4 + q;
 #if WEIGHT_BLOCK_BYTES % 4 != 0
-    if (byte % 4 != 0) a = (a >> 16) | (uvec4(a.yzw, W_(w)[i + 4]) << 16);
+    if (byte % 4 != 0) return (W_(w)[i] >> 16) | (W_(w)[i + 1] << 16);
 #endif
-    return a;
+    return W_(w)[i];
 }
-// The bit `bit` of the four bytes of v moved to bit `to` of each byte.
+// Bit `bit` of the four bytes of v moved to bit `to` of each byte.
 uint W_(bits_at)(uint v, uint bit, uint to) { return ((v >> bit) & 0x01010101u) << to; }
 // Four 1-bit values h (bits 0..3) spread to bit 4 of bytes 0..3 (Q5_0/Q5_1's qh).
 uint W_(spread4)(uint h) { return ((h * 0x00204081u) & 0x01010101u) << 4; }
-// Dot of a run of 16 with one scale and no min: sum q_i x_i over 4 words' 16 values.
-#define W_DOT16(q, xv, x0) (dot(q[0], xv[x0]) + dot(q[1], xv[x0 + 1]) + dot(q[2], xv[x0 + 2]) + dot(q[3], xv[x0 + 3]))
-#if defined(WEIGHT_Q8_0)
-// Q8_0: one unit, the block; runs 0..15, 16..31 (qs at 2: 32 bytes, 8 words).
+#if defined(WEIGHT_IQ4_NL) || defined(WEIGHT_IQ4_XS)
+// The levels of the low nibbles of v's four bytes (weights_unit_init's table).
+vec4 W_(lut4)(uint v) {
+    return vec4(iq4_levels[v & 15u], iq4_levels[(v >> 8) & 15u], iq4_levels[(v >> 16) & 15u],
+                iq4_levels[(v >> 24) & 15u]);
+}
+#endif
+#if defined(WEIGHT_Q8_0) || defined(WEIGHT_Q4_0) || defined(WEIGHT_IQ4_NL) || defined(WEIGHT_Q4_1) \
+    || defined(WEIGHT_Q5_0) || defined(WEIGHT_Q5_1)
+// The 32-weight types: one unit, the block; runs 0..15 and 16..31.
 const uint W_(UNITS) = 1;
 uvec2 W_(unit_runs)(uint u) { return uvec2(0, 16); }
-float W_(unit_dot)(uint o, uint u, vec4 xv[8]) {
-    uvec4 a = W_(words4)(o + 2), b = W_(words4)(o + 18);
-    vec4 s = vec4(0.0);
-    for (uint i = 0; i < 4; ++i) {
-        s += W_(bytes_f)(a[i] ^ 0x80808080u, 0xFFu, 128.0) * xv[i];   // int8: (q + 128) - 128
-        s += W_(bytes_f)(b[i] ^ 0x80808080u, 0xFFu, 128.0) * xv[4 + i];
-    }
-    return W_(f16_at)(o) * (s.x + s.y + s.z + s.w);
+#endif
+#if defined(WEIGHT_Q8_0)
+// Q8_0: qs at 2, elements 0..15 then 16..31, int8: (q ^ 0x80) - 128.
+float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
+    uint a = W_(word_q)(o + 2, q), b = W_(word_q)(o + 18, q);
+    return W_(f16_at)(o) * (dot(W_(bytes_f)(a ^ 0x80808080u, 0xFFu, 128.0), xa)
+                            + dot(W_(bytes_f)(b ^ 0x80808080u, 0xFFu, 128.0), xb));
 }
 #elif defined(WEIGHT_Q4_0) || defined(WEIGHT_IQ4_NL)
-// Q4_0, IQ4_NL: one unit, the block; qs at 2: byte l holds element l (low nibble) and l + 16.
-const uint W_(UNITS) = 1;
-uvec2 W_(unit_runs)(uint u) { return uvec2(0, 16); }
-float W_(unit_dot)(uint o, uint u, vec4 xv[8]) {
-    uvec4 v = W_(words4)(o + 2);
-    vec4 s = vec4(0.0);
-    for (uint i = 0; i < 4; ++i) {
+// Q4_0, IQ4_NL: qs at 2: byte l holds element l (low nibble) and l + 16.
+float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
+    uint v = W_(word_q)(o + 2, q);
 #if defined(WEIGHT_Q4_0)
-        s += W_(bytes_f)(v[i], 15u, 8.0) * xv[i] + W_(bytes_f)(v[i] >> 4, 15u, 8.0) * xv[4 + i];
+    return W_(f16_at)(o) * (dot(W_(bytes_f)(v, 15u, 8.0), xa) + dot(W_(bytes_f)(v >> 4, 15u, 8.0), xb));
 #else
-        s += W_(levels)(W_(fields)(v[i], 0, 15u)) * xv[i]
-             + W_(levels)(W_(fields)(v[i], 4, 15u)) * xv[4 + i];
+    return W_(f16_at)(o) * (dot(W_(lut4)(v), xa) + dot(W_(lut4)(v >> 4), xb));
 #endif
-    }
-    return W_(f16_at)(o) * (s.x + s.y + s.z + s.w);
 }
 #elif defined(WEIGHT_Q4_1)
-// Q4_1: one unit, the block; (d, m) the first word, qs words 1..4 (4-byte aligned).
-const uint W_(UNITS) = 1;
-uvec2 W_(unit_runs)(uint u) { return uvec2(0, 16); }
-float W_(unit_dot)(uint o, uint u, vec4 xv[8]) {
+// Q4_1: (d, m) the first word, qs words 1..4 (4-byte aligned).
+float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
     vec2 dm = unpackHalf2x16(W_(w)[o / 4]);
-    uvec4 v = W_(words4)(o + 4);
-    vec4 s = vec4(0.0);
-    for (uint i = 0; i < 4; ++i)
-        s += (dm.x * W_(bytes_f)(v[i], 15u, 0.0) + dm.y) * xv[i]
-             + (dm.x * W_(bytes_f)(v[i] >> 4, 15u, 0.0) + dm.y) * xv[4 + i];
-    return s.x + s.y + s.z + s.w;
+    uint v = W_(w)[o / 4 + 1 + q];
+    return dot(dm.x * W_(bytes_f)(v, 15u, 0.0) + dm.y, xa)
+           + dot(dm.x * W_(bytes_f)(v >> 4, 15u, 0.0) + dm.y, xb);
 }
 #elif defined(WEIGHT_Q5_0) || defined(WEIGHT_Q5_1)
-// Q5_0 / Q5_1: one unit, the block; element l's fifth bit is bit l of qh (at QH), element
-// l + 16's bit l + 16; qs at QH + 4.
-const uint W_(UNITS) = 1;
-uvec2 W_(unit_runs)(uint u) { return uvec2(0, 16); }
-float W_(unit_dot)(uint o, uint u, vec4 xv[8]) {
-    uint qh = W_(word_at)(o + W_(QH));
-    uvec4 v = W_(words4)(o + W_(QH) + 4);
+// Q5_0 / Q5_1: element l's fifth bit is bit l of qh (at QH), element l + 16's bit l + 16;
+// qs at QH + 4.
+float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
+    uint qh = W_(word_at)(o + W_(QH)), v = W_(word_q)(o + W_(QH) + 4, q);
+    uint lo = (v & 0x0F0F0F0Fu) | W_(spread4)((qh >> (4 * q)) & 15u);
+    uint hi = ((v >> 4) & 0x0F0F0F0Fu) | W_(spread4)((qh >> (16 + 4 * q)) & 15u);
 #if defined(WEIGHT_Q5_1)
     vec2 dm = unpackHalf2x16(W_(w)[o / 4]);
+    return dot(dm.x * W_(bytes_f)(lo, 31u, 0.0) + dm.y, xa)
+           + dot(dm.x * W_(bytes_f)(hi, 31u, 0.0) + dm.y, xb);
 #else
-    float d = W_(f16_at)(o);
-#endif
-    vec4 s = vec4(0.0);
-    for (uint i = 0; i < 4; ++i) {
-        uint lo = (v[i] & 0x0F0F0F0Fu) | W_(spread4)((qh >> (4 * i)) & 15u);
-        uint hi = ((v[i] >> 4) & 0x0F0F0F0Fu) | W_(spread4)((qh >> (16 + 4 * i)) & 15u);
-#if defined(WEIGHT_Q5_1)
-        s += (dm.x * W_(bytes_f)(lo, 31u, 0.0) + dm.y) * xv[i]
-             + (dm.x * W_(bytes_f)(hi, 31u, 0.0) + dm.y) * xv[4 + i];
-#else
-        s += W_(bytes_f)(lo, 31u, 16.0) * xv[i] + W_(bytes_f)(hi, 31u, 16.0) * xv[4 + i];
-#endif
-    }
-#if defined(WEIGHT_Q5_1)
-    return s.x + s.y + s.z + s.w;
-#else
-    return d * (s.x + s.y + s.z + s.w);
+    return W_(f16_at)(o) * (dot(W_(bytes_f)(lo, 31u, 16.0), xa) + dot(W_(bytes_f)(hi, 31u, 16.0), xb));
 #endif
 }
 #elif defined(WEIGHT_Q2_K) || defined(WEIGHT_Q3_K)
@@ -313,27 +310,21 @@ uvec2 W_(unit_runs)(uint u) {
     uint a = 128 * (u / 4) + 64 * (u / 2 % 2) + 16 * (u % 2);
     return uvec2(a, a + 32);
 }
-float W_(unit_dot)(uint o, uint u, vec4 xv[8]) {
+float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
     uint h = u / 4, p = u / 2 % 2, i = u % 2, s = 8 * h + 4 * p + i;
 #if defined(WEIGHT_Q2_K)
-    uvec4 v = W_(words4)(o + 16 + 32 * h + 16 * i);
+    uint v = W_(w)[(o + 16 + 32 * h + 16 * i) / 4 + q];
     uint sw = W_(w)[o / 4 + s / 4] >> (8 * i);       // scales s (byte 0) and s + 2 (byte 2)
     vec2 dd = unpackHalf2x16(W_(w)[o / 4 + 20]);    // (d, dmin) at byte 80
     vec2 a = dd.x * vec2(sw & 15u, (sw >> 16) & 15u);
     vec2 m = dd.y * vec2((sw >> 4) & 15u, (sw >> 20) & 15u);
-    vec4 r = vec4(0.0);
-    for (uint k = 0; k < 4; ++k)
-        r += (a.x * W_(bytes_f)(v[k] >> (4 * p), 3u, 0.0) - m.x) * xv[k]
-             + (a.y * W_(bytes_f)(v[k] >> (4 * p + 2), 3u, 0.0) - m.y) * xv[4 + k];
-    return r.x + r.y + r.z + r.w;
+    return dot(a.x * W_(bytes_f)(v >> (4 * p), 3u, 0.0) - m.x, xa)
+           + dot(a.y * W_(bytes_f)(v >> (4 * p + 2), 3u, 0.0) - m.y, xb);
 #else
-    uvec4 v = W_(words4)(o + 32 + 32 * h + 16 * i), hm = W_(words4)(o + 16 * i);
+    uint v = W_(word_q)(o + 32 + 32 * h + 16 * i, q), hm = W_(word_q)(o + 16 * i, q);
     uint b = 4 * h + 2 * p;                          // hmask bits of the two runs: b, b + 1
-    vec4 qa[4], qb[4];
-    for (uint k = 0; k < 4; ++k) {
-        qa[k] = W_(bytes_f)(((v[k] >> (4 * p)) & 0x03030303u) | W_(bits_at)(hm[k], b, 2), 7u, 4.0);
-        qb[k] = W_(bytes_f)(((v[k] >> (4 * p + 2)) & 0x03030303u) | W_(bits_at)(hm[k], b + 1, 2), 7u, 4.0);
-    }
+    vec4 qa = W_(bytes_f)(((v >> (4 * p)) & 0x03030303u) | W_(bits_at)(hm, b, 2), 7u, 4.0);
+    vec4 qb = W_(bytes_f)(((v >> (4 * p + 2)) & 0x03030303u) | W_(bits_at)(hm, b + 1, 2), 7u, 4.0);
     // 6-bit scales: low 4 bits in scales[s % 8] >> 4 (s / 8), high 2 in scales[8 + s % 4]
     // >> 2 (s / 4), minus 32.
     uint t = s + 2;
@@ -341,7 +332,7 @@ float W_(unit_dot)(uint o, uint u, vec4 xv[8]) {
                  | ((W_(byte_at)(o + 104 + s % 4) >> (s / 4 * 2)) & 3u) << 4) - 32;
     int sb = int((W_(byte_at)(o + 96 + t % 8) >> (t / 8 * 4)) & 15u
                  | ((W_(byte_at)(o + 104 + t % 4) >> (t / 4 * 2)) & 3u) << 4) - 32;
-    return W_(f16_at)(o + 108) * (float(sa) * W_DOT16(qa, xv, 0) + float(sb) * W_DOT16(qb, xv, 4));
+    return W_(f16_at)(o + 108) * (float(sa) * dot(qa, xa) + float(sb) * dot(qb, xb));
 #endif
 }
 #elif defined(WEIGHT_Q4_K) || defined(WEIGHT_Q5_K)
@@ -353,14 +344,14 @@ uvec2 W_(unit_runs)(uint u) {
     uint a = 64 * (u / 2) + 16 * (u % 2);
     return uvec2(a, a + 32);
 }
-float W_(unit_dot)(uint o, uint u, vec4 xv[8]) {
+float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
     uint c = u / 2, i = u % 2, w0 = o / 4;
     vec2 dd = unpackHalf2x16(W_(w)[w0]);            // (d, dmin)
     // get_scale_min_k4 of sub-blocks 2 c and 2 c + 1 from the three scale words: bytes
     // 0-3 scales 0-3 (and the high bits of 4-7), 4-7 mins 0-3 (and high bits), 8-11 the
     // low nibbles of scales and mins 4-7.
     uint s0 = W_(w)[w0 + 1], s1 = W_(w)[w0 + 2], s2 = W_(w)[w0 + 3];
-    uint j = 2 * c % 4, sh = 8 * j;                  // byte j, j + 1 of the words
+    uint sh = 16 * (c % 2);                          // bytes 2 c % 4 and the next
     uvec2 sc, mn;
     if (c < 2) {
         sc = uvec2(s0 >> sh, s0 >> (sh + 8)) & 63u;
@@ -371,21 +362,14 @@ float W_(unit_dot)(uint o, uint u, vec4 xv[8]) {
         mn = ((lo >> 4) & 15u) | ((uvec2(s1 >> sh, s1 >> (sh + 8)) >> 6) & 3u) << 4;
     }
     vec2 a = dd.x * vec2(sc), m = dd.y * vec2(mn);
-    uvec4 v = W_(words4)(o + W_(QS) + 32 * c + 16 * i);
+    uint v = W_(w)[(o + W_(QS) + 32 * c + 16 * i) / 4 + q];
+    uint lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
 #if defined(WEIGHT_Q5_K)
-    uvec4 qh = W_(words4)(o + 16 + 16 * i);
+    uint qh = W_(w)[(o + 16 + 16 * i) / 4 + q];
+    lo |= W_(bits_at)(qh, 2 * c, 4);
+    hi |= W_(bits_at)(qh, 2 * c + 1, 4);
 #endif
-    vec4 r = vec4(0.0);
-    for (uint k = 0; k < 4; ++k) {
-        uint lo = v[k] & 0x0F0F0F0Fu, hi = (v[k] >> 4) & 0x0F0F0F0Fu;
-#if defined(WEIGHT_Q5_K)
-        lo |= W_(bits_at)(qh[k], 2 * c, 4);
-        hi |= W_(bits_at)(qh[k], 2 * c + 1, 4);
-#endif
-        r += (a.x * W_(bytes_f)(lo, 31u, 0.0) - m.x) * xv[k]
-             + (a.y * W_(bytes_f)(hi, 31u, 0.0) - m.y) * xv[4 + k];
-    }
-    return r.x + r.y + r.z + r.w;
+    return dot(a.x * W_(bytes_f)(lo, 31u, 0.0) - m.x, xa) + dot(a.y * W_(bytes_f)(hi, 31u, 0.0) - m.y, xb);
 }
 #elif defined(WEIGHT_Q6_K)
 // Q6_K: 8 units; unit u = 4 h + 2 p + i covers ql[64 h + 32 p + 16 i .. + 16]: run x its
@@ -397,36 +381,33 @@ uvec2 W_(unit_runs)(uint u) {
     uint a = 128 * (u / 4) + 32 * (u / 2 % 2) + 16 * (u % 2);
     return uvec2(a, a + 64);
 }
-float W_(unit_dot)(uint o, uint u, vec4 xv[8]) {
+float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
     uint h = u / 4, p = u / 2 % 2, i = u % 2, s = 8 * h + 2 * p + i;
-    uvec4 v = W_(words4)(o + 64 * h + 32 * p + 16 * i), qh = W_(words4)(o + 128 + 32 * h + 16 * i);
-    vec4 qa[4], qb[4];
-    for (uint k = 0; k < 4; ++k) {
-        qa[k] = W_(bytes_f)((v[k] & 0x0F0F0F0Fu) | ((qh[k] >> (2 * p)) & 0x03030303u) << 4, 63u, 32.0);
-        qb[k] = W_(bytes_f)(((v[k] >> 4) & 0x0F0F0F0Fu) | ((qh[k] >> (2 * p + 4)) & 0x03030303u) << 4,
-                            63u, 32.0);
-    }
+    uint v = W_(word_q)(o + 64 * h + 32 * p + 16 * i, q), qh = W_(word_q)(o + 128 + 32 * h + 16 * i, q);
+    vec4 qa = W_(bytes_f)((v & 0x0F0F0F0Fu) | ((qh >> (2 * p)) & 0x03030303u) << 4, 63u, 32.0);
+    vec4 qb = W_(bytes_f)(((v >> 4) & 0x0F0F0F0Fu) | ((qh >> (2 * p + 4)) & 0x03030303u) << 4, 63u, 32.0);
     float sa = float(bitfieldExtract(int(W_(byte_at)(o + 192 + s)), 0, 8));
     float sb = float(bitfieldExtract(int(W_(byte_at)(o + 196 + s)), 0, 8));
-    return W_(f16_at)(o + 208) * (sa * W_DOT16(qa, xv, 0) + sb * W_DOT16(qb, xv, 4));
+    return W_(f16_at)(o + 208) * (sa * dot(qa, xa) + sb * dot(qb, xb));
 }
 #elif defined(WEIGHT_IQ4_XS)
 // IQ4_XS: 8 units, the sub-blocks; unit b covers qs[16 b .. + 16]: run x its low nibbles
 // (elements 32 b + l), run y its high nibbles (32 b + 16 + l); one scale.
 const uint W_(UNITS) = 8;
 uvec2 W_(unit_runs)(uint u) { return uvec2(32 * u, 32 * u + 16); }
-float W_(unit_dot)(uint o, uint u, vec4 xv[8]) {
+float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
     uint w0 = W_(w)[o / 4], w1 = W_(w)[o / 4 + 1];   // d, scales_h; scales_l
     int sc = int((w1 >> (4 * u)) & 15u | ((w0 >> (16 + 2 * u)) & 3u) << 4) - 32;
-    uvec4 v = W_(words4)(o + 8 + 16 * u);
-    vec4 r = vec4(0.0);
-    for (uint k = 0; k < 4; ++k)
-        r += W_(levels)(W_(fields)(v[k], 0, 15u)) * xv[k]
-             + W_(levels)(W_(fields)(v[k], 4, 15u)) * xv[4 + k];
-    return unpackHalf2x16(w0).x * float(sc) * (r.x + r.y + r.z + r.w);
+    uint v = W_(w)[(o + 8 + 16 * u) / 4 + q];
+    return unpackHalf2x16(w0).x * float(sc) * (dot(W_(lut4)(v), xa) + dot(W_(lut4)(v >> 4), xb));
 }
 #endif
-#undef W_DOT16
+// Parts q0, q0 + step, ... < 4 of unit u (step 1: the whole unit).
+float W_(unit_dot)(uint o, uint u, uint q0, uint step, vec4 xv[8]) {
+    float s = 0.0;
+    for (uint q = q0; q < 4; q += step) s += W_(unit_part)(o, u, q, xv[q], xv[4 + q]);
+    return s;
+}
 // A row holds n_cols / WEIGHT_BLOCK blocks back to back; rows follow each other.
 vec4 W_(weight4)(uint row, uint q, uint n_cols) {
     uint k = 4 * q;
