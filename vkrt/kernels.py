@@ -197,9 +197,10 @@ class Kernels:
         split divides the workgroup, STAGE_X (constant 7) where the rule stages x, does not
         split, and the stage (144 bytes per invocation, glsl/unit_x.glsl) fits the shared
         memory."""
-        quantized = weight_types.BY_DTYPE[weight.dtype].quantized \
-            if weight.dtype in weight_types.BY_DTYPE else False
-        rule = self.tuning.decode_rule(kernel, n_rows, quantized)
+        wt = weight_types.BY_DTYPE.get(weight.dtype)
+        block = wt.block if wt is not None else 1     # unknown dtypes: weight_op refuses them
+        quantized = block > 1
+        rule = self.tuning.decode_rule(kernel, n_rows, block)
         threads, spec = rule.subgroups * self.sg, {}
         if quantized and rule.split > 1 and threads % rule.split == 0:
             spec[6] = rule.split

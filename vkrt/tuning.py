@@ -7,7 +7,8 @@ change of tuning is a change of this file with the measurement beside it.
 
 Decode products (`matvec`, `matvec_add`, `matvec_glu`, `qkv_rope`) take a `Decode` rule: the
 first of the kernel's rules whose `max_rows` covers the product's rows and whose `weights`
-match ("blocks": a GGUF block type, "scalar": f32/f16/bf16, "any"). `subgroups`: the
+match ("scalar": f32/f16/bf16, "blocks32": blocks of 32 (Q8_0 ... IQ4_NL), "blocks256": of
+256 (the K-quants, IQ4_XS), "blocks": either, "any"). `subgroups`: the
 workgroup is that many subgroups (local_size_x = subgroups x the device's subgroup size);
 `rows`: rows per workgroup (matvec.comp / matvec_glu.comp ROWS; qkv_rope always computes
 one pair of rows per workgroup and ignores it); for block types, `split`: invocations per
@@ -30,9 +31,10 @@ class Decode:
     stage_x: bool = False
     split: int = 1
 
-    def matches(self, n_rows: int, blocks: bool) -> bool:
-        return ((self.max_rows is None or n_rows <= self.max_rows)
-                and self.weights in ("any", "blocks" if blocks else "scalar"))
+    def matches(self, n_rows: int, block: int) -> bool:
+        """For a product of n_rows rows of a type of `block` elements per block (1: scalar)."""
+        kinds = ("any", "scalar") if block == 1 else ("any", "blocks", f"blocks{block}")
+        return (self.max_rows is None or n_rows <= self.max_rows) and self.weights in kinds
 
 
 @dataclass(frozen=True)
@@ -44,10 +46,11 @@ class Table:
     prefill_tiled: bool              # prefill products: matmul_tiled (else matmul)
     sources: dict[str, str] = field(default_factory=dict)   # the scalar entries' measurements
 
-    def decode_rule(self, kernel: str, n_rows: int, blocks: bool) -> Decode:
-        """The rule of decode kernel `kernel` (matvec_add reads matvec's) for `n_rows` rows."""
+    def decode_rule(self, kernel: str, n_rows: int, block: int) -> Decode:
+        """The rule of decode kernel `kernel` (matvec_add reads matvec's) for `n_rows` rows of
+        a type of `block` elements per block (1: f32, f16, bf16)."""
         rules = self.decode["matvec" if kernel == "matvec_add" else kernel]
-        return next(r for r in rules if r.matches(n_rows, blocks))
+        return next(r for r in rules if r.matches(n_rows, block))
 
     def with_decode(self, subgroups: int, rows: int, kernel: str = "matvec",
                     stage_x: bool = False, split: int = 1) -> "Table":
