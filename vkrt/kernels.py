@@ -200,7 +200,7 @@ class Kernels:
         wt = weight_types.BY_DTYPE.get(weight.dtype)
         block = wt.block if wt is not None else 1     # unknown dtypes: weight_op refuses them
         quantized = block > 1
-        rule = self.tuning.decode_rule(kernel, n_rows, block)
+        rule = self.tuning.decode_rule(kernel, n_rows, block, weight.dtype)
         threads, spec = rule.subgroups * self.sg, {}
         if quantized and rule.split > 1 and threads % rule.split == 0:
             spec[6] = rule.split

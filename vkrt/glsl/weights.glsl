@@ -216,9 +216,9 @@ vec4 W_(block4)(uint o, uint e) {
 // A block is UNITS units of 32 weights; unit u's weights are two runs of 16 consecutive
 // elements of the block, starting at unit_runs(u).x and unit_runs(u).y, chosen per type so
 // that a unit's low bits are 16 consecutive bytes of the block, four words, that no other
-// unit shares. unit_part(o, u, q, xa, xb) is the dot product of word q's weights (run x's
-// elements 4q .. 4q + 3 with xa, run y's with xb) of unit u of the block at byte o; it
-// reads the unit's scales, mins and d once for its 8 weights, and each word with one plain
+// unit shares. unit_hdr(o, u) decodes unit u's scales, mins and d (a vec4 per type, read
+// once per unit); unit_part(o, u, q, hdr, xa, xb) is the dot product of word q's weights
+// (run x's elements 4q .. 4q + 3 with xa, run y's with xb), reading each word with one plain
 // uint load when the type is 4-byte aligned (every field it reads sits at a multiple of 4),
 // or the two covering words shifted when it is only 2-byte aligned (no unaligned access
 // assumed). unit_dot(o, u, q0, step, xv) sums the parts q0, q0 + step, ... < 4 with
@@ -257,20 +257,22 @@ vec4 W_(lut4)(uint v) {
 #endif
 #if defined(WEIGHT_Q8_0) || defined(WEIGHT_Q4_0) || defined(WEIGHT_IQ4_NL) || defined(WEIGHT_Q4_1) \
     || defined(WEIGHT_Q5_0) || defined(WEIGHT_Q5_1)
-// The 32-weight types: one unit, the block; runs 0..15 and 16..31.
+// The 32-weight types: one unit, the block; runs 0..15 and 16..31. Their scales are plain
+// loads (read once per unit by the compiler's load elimination): no header to decode.
 const uint W_(UNITS) = 1;
 uvec2 W_(unit_runs)(uint u) { return uvec2(0, 16); }
+vec4 W_(unit_hdr)(uint o, uint u) { return vec4(0.0); }
 #endif
 #if defined(WEIGHT_Q8_0)
 // Q8_0: qs at 2, elements 0..15 then 16..31, int8: (q ^ 0x80) - 128.
-float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
     uint a = W_(word_q)(o + 2, q), b = W_(word_q)(o + 18, q);
     return W_(f16_at)(o) * (dot(W_(bytes_f)(a ^ 0x80808080u, 0xFFu, 128.0), xa)
                             + dot(W_(bytes_f)(b ^ 0x80808080u, 0xFFu, 128.0), xb));
 }
 #elif defined(WEIGHT_Q4_0) || defined(WEIGHT_IQ4_NL)
 // Q4_0, IQ4_NL: qs at 2: byte l holds element l (low nibble) and l + 16.
-float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
     uint v = W_(word_q)(o + 2, q);
 #if defined(WEIGHT_Q4_0)
     return W_(f16_at)(o) * (dot(W_(bytes_f)(v, 15u, 8.0), xa) + dot(W_(bytes_f)(v >> 4, 15u, 8.0), xb));
@@ -280,7 +282,7 @@ float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
 }
 #elif defined(WEIGHT_Q4_1)
 // Q4_1: (d, m) the first word, qs words 1..4 (4-byte aligned).
-float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
     vec2 dm = unpackHalf2x16(W_(w)[o / 4]);
     uint v = W_(w)[o / 4 + 1 + q];
     return dot(dm.x * W_(bytes_f)(v, 15u, 0.0) + dm.y, xa)
@@ -289,7 +291,7 @@ float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
 #elif defined(WEIGHT_Q5_0) || defined(WEIGHT_Q5_1)
 // Q5_0 / Q5_1: element l's fifth bit is bit l of qh (at QH), element l + 16's bit l + 16;
 // qs at QH + 4.
-float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
     uint qh = W_(word_at)(o + W_(QH)), v = W_(word_q)(o + W_(QH) + 4, q);
     uint lo = (v & 0x0F0F0F0Fu) | W_(spread4)((qh >> (4 * q)) & 15u);
     uint hi = ((v >> 4) & 0x0F0F0F0Fu) | W_(spread4)((qh >> (16 + 4 * q)) & 15u);
@@ -310,21 +312,16 @@ uvec2 W_(unit_runs)(uint u) {
     uint a = 128 * (u / 4) + 64 * (u / 2 % 2) + 16 * (u % 2);
     return uvec2(a, a + 32);
 }
-float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
+// Header: (scale x, scale y, min x, min y) of the two runs (Q3_K: d * its 6-bit scales).
+vec4 W_(unit_hdr)(uint o, uint u) {
     uint h = u / 4, p = u / 2 % 2, i = u % 2, s = 8 * h + 4 * p + i;
 #if defined(WEIGHT_Q2_K)
-    uint v = W_(w)[(o + 16 + 32 * h + 16 * i) / 4 + q];
     uint sw = W_(w)[o / 4 + s / 4] >> (8 * i);       // scales s (byte 0) and s + 2 (byte 2)
     vec2 dd = unpackHalf2x16(W_(w)[o / 4 + 20]);    // (d, dmin) at byte 80
     vec2 a = dd.x * vec2(sw & 15u, (sw >> 16) & 15u);
     vec2 m = dd.y * vec2((sw >> 4) & 15u, (sw >> 20) & 15u);
-    return dot(a.x * W_(bytes_f)(v >> (4 * p), 3u, 0.0) - m.x, xa)
-           + dot(a.y * W_(bytes_f)(v >> (4 * p + 2), 3u, 0.0) - m.y, xb);
+    return vec4(a, m);
 #else
-    uint v = W_(word_q)(o + 32 + 32 * h + 16 * i, q), hm = W_(word_q)(o + 16 * i, q);
-    uint b = 4 * h + 2 * p;                          // hmask bits of the two runs: b, b + 1
-    vec4 qa = W_(bytes_f)(((v >> (4 * p)) & 0x03030303u) | W_(bits_at)(hm, b, 2), 7u, 4.0);
-    vec4 qb = W_(bytes_f)(((v >> (4 * p + 2)) & 0x03030303u) | W_(bits_at)(hm, b + 1, 2), 7u, 4.0);
     // 6-bit scales: low 4 bits in scales[s % 8] >> 4 (s / 8), high 2 in scales[8 + s % 4]
     // >> 2 (s / 4), minus 32.
     uint t = s + 2;
@@ -332,7 +329,21 @@ float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
                  | ((W_(byte_at)(o + 104 + s % 4) >> (s / 4 * 2)) & 3u) << 4) - 32;
     int sb = int((W_(byte_at)(o + 96 + t % 8) >> (t / 8 * 4)) & 15u
                  | ((W_(byte_at)(o + 104 + t % 4) >> (t / 4 * 2)) & 3u) << 4) - 32;
-    return W_(f16_at)(o + 108) * (float(sa) * dot(qa, xa) + float(sb) * dot(qb, xb));
+    return vec4(W_(f16_at)(o + 108) * vec2(sa, sb), 0.0, 0.0);
+#endif
+}
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint h = u / 4, p = u / 2 % 2, i = u % 2;
+#if defined(WEIGHT_Q2_K)
+    uint v = W_(w)[(o + 16 + 32 * h + 16 * i) / 4 + q];
+    return dot(hd.x * W_(bytes_f)(v >> (4 * p), 3u, 0.0) - hd.z, xa)
+           + dot(hd.y * W_(bytes_f)(v >> (4 * p + 2), 3u, 0.0) - hd.w, xb);
+#else
+    uint v = W_(word_q)(o + 32 + 32 * h + 16 * i, q), hm = W_(word_q)(o + 16 * i, q);
+    uint b = 4 * h + 2 * p;                          // hmask bits of the two runs: b, b + 1
+    vec4 qa = W_(bytes_f)(((v >> (4 * p)) & 0x03030303u) | W_(bits_at)(hm, b, 2), 7u, 4.0);
+    vec4 qb = W_(bytes_f)(((v >> (4 * p + 2)) & 0x03030303u) | W_(bits_at)(hm, b + 1, 2), 7u, 4.0);
+    return hd.x * dot(qa, xa) + hd.y * dot(qb, xb);
 #endif
 }
 #elif defined(WEIGHT_Q4_K) || defined(WEIGHT_Q5_K)
@@ -344,8 +355,9 @@ uvec2 W_(unit_runs)(uint u) {
     uint a = 64 * (u / 2) + 16 * (u % 2);
     return uvec2(a, a + 32);
 }
-float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
-    uint c = u / 2, i = u % 2, w0 = o / 4;
+// Header: (d sc, d sc', dmin m, dmin m') of sub-blocks 2 c and 2 c + 1.
+vec4 W_(unit_hdr)(uint o, uint u) {
+    uint c = u / 2, w0 = o / 4;
     vec2 dd = unpackHalf2x16(W_(w)[w0]);            // (d, dmin)
     // get_scale_min_k4 of sub-blocks 2 c and 2 c + 1 from the three scale words: bytes
     // 0-3 scales 0-3 (and the high bits of 4-7), 4-7 mins 0-3 (and high bits), 8-11 the
@@ -362,6 +374,10 @@ float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
         mn = ((lo >> 4) & 15u) | ((uvec2(s1 >> sh, s1 >> (sh + 8)) >> 6) & 3u) << 4;
     }
     vec2 a = dd.x * vec2(sc), m = dd.y * vec2(mn);
+    return vec4(a, m);
+}
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint c = u / 2, i = u % 2;
     uint v = W_(w)[(o + W_(QS) + 32 * c + 16 * i) / 4 + q];
     uint lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
 #if defined(WEIGHT_Q5_K)
@@ -369,7 +385,7 @@ float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
     lo |= W_(bits_at)(qh, 2 * c, 4);
     hi |= W_(bits_at)(qh, 2 * c + 1, 4);
 #endif
-    return dot(a.x * W_(bytes_f)(lo, 31u, 0.0) - m.x, xa) + dot(a.y * W_(bytes_f)(hi, 31u, 0.0) - m.y, xb);
+    return dot(hd.x * W_(bytes_f)(lo, 31u, 0.0) - hd.z, xa) + dot(hd.y * W_(bytes_f)(hi, 31u, 0.0) - hd.w, xb);
 }
 #elif defined(WEIGHT_Q6_K)
 // Q6_K: 8 units; unit u = 4 h + 2 p + i covers ql[64 h + 32 p + 16 i .. + 16]: run x its
@@ -381,31 +397,41 @@ uvec2 W_(unit_runs)(uint u) {
     uint a = 128 * (u / 4) + 32 * (u / 2 % 2) + 16 * (u % 2);
     return uvec2(a, a + 64);
 }
-float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
-    uint h = u / 4, p = u / 2 % 2, i = u % 2, s = 8 * h + 2 * p + i;
+// Header: d times the runs' int8 scales.
+vec4 W_(unit_hdr)(uint o, uint u) {
+    uint s = 8 * (u / 4) + 2 * (u / 2 % 2) + u % 2;
+    float sa = float(bitfieldExtract(int(W_(byte_at)(o + 192 + s)), 0, 8));
+    float sb = float(bitfieldExtract(int(W_(byte_at)(o + 196 + s)), 0, 8));
+    return vec4(W_(f16_at)(o + 208) * vec2(sa, sb), 0.0, 0.0);
+}
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint h = u / 4, p = u / 2 % 2, i = u % 2;
     uint v = W_(word_q)(o + 64 * h + 32 * p + 16 * i, q), qh = W_(word_q)(o + 128 + 32 * h + 16 * i, q);
     vec4 qa = W_(bytes_f)((v & 0x0F0F0F0Fu) | ((qh >> (2 * p)) & 0x03030303u) << 4, 63u, 32.0);
     vec4 qb = W_(bytes_f)(((v >> 4) & 0x0F0F0F0Fu) | ((qh >> (2 * p + 4)) & 0x03030303u) << 4, 63u, 32.0);
-    float sa = float(bitfieldExtract(int(W_(byte_at)(o + 192 + s)), 0, 8));
-    float sb = float(bitfieldExtract(int(W_(byte_at)(o + 196 + s)), 0, 8));
-    return W_(f16_at)(o + 208) * (sa * dot(qa, xa) + sb * dot(qb, xb));
+    return hd.x * dot(qa, xa) + hd.y * dot(qb, xb);
 }
 #elif defined(WEIGHT_IQ4_XS)
 // IQ4_XS: 8 units, the sub-blocks; unit b covers qs[16 b .. + 16]: run x its low nibbles
 // (elements 32 b + l), run y its high nibbles (32 b + 16 + l); one scale.
 const uint W_(UNITS) = 8;
 uvec2 W_(unit_runs)(uint u) { return uvec2(32 * u, 32 * u + 16); }
-float W_(unit_part)(uint o, uint u, uint q, vec4 xa, vec4 xb) {
+// Header: d times the sub-block's scale.
+vec4 W_(unit_hdr)(uint o, uint u) {
     uint w0 = W_(w)[o / 4], w1 = W_(w)[o / 4 + 1];   // d, scales_h; scales_l
     int sc = int((w1 >> (4 * u)) & 15u | ((w0 >> (16 + 2 * u)) & 3u) << 4) - 32;
+    return vec4(unpackHalf2x16(w0).x * float(sc), 0.0, 0.0, 0.0);
+}
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
     uint v = W_(w)[(o + 8 + 16 * u) / 4 + q];
-    return unpackHalf2x16(w0).x * float(sc) * (dot(W_(lut4)(v), xa) + dot(W_(lut4)(v >> 4), xb));
+    return hd.x * (dot(W_(lut4)(v), xa) + dot(W_(lut4)(v >> 4), xb));
 }
 #endif
-// Parts q0, q0 + step, ... < 4 of unit u (step 1: the whole unit).
+// Parts q0, q0 + step, ... < 4 of unit u (step 1: the whole unit), its header decoded once.
 float W_(unit_dot)(uint o, uint u, uint q0, uint step, vec4 xv[8]) {
+    vec4 hd = W_(unit_hdr)(o, u);
     float s = 0.0;
-    for (uint q = q0; q < 4; q += step) s += W_(unit_part)(o, u, q, xv[q], xv[4 + q]);
+    for (uint q = q0; q < 4; q += step) s += W_(unit_part)(o, u, q, hd, xv[q], xv[4 + q]);
     return s;
 }
 // A row holds n_cols / WEIGHT_BLOCK blocks back to back; rows follow each other.
