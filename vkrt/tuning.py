@@ -73,6 +73,7 @@ GPU = Table(
         # past that (the logits' 49,152 x 576) one subgroup, 4 rows (2737 GB/s against 1286
         # for 4x1; [14336, 4096]: 3490 against 3683).
         "matvec": (
+            Decode(8192, "float32", 8, 1, _BLOCKS + ": f32 8x1 4105, 4x1 3911 GB/s"),
             Decode(8192, "scalar", 4, 1, _BLOCKS + ": f16 4x1 3598, 4x2 3657, 8x1 3663 GB/s"),
             Decode(None, "scalar", 1, 4, _BLOCKS + ": logits f16 1x4 2737, 4x1 1286 GB/s"),
             # Blocks of 32: x staged, one subgroup, 4 rows (Q4_1 [4096, 14336] 1296 GB/s
