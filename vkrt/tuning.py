@@ -8,8 +8,9 @@ change of tuning is a change of this file with the measurement beside it.
 Decode products (`matvec`, `matvec_add`, `matvec_glu`, `qkv_rope`) take a `Decode` rule: the
 first of the kernel's rules whose `max_rows` covers the product's rows and whose `weights`
 match ("scalar": f32/f16/bf16, "blocks32": blocks of 32 (Q8_0 ... IQ4_NL), "blocks256": of
-256 (the K-quants, IQ4_XS), "blocks": either, "any", or one dtype such as "iq4_xs"). `subgroups`: the
-workgroup is that many subgroups (local_size_x = subgroups x the device's subgroup size);
+256 (the K-quants, IQ4_XS), "blocks": either, "any", or one dtype such as "iq4_xs").
+`subgroups`: the workgroup is that many subgroups (local_size_x = subgroups x the device's
+subgroup size);
 `rows`: rows per workgroup (matvec.comp / matvec_glu.comp ROWS; qkv_rope always computes
 one pair of rows per workgroup and ignores it); for block types, `split`: invocations per
 unit of 32 weights (glsl/unit_x.glsl SPLIT: 1, 2 or 4) and `stage_x`: x loaded through
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field, replace
 @dataclass(frozen=True)
 class Decode:
     max_rows: int | None     # products of at most this many rows (None: any)
-    weights: str             # "blocks", "scalar" or "any"
+    weights: str             # "scalar", "blocks32", "blocks256", "blocks", "any" or a dtype
     subgroups: int
     rows: int
     source: str              # the measurement (bench/README.md) that chose it
@@ -117,7 +118,11 @@ CPU = Table(
             "matvec_glu": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),),
             "qkv_rope": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),)},
     argmax_threads=256, attention_threads=64, attention_dim_splits=1, prefill_tiled=False,
-    sources={"prefill_tiled": "kernels.py history: test_llama on lavapipe, tiled no faster"},
+    sources={"prefill_tiled": "lavapipe, test_llama's teacher-forced logits: tiled 64-68 s, "
+                              "matmul 40-80 s (other jobs sharing the box)",
+             "argmax_threads": "lavapipe: 256 (the first session's choice, not timed)",
+             "attention_threads": "lavapipe: 64 (the first session's choice, not timed)",
+             "attention_dim_splits": "glsl/reduce.glsl: lavapipe barriers"},
 )
 
 TABLES = {"gpu": GPU, "cpu": CPU}
