@@ -8,6 +8,8 @@
 // per unit. 1: a unit per invocation (its header decoded once for 32 weights, but
 // consecutive invocations read words and x 1 unit apart); 4: a word per invocation
 // (consecutive invocations read consecutive words and vec4 of x).
+// On the H200 (bench/README.md, 2026-12-02) 2 and 4 were 2-8x slower than 1 as written (the
+// parts index xv per invocation): vkrt/tuning.py uses 1.
 // STAGE_X (specialization constant 7, with SPLIT 1 only): 1 stages each chunk's x through
 // shared memory, loaded by consecutive invocations in order (coalesced), read back from a
 // stride of 9 vec4 (144 bytes: each 8 invocations of a 16-byte load hit distinct banks);
