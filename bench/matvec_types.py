@@ -2,6 +2,7 @@
 every type in `vkrt.weight_types.TYPES`, side by side in one process.
 
     python bench/matvec_types.py [--rows 4096] [--cols 14336] [--repeat 50] [--json]
+        [--shapes 4096x14336,1536x576] [--configs 4x1,1x4] [--out FILE.json]
 
 Each type's matrix ([rows, cols], the shape of a 7B model's ffn_down by default) holds random
 bytes: the values do not change what the kernel reads, only the product (a NaN in it costs the
@@ -10,7 +11,12 @@ writing the same output (so every one waits for the one before: the tracker's WA
 and each timed by timestamp queries (`VKRT_TIMESTAMPS`' mechanism, vkrt/runtime/stream.py);
 the report gives the median product's GPU time, the matrix's bytes over it (GB/s) and the
 ratio to Q4_1's. The types alternate round by round (`--rounds`), so drift affects them
-alike. A copy of a buffer of the largest matrix's size (vkCmdCopyBuffer: reads and writes
+alike. `--configs SxR,...` times every type under each decode launch (S subgroups per
+workgroup, R rows per workgroup, `s` after R: x staged through shared memory, `qN` after
+R: N invocations per unit of 32 weights;
+vkrt/tuning.py's `Decode`, for every row count) instead
+of the device's table, and reports each config's figures and the best per type; `--shapes
+RxC,...` repeats the whole run per matrix shape. A copy of a buffer of the largest matrix's size (vkCmdCopyBuffer: reads and writes
 it) is timed beside them. Absolute figures only from a real GPU; compare within one run.
 """
 from __future__ import annotations
@@ -36,63 +42,110 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--cols", type=int, default=14336)
+    ap.add_argument("--shapes", default="", help="RxC,... (default: --rows x --cols)")
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--types", default="", help="comma-separated dtypes (default: all)")
+    ap.add_argument("--configs", default="", help="SxR,...: decode launches to time "
+                    "(default: the device's table)")
+    ap.add_argument("--glu", action="store_true", help="time matvec_glu (RMSNorm, gate and "
+                    "up: two matrices of the shape) instead of matvec")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default="", help="also write the JSON report here")
     args = ap.parse_args(argv)
     chosen = [t for t in TYPES if not args.types or t.dtype in args.types.split(",")]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] \
+        or [(args.rows, args.cols)]
+    configs = [c for c in args.configs.split(",") if c]
     rng = np.random.default_rng(0)
+    reports = []
     with Device() as dev:
         stream = Stream(dev, timestamps=True)
         if not stream.timing:
             print("matvec_types: this device has no timestamps", file=sys.stderr)
             return 1
-        k = Kernels(PipelineCache(dev))
-        x = stream.upload(rng.standard_normal(args.cols).astype(np.float32), "x")
-        y = stream.upload(np.zeros(args.rows, np.float32), "y")
-        weights = {}
-        for t in chosen:
-            nbytes = args.rows * args.cols // t.block * t.block_bytes
-            w = Tensor(Buffer(dev, nbytes, name=t.dtype), 0, nbytes, t.dtype,
-                       (args.rows, args.cols), t.dtype)
-            raw = rng.integers(0, 256, nbytes, dtype=np.uint8)
-            stream.write(Tensor(w.buffer, 0, nbytes, "uint8", (nbytes,)), raw)
-            weights[t.dtype] = w
-        big = max(w.nbytes for w in weights.values())
-        src, dst = (Tensor(Buffer(dev, big, name=n), 0, big, "uint8", (big,)) for n in "ab")
-        stream.synchronize()
-        times: dict[str, list[float]] = {name: [] for name in [*weights, "copy"]}
-        for _ in range(args.rounds):
-            for name in times:
-                stream.profiler.gpu_ns.clear()
-                stream.profiler.gpu_count.clear()
-                if name == "copy":
-                    records = [Copy(src, dst, "copy")] * args.repeat
-                else:
-                    records = [k.linear(x, weights[name], y, 1, name=name)] * args.repeat
-                stream.record(records)
-                stream.synchronize()
-                times[name].append(stream.profiler.gpu_ns[name] / stream.profiler.gpu_count[name])
-        report = {"device": dev.name, "driver": f"{dev.driver_name} {dev.driver_info}",
-                  "rows": args.rows, "cols": args.cols, "repeat": args.repeat, "types": {}}
-        for name, ts in times.items():
-            nbytes = big if name == "copy" else weights[name].nbytes
-            us = statistics.median(ts) / 1e3
-            # A copy reads and writes its bytes; a product reads the matrix (x and y are small).
-            moved = 2 * nbytes if name == "copy" else nbytes
-            report["types"][name] = {"bytes": nbytes, "us": round(us, 2),
-                                     "gb_s": round(moved / us / 1e3, 1)}
+        cache = PipelineCache(dev)
+        kernels = {"table": Kernels(cache)}
+        if configs:
+            table = kernels["table"].tuning
+            kernels = {}
+            for c in configs:     # SxR, SxRs: x staged through shared memory; SxRqN: N per unit
+                s, r = c.rstrip("s").split("q")[0].split("x")
+                kernels[c] = Kernels(cache, tuning=table.with_decode(
+                    int(s), int(r), "matvec_glu" if args.glu else "matvec",
+                    stage_x=c.endswith("s"), split=int(c.split("q")[1]) if "q" in c else 1))
+        for rows, cols in shapes:
+            x = stream.upload(rng.standard_normal(cols).astype(np.float32), "x")
+            norm = stream.upload(rng.standard_normal(cols).astype(np.float32), "norm")
+            y = stream.upload(np.zeros(rows, np.float32), "y")
+            weights, ups = {}, {}
+            for t in chosen:
+                if cols % t.block:
+                    continue
+                nbytes = rows * cols // t.block * t.block_bytes
+                nbytes += -nbytes % 4
+                w = Tensor(Buffer(dev, nbytes, name=t.dtype), 0, nbytes, t.dtype,
+                           (rows, cols), t.dtype)
+                raw = rng.integers(0, 256, nbytes, dtype=np.uint8)
+                stream.write(Tensor(w.buffer, 0, nbytes, "uint8", (nbytes,)), raw)
+                weights[t.dtype] = w
+                if args.glu:      # a second matrix (up): not the first one's bytes from L2
+                    ups[t.dtype] = u = Tensor(Buffer(dev, nbytes, name=t.dtype + "_up"), 0,
+                                              nbytes, t.dtype, (rows, cols), t.dtype)
+                    stream.write(Tensor(u.buffer, 0, nbytes, "uint8", (nbytes,)), raw[::-1])
+            big = max(w.nbytes for w in weights.values())
+            src, dst = (Tensor(Buffer(dev, big, name=n), 0, big, "uint8", (big,)) for n in "ab")
+            stream.synchronize()
+            arms = [(name, c) for name in weights for c in kernels] + [("copy", "")]
+            times: dict[tuple[str, str], list[float]] = {a: [] for a in arms}
+            for _ in range(args.rounds):
+                for name, c in arms:
+                    stream.profiler.gpu_ns.clear()
+                    stream.profiler.gpu_count.clear()
+                    if name == "copy":
+                        records = [Copy(src, dst, "copy")] * args.repeat
+                    elif args.glu:
+                        records = [kernels[c].glu(x, norm, weights[name], ups[name], y, 1e-5,
+                                                  name=name)] * args.repeat
+                    else:
+                        records = [kernels[c].linear(x, weights[name], y, 1, name=name)] \
+                            * args.repeat
+                    stream.record(records)
+                    stream.synchronize()
+                    times[name, c].append(stream.profiler.gpu_ns[name]
+                                          / stream.profiler.gpu_count[name])
+            report = {"device": dev.name, "driver": f"{dev.driver_name} {dev.driver_info}",
+                      "rows": rows, "cols": cols, "repeat": args.repeat, "types": {},
+                      "configs": {}}
+            for (name, c), ts in times.items():
+                nbytes = big if name == "copy" else weights[name].nbytes * (2 if args.glu else 1)
+                us = statistics.median(ts) / 1e3
+                # A copy reads and writes its bytes; a product reads the matrix (x, y small).
+                moved = 2 * nbytes if name == "copy" else nbytes
+                r = {"bytes": nbytes, "us": round(us, 2), "gb_s": round(moved / us / 1e3, 1)}
+                report["configs"].setdefault(name, {})[c] = r
+            for name, by_c in report["configs"].items():
+                best = max(by_c, key=lambda c: by_c[c]["gb_s"])
+                report["types"][name] = {**by_c[best], "config": best}
+            reports.append(report)
+            for t in (*weights.values(), *ups.values(), src, dst, x, norm, y):
+                t.buffer.close()
         stream.close()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(reports, f, indent=1)
     if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        print(f"{report['device']} ({report['driver']}): [{args.rows}, {args.cols}] per type, "
-              f"median of {args.rounds} rounds x {args.repeat} products")
+        print(json.dumps(reports, indent=1))
+        return 0
+    for report in reports:
+        print(f"{report['device']} ({report['driver']}): [{report['rows']}, {report['cols']}] "
+              f"per type, median of {args.rounds} rounds x {args.repeat} products")
         base = report["types"].get("q4_1", report["types"]["copy"])["gb_s"]
         for name, r in report["types"].items():
+            each = " ".join(f"{c}:{v['gb_s']:.0f}" for c, v in report["configs"][name].items()
+                            if len(report["configs"][name]) > 1)
             print(f"  {name:<8} {r['bytes'] / 2**20:8.1f} MiB  {r['us']:9.2f} us  "
-                  f"{r['gb_s']:8.1f} GB/s  ({r['gb_s'] / base:.2f}x q4_1)")
+                  f"{r['gb_s']:8.1f} GB/s  ({r['gb_s'] / base:.2f}x q4_1) {r['config']} {each}")
     return 0
 
 

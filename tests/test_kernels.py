@@ -323,16 +323,17 @@ def test_matvec_rows_per_workgroup(gpu, rows):
     np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
 
-def test_linear_many_rows_per_workgroup(gpu, kernels):
-    """Kernels.linear over more than FEW_ROWS rows with many_rows_per_group (a GPU's 4):
-    the grid counts workgroups of 4 rows and every row is computed."""
-    from vkrt.kernels import FEW_ROWS
+def test_linear_many_rows_per_workgroup(gpu):
+    """Kernels.linear over many rows with the GPU table (vkrt/tuning.py: past 8192 rows, 4
+    rows per workgroup): the grid counts workgroups of 4 rows and every row is computed."""
+    from vkrt import tuning
 
-    kernels.many_rows_per_group = 4
-    r, n_rows, n_cols = rng(35), FEW_ROWS + 3, 32
+    kernels = Kernels(gpu.cache, tuning=tuning.GPU)
+    r, n_rows, n_cols = rng(35), 8192 + 3, 32
     w, x = randn(r, n_rows, n_cols), randn(r, n_cols)
     bw, bx, by = gpu.upload(w), gpu.upload(x), gpu.filled(n_rows + 3)
     d = kernels.linear(bx, bw, by, 1)
+    assert kernels.decode_launch("matvec", bw, n_rows)[1] == 4
     assert d.grid[0] * d.grid[1] == -(-n_rows // 4)
     gpu.stream.record([d])
     got = gpu.read(by)
@@ -647,11 +648,13 @@ def test_attention_decode_one_dispatch(gpu, head_dim, pos0, threads, q_scale, at
 def test_attention_decode_size_fits_the_device(gpu):
     """The host's workgroup and position count (kernels._decode_attention_size) fit the
     device's limits and leave room for every shared array of attention_decode.comp."""
+    from vkrt import tuning
     from vkrt.kernels import DECODE_POSITIONS, _decode_attention_size
 
     limits = gpu.device.limits
-    for head_dim, is_gpu in ((64, True), (64, False), (4, True), (128, False)):
-        threads, positions = _decode_attention_size(limits, head_dim, is_gpu)
+    for head_dim, table in ((64, tuning.GPU), (64, tuning.CPU), (4, tuning.GPU),
+                            (128, tuning.CPU)):
+        threads, positions = _decode_attention_size(limits, head_dim, table.attention_threads)
         assert threads % (head_dim // 4) == 0
         assert threads <= limits.maxComputeWorkGroupInvocations
         assert 0 < positions <= DECODE_POSITIONS
@@ -1241,13 +1244,63 @@ def test_matvec_rows_per_workgroup_weights_as_stored(gpu, kernels, dtype):
 # RMSNorm scales the product instead of its input: s * sum_k W[k] (x[k] w_n[k]), so the
 # product's bound (2e-7 relative to sum|terms|, test_linear_weights_as_stored) holds with the
 # terms W[k] * n(x)[k] and a few more roundings of s (each 2^-24 relative).
-@pytest.fixture(params=[1, 4], ids=["1-subgroup-rows", "4-subgroup-rows"])
+# (subgroups per workgroup, rows per workgroup, x staged) of every decode product
+# (vkrt/tuning.py): a CPU device's (1, 1), a GPU's few-rows (4, 1), and rows per workgroup
+# that leave the last workgroup of 37 rows partial (3: 13 workgroups, the last with 1 row,
+# block types' x through shared memory: glsl/unit_x.glsl; 8 with one subgroup, 4
+# invocations per unit of 32 weights).
+ROW_LAUNCHES = {"1-subgroup-rows": (1, 1, False, 1), "4-subgroup-rows": (4, 1, False, 1),
+                "2-subgroups-3-rows-staged": (2, 3, True, 1),
+                "1-subgroup-8-rows-4-per-unit": (1, 8, False, 4)}
+
+
+@pytest.fixture(params=list(ROW_LAUNCHES.values()), ids=list(ROW_LAUNCHES))
 def row_kernels(gpu, request):
-    """Kernels whose decode products run `param` subgroups per row, as a GPU does (1 on a
-    CPU device such as lavapipe: kernels.py ROW_SUBGROUPS), so both reductions run here."""
-    k = Kernels(gpu.cache)
-    k._few_rows_threads = gpu.sg * request.param
-    return k
+    """Kernels whose decode products run `param` = (subgroups, rows) per workgroup, so both
+    reductions and partial last workgroups run here."""
+    from vkrt import tuning
+
+    subgroups, rows, stage, split = request.param
+    table = tuning.CPU
+    for kernel in ("matvec", "matvec_glu", "qkv_rope"):
+        table = table.with_decode(subgroups, rows, kernel, stage_x=stage, split=split)
+    return Kernels(gpu.cache, tuning=table)
+
+
+# Sizes the unit walk of the decode products (weights.glsl unit_dot, glsl/unit_x.glsl) makes
+# risky: rows of one block (fewer units than invocations), and many blocks (67 of 32, 9 of
+# 256: several chunks of units, the last partial), rows not a multiple of the rows per
+# workgroup; x staged or not.
+UNIT_LAUNCHES = {"2-subgroups-3-rows-staged": (2, 3, True, 1),
+                 "1-subgroup-5-rows-2-per-unit": (1, 5, False, 2),
+                 "2-subgroups-2-rows-4-per-unit": (2, 2, False, 4)}
+
+
+@pytest.mark.parametrize("launch", list(UNIT_LAUNCHES))
+@pytest.mark.parametrize("blocks,n_rows", [(1, 7), (-1, 11)], ids=["one-block", "many-blocks"])
+@pytest.mark.parametrize("dtype", [t.dtype for t in weight_types.TYPES if t.quantized])
+def test_matvec_units_odd_sizes(gpu, dtype, blocks, n_rows, launch):
+    from vkrt import tuning
+
+    t = weight_types.BY_DTYPE[dtype]
+    blocks = blocks if blocks > 0 else (67 if t.block == 32 else 9)
+    subgroups, rows, stage, split = UNIT_LAUNCHES[launch]
+    k = Kernels(gpu.cache, tuning=tuning.CPU.with_decode(subgroups, rows, stage_x=stage,
+                                                         split=split))
+    r, n_cols = rng(43), blocks * t.block
+    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=43)
+    x = randn(r, 2, n_cols)
+    tx, ty = gpu.upload(x), gpu.filled(n_rows + 3)
+    d = k.linear(tx, tw, ty, 1, x_row=1)
+    assert d.grid[0] * d.grid[1] == -(-n_rows // rows)
+    assert k.decode_launch("matvec", tw, n_rows)[2] == ({6: split} if split > 1 else {7: 1})
+    gpu.stream.record([d])
+    got = gpu.read(ty)
+    terms = values * x[1].astype(np.float64)
+    # As test_linear_weights_as_stored (2e-7 relative to sum|w*x|; 67 blocks: sqrt(2144)
+    # * 2^-24 = 2.8e-6 in the worst case, ~2^-24 typical).
+    assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
+    np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
 
 def rms_reference(x: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:

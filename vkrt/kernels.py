@@ -15,6 +15,7 @@ wrong dtype or is too small for the call.
 from __future__ import annotations
 
 from vkrt import config, weight_types
+from vkrt import tuning as tuning_tables
 from vkrt.errors import ShaderInterfaceError, VkrtError
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.op import Op
@@ -22,13 +23,9 @@ from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.tensor import Tensor
 
 ELEMENTWISE_BLOCK = 64   # workgroup size of elementwise kernels
-# argmax's one workgroup: 1024 invocations on a GPU (17 -> 9.4 us per token on an H200,
-# bench/README.md), 256 on a CPU device (lavapipe).
-ARGMAX_BLOCK, ARGMAX_GPU_BLOCK = 256, 1024
 MATMUL_TOKENS = 8        # tokens per matmul workgroup (each W row read once per tile)
-# Prefill products on a GPU: matmul_tiled's tile of output rows x tokens (bench/README.md has
-# the A/B); a CPU device keeps matmul (on lavapipe the tiled kernel was no faster: teacher-
-# forced logits of test_llama took 64-68 s against 40-80 s, while other jobs shared the box).
+# Prefill products on a GPU (vkrt/tuning.py prefill_tiled): matmul_tiled's tile of output
+# rows x tokens (bench/README.md has the A/B).
 TILE_ROWS, TILE_TOKENS = 32, 64
 # Prefill products on cooperative matrices (matmul_coop: f16 operands, f32 accumulation) on a
 # device that lists an f16 x f16 -> f32 subgroup shape (`Device.coop_shape`), for products of
@@ -50,13 +47,9 @@ ATTENTION_SPLITS = 32    # most splits of the KV cache per head at decode (atten
 # reads the whole cache of its head, so its time grows with the context faster than the
 # split's: on the H200 (vkrt bench, prompts of 256 / 768 / 1536 / 3072 tokens + 128) one
 # dispatch decoded 1063 / 947 / 797 / 606 tok/s, split 963 / 945 / 893 / 767: even at a cache
-# of 1024 positions. DECODE_THREADS: its workgroup on a GPU (1024 against 512: 984 against
-# 953 tok/s, bench/README.md); a CPU device runs 64.
+# of 1024 positions. Its workgroup size and workgroups per head (each weighing V for a share
+# of the head's dims) are vkrt/tuning.py's attention_threads and attention_dim_splits.
 DECODE_POSITIONS = 1024
-DECODE_THREADS = 1024
-# attention_decode's workgroups per head on a GPU (DIM_SPLITS, each weighing V for a share of
-# the head's dims; bench/README.md has the A/B); a CPU device runs 1.
-DECODE_DIM_SPLITS = 4
 
 
 def attention_chunk(n_positions: int, head_dim: int) -> int:
@@ -75,18 +68,8 @@ def attention_partials(n_heads: int, head_dim: int) -> int:
 # blocks (32 elements, 256 for the K-quants and IQ4_XS).
 WEIGHTS = weight_types.WEIGHTS
 
-
-# Decode products over few rows (a layer's: 576 to 1536 for SmolLM2) run ROW_SUBGROUPS
-# subgroups per row on a GPU: one 32-wide subgroup per row leaves an H200 mostly idle, and 4
-# took decode from 849-852 to 916-927 tok/s (`vkrt bench`, 2 rounds each, bench/README.md); past
-# FEW_ROWS rows (the logits' 49,152) the rows alone fill it and one subgroup per row was
-# faster (35 against 43 us). A CPU device (lavapipe) keeps one subgroup per row: there a
-# barrier between subgroups switches every invocation's coroutine (glsl/reduce.glsl).
-ROW_SUBGROUPS = 4
-FEW_ROWS = 8192
-# Past FEW_ROWS rows on a GPU, MANY_ROWS_PER_GROUP rows per matvec workgroup (one subgroup
-# each, matvec.comp's ROWS): the logits' 49,152 rows in a quarter of the workgroups.
-MANY_ROWS_PER_GROUP = 4
+# Decode products (matvec, matvec_add, matvec_glu, qkv_rope): their workgroup size and rows
+# per workgroup come from the device class's table, vkrt/tuning.py (`Kernels.decode_launch`).
 
 # Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
 WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
@@ -98,14 +81,14 @@ WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
                                F32, F32)}
 
 
-def _decode_attention_size(limits, head_dim: int, gpu: bool) -> tuple[int, int]:
+def _decode_attention_size(limits, head_dim: int, threads: int) -> tuple[int, int]:
     """(workgroup size, most positions) of attention_decode on a device with `limits`
-    (VkPhysicalDeviceLimits): threads a multiple of head_dim / 4 within
-    maxComputeWorkGroupInvocations, positions as many scores as maxComputeSharedMemorySize
-    holds beside the shader's other shared arrays (20 bytes per invocation, 16 per vec4 of
-    q), at most DECODE_POSITIONS; 0 positions when nothing fits."""
+    (VkPhysicalDeviceLimits): at most `threads` (the table's attention_threads), a multiple of
+    head_dim / 4 within maxComputeWorkGroupInvocations, positions as many scores as
+    maxComputeSharedMemorySize holds beside the shader's other shared arrays (20 bytes per
+    invocation, 16 per vec4 of q), at most DECODE_POSITIONS; 0 positions when nothing fits."""
     g = max(1, head_dim // 4)
-    cap = min(DECODE_THREADS if gpu else 64, limits.maxComputeWorkGroupInvocations,
+    cap = min(threads, limits.maxComputeWorkGroupInvocations,
               limits.maxComputeWorkGroupSize[0])
     threads = max(g, cap // g * g)
     room = (limits.maxComputeSharedMemorySize - 20 * threads - 16 * g) // 4
@@ -126,10 +109,14 @@ def spread(groups: int, limit: tuple[int, ...]) -> tuple[int, int]:
 
 class Kernels:
     """The ops of one device, specialized for its subgroup size (reductions run one subgroup
-    per workgroup, see glsl/reduce.glsl)."""
+    per workgroup, see glsl/reduce.glsl) and tuned by its device class's table
+    (vkrt/tuning.py; `tuning` replaces it)."""
 
-    def __init__(self, pipelines: PipelineCache, head_dim: int | None = None):
+    def __init__(self, pipelines: PipelineCache, head_dim: int | None = None,
+                 tuning: tuning_tables.Table | None = None):
         p, sg = pipelines.get_pipeline, pipelines.device.subgroup_size
+        self.sg = sg
+        self.tuning = tuning or tuning_tables.for_kind(pipelines.device.info.kind)
         self.limit = pipelines.device.max_compute_work_group_count
         self._pipelines, self._weight_ops = pipelines, {}
         self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK},
@@ -138,11 +125,7 @@ class Kernels:
                              "matmul": {0: sg, 1: MATMUL_TOKENS},
                              "matmul_tiled": {0: TILE_ROWS * TILE_TOKENS // 16,
                                               1: TILE_ROWS, 2: TILE_TOKENS}}
-        # Invocations per output row of a decode product with few rows (row_threads).
-        gpu = pipelines.device.info.kind != "cpu"
-        self._few_rows_threads = sg * (ROW_SUBGROUPS if gpu else 1)
-        self.many_rows_per_group = MANY_ROWS_PER_GROUP if gpu else 1
-        self.tiled_matmul = gpu       # prefill products: matmul_tiled, else matmul
+        self.tiled_matmul = self.tuning.prefill_tiled   # prefill: matmul_tiled, else matmul
         # The cooperative-matrix shape matmul_coop runs on (a `CoopShape`), or None: the
         # device lists none (lavapipe), or VKRT_COOPMAT says never (`prefill_kernel`).
         self.coop = pipelines.device.coop_shape()
@@ -170,7 +153,7 @@ class Kernels:
         self._scale = Op(p("scale", {0: ELEMENTWISE_BLOCK}), (F32,))
         self._add = Op(p("add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
-        self._argmax = Op(p("argmax", {0: ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK}),
+        self._argmax = Op(p("argmax", {0: self.tuning.argmax_threads}),
                           (F32, U32))
         # attention's workgroup is one head: local_size_x = head_dim. Sliding-window layers
         # get their own pipelines (specialization constant WINDOW; `_windowed`).
@@ -186,9 +169,9 @@ class Kernels:
                                            (F32, F32, F32, F32, U32))
             self._attention_combine = Op(p("attention_combine", {0: head_dim}), (F32, F32))
             self.decode_threads, self.decode_positions = _decode_attention_size(
-                pipelines.device.limits, head_dim, gpu)
+                pipelines.device.limits, head_dim, self.tuning.attention_threads)
             g = max(1, head_dim // 4)
-            self.decode_dim_splits = next(d for d in (DECODE_DIM_SPLITS if gpu else 1, 2, 1)
+            self.decode_dim_splits = next(d for d in (self.tuning.attention_dim_splits, 2, 1)
                                           if g % d == 0)
             if self.decode_positions and head_dim % 4 == 0 and sg >= 4:
                 spec = {0: self.decode_threads, 1: head_dim, 2: self.decode_positions,
@@ -237,11 +220,25 @@ class Kernels:
             op = self._batch_ops[key] = Op(self._pipelines.get_pipeline(module, spec), dtypes)
         return op
 
-    def row_threads(self, n_rows: int) -> int:
-        """Invocations per output row of a decode product (`matvec*`, `qkv_rope` workgroups)
-        over `n_rows` rows: the subgroup size, or ROW_SUBGROUPS subgroups on a GPU when the
-        rows are few (at most FEW_ROWS) and one subgroup per row would leave it mostly idle."""
-        return self._few_rows_threads if n_rows <= FEW_ROWS else self._weight_spec["matvec"][0]
+    def decode_launch(self, kernel: str, weight: Tensor, n_rows: int) -> tuple[int, int, dict]:
+        """(workgroup size, rows per workgroup, other specialization constants) of decode
+        product `kernel` (matvec, matvec_add, matvec_glu, qkv_rope) over `n_rows` rows of
+        `weight`: the table's rule (vkrt/tuning.py) in invocations of this device's
+        subgroups; for a block type SPLIT (constant 6) where the rule splits units and the
+        split divides the workgroup, STAGE_X (constant 7) where the rule stages x, does not
+        split, and the stage (144 bytes per invocation, glsl/unit_x.glsl) fits the shared
+        memory."""
+        wt = weight_types.BY_DTYPE.get(weight.dtype)
+        block = wt.block if wt is not None else 1     # unknown dtypes: weight_op refuses them
+        quantized = block > 1
+        rule = self.tuning.decode_rule(kernel, n_rows, block, weight.dtype)
+        threads, spec = rule.subgroups * self.sg, {}
+        if quantized and rule.split > 1 and threads % rule.split == 0:
+            spec[6] = rule.split
+        elif (quantized and rule.stage_x and 144 * threads + 4096
+              <= self._pipelines.device.limits.maxComputeSharedMemorySize):
+            spec[7] = 1
+        return threads, rule.rows, spec
 
     def weight_op(self, kernel: str, weight: Tensor, threads: int | None = None,
                   spec: dict | None = None) -> Op:
@@ -327,20 +324,21 @@ class Kernels:
                name: str = "", accumulate: bool = False, matmul: bool = False) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
         of any `WEIGHTS` dtype (n_in % 4 == 0; a multiple of the block for block types, which
-        `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; past
-        FEW_ROWS rows, on a GPU, `many_rows_per_group` rows per workgroup), more a matrix
-        product (prefill; x_row must be 0): `prefill_kernel` picks `matmul_coop` (f16
-        tensor cores) where the device has them, else `matmul_tiled` on a GPU, `matmul` on a
-        CPU device. `accumulate` (one token only): y += the product instead (`matvec_add`: a
-        residual add folded into the projection). `matmul`: the matrix product even for one
-        token, and never `matmul_coop` (the batched runner: a token's result must not depend
-        on how many tokens run with it, so every count takes the same f32 kernel)."""
+        `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; its
+        workgroup and rows per workgroup from `decode_launch`), more a matrix product
+        (prefill; x_row must be 0): `prefill_kernel` picks `matmul_coop` (f16 tensor cores)
+        where the device has them, else `matmul_tiled` where the table says so (a GPU),
+        `matmul` otherwise. `accumulate` (one token only): y += the product instead
+        (`matvec_add`: a residual add folded into the projection). `matmul`: the matrix
+        product even for one token, and never `matmul_coop` (the batched runner: a token's
+        result must not depend on how many tokens run with it, so every count takes the same
+        f32 kernel)."""
         n_out, n_in = weight.shape
         if n_tokens == 1 and not matmul:
-            rows = self.many_rows_per_group if n_out > FEW_ROWS else 1
-            threads = self.row_threads(n_out) * rows
-            op = self.weight_op("matvec_add" if accumulate else "matvec", weight, threads,
-                                {1: rows} if rows > 1 else None)
+            kernel = "matvec_add" if accumulate else "matvec"
+            threads, rows, spec = self.decode_launch(kernel, weight, n_out)
+            op = self.weight_op(kernel, weight, threads,
+                                {**spec, **({1: rows} if rows > 1 else {})} or None)
             return op(
                 weight, x, y, grid=(*spread(_groups(n_out, rows), self.limit), 1), name=name,
                 need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in, x_offset=x_row * n_in,
@@ -387,9 +385,11 @@ class Kernels:
             raise ShaderInterfaceError(f"matvec_glu: gate {gate.name!r} {gate.dtype} "
                                        f"{list(gate.shape)} and up {up.name!r} {up.dtype} "
                                        f"{list(up.shape)} differ")
-        return self.weight_op("matvec_glu", gate, self.row_threads(n_out),
-                              {1: 1} if gelu else None)(
-            gate, x, out, up, norm_weight, grid=(*spread(n_out, self.limit), 1), name=name,
+        threads, rows, spec = self.decode_launch("matvec_glu", gate, n_out)
+        spec = {**spec, **({1: 1} if gelu else {}), **({2: rows} if rows > 1 else {})}
+        return self.weight_op("matvec_glu", gate, threads, spec or None)(
+            gate, x, out, up, norm_weight, grid=(*spread(_groups(n_out, rows), self.limit), 1),
+            name=name,
             need=(None, n_in, n_out, None, n_in), n_cols=n_in, n_rows=n_out, eps=eps)
 
     def qkv_rope(self, x: Tensor, norm_weight: Tensor, wq: Tensor, wk: Tensor, wv: Tensor,
@@ -429,7 +429,8 @@ class Kernels:
         norm_need = (head_dim,) * 2 if qk_norm is not None else (None,) * 2
         # QK_NORM: a workgroup per Q head and per K head, then one per pair of V rows.
         groups = pairs if qk_norm is None else (qw + kvw) // head_dim + kvw // 2
-        return self.weight_op("qkv_rope", wq, self.row_threads(pairs), spec)(
+        threads, _, stage = self.decode_launch("qkv_rope", wq, pairs)
+        return self.weight_op("qkv_rope", wq, threads, {**spec, **stage})(
             wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos, bq, bk, bv,
             qn, kn, grid=(*spread(groups, self.limit), 1), name=name,
             need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,

@@ -9,8 +9,9 @@ and the suffix of its shader variants (`matvec_q4_k`, ...). `Tensor` (`BLOCKS`),
 (tests/test_weight_types.py fails when they differ).
 
 Adding a type: its block in weights.glsl (a `WEIGHT_<NAME>` branch defining
-`block4(byte offset of the block, element in the block)`), one row here, then
-`python -m vkrt.weight_types` and `python -m vkrt.gen.cli`.
+`block4(byte offset of the block, element in the block)`, and the block-level reader of the
+decode products: `UNITS`, `unit_runs(u)`, `unit_part(o, u, q, xa, xb)`, see CONTRIBUTING.md),
+one row here, then `python -m vkrt.weight_types` and `python -m vkrt.gen.cli`.
 """
 from __future__ import annotations
 

@@ -1,14 +1,19 @@
 #version 450
 // Matrix-vector product for decode: y[n] = sum_k W[n, k] * x[x_offset + k], f32 accumulation.
-// W: [n_rows, n_cols] as the GGUF stores it (weights.glsl: f32, f16, bf16, Q8_0 or Q4_1, one
-// variant each, vkrt/glsl/variants.json), PyTorch's Linear weight [out, in]; x: f32 with the
-// input vector at element x_offset; y: [n_rows] f32.
-// Dispatch: spread(ceil(n_rows / ROWS)) workgroups (grid.glsl). ROWS (specialization
-// constant 1, default 1): with 1 the workgroup computes one row; with more, each of its ROWS
-// subgroups computes its own row (workgroup size = ROWS x the subgroup size, whole
-// subgroups) and reduces with subgroupAdd alone: many short rows (the logits) in fewer,
-// fuller workgroups. n_cols % 4 == 0 (% 32 for block types) and x_offset % 4 == 0 (vec4
-// loads; the host checks both).
+// W: [n_rows, n_cols] as the GGUF stores it (weights.glsl, one variant per type,
+// vkrt/glsl/variants.json), PyTorch's Linear weight [out, in]; x: f32 with the input vector
+// at element x_offset; y: [n_rows] f32.
+// A workgroup of local_size_x invocations (specialization constant 0) computes ROWS
+// consecutive rows (specialization constant 1, default 1): every invocation walks the
+// columns of all ROWS rows, so each x load serves ROWS rows. Block types are walked a unit
+// of 32 weights at a time (weights.glsl unit_dot: the unit's scales read once), units k =
+// lane, lane + local_size_x, ... of the row, their x loaded by unit_x.glsl (STAGE_X,
+// specialization constant 7: through shared memory); the others (f32, f16, bf16) 4 columns
+// at a time. Each row is then summed over the workgroup (reduce.glsl). vkrt/tuning.py picks
+// both constants per device class and shape.
+// Dispatch: spread(ceil(n_rows / ROWS)) workgroups (grid.glsl); rows past n_rows (the last
+// workgroup's) are neither read nor written. n_cols % 4 == 0 (% 32 for block types) and
+// x_offset % 4 == 0 (vec4 loads; the host checks both).
 // Variant matvec_add_* (ADD_OUT): y[n] += the product instead, the residual add of a decode
 // step folded into its output projection (each y[n] is read and written by one invocation).
 #extension GL_GOOGLE_include_directive : require
@@ -25,20 +30,46 @@ layout(push_constant) uniform Push { uint n_cols; uint x_offset; uint n_rows; } 
 
 layout(constant_id = 1) const uint ROWS = 1;
 
-void main() {
-    uint cols4 = pc.n_cols / 4, x0 = pc.x_offset / 4;
-    uint n = linear_workgroup() * ROWS + (ROWS > 1 ? gl_SubgroupID : 0);
-    // Uniform per workgroup (ROWS 1: the reduction's barriers stay safe) or per subgroup.
-    if (n >= pc.n_rows) return;
-    uint lane = ROWS > 1 ? gl_SubgroupInvocationID : gl_LocalInvocationID.x;
-    uint width = ROWS > 1 ? gl_SubgroupSize : gl_WorkGroupSize.x;
-    float acc = 0.0;
-    for (uint k = lane; k < cols4; k += width) acc += dot(weight4(n, k, pc.n_cols), x[x0 + k]);
-    if (ROWS > 1) acc = subgroupAdd(acc);
-    else acc = workgroup_sum(acc);      // ROWS is a constant: uniform control flow
-#ifdef ADD_OUT
-    if (lane == 0) y[n] += acc;
-#else
-    if (lane == 0) y[n] = acc;
+vec4 x_at(uint i) { return x[pc.x_offset / 4 + i]; }
+#ifdef WEIGHT_BLOCK
+#include "unit_x.glsl"
 #endif
+
+void main() {
+    uint n0 = linear_workgroup() * ROWS;
+    if (n0 >= pc.n_rows) return;        // uniform per workgroup
+#ifdef WEIGHT_BLOCK
+    weights_unit_init();
+#endif
+    uint lane = gl_LocalInvocationID.x, width = gl_WorkGroupSize.x;
+    // Rows past n_rows (the last workgroup's) read the last row again and are not written:
+    // no branch between the loads of a unit's rows.
+    uint last = pc.n_rows - 1;
+    float acc[ROWS];
+    for (uint r = 0; r < ROWS; ++r) acc[r] = 0.0;
+#ifdef WEIGHT_BLOCK
+    uint blocks = pc.n_cols / WEIGHT_BLOCK, units = row_units(pc.n_cols);
+    for (uint k0 = 0; k0 < units; k0 += unit_chunk()) {
+        vec4 xv[8];
+        load_unit_x(k0, units, xv);
+        uint k = k0 + unit_lane();
+        if (k >= units) continue;
+        uint b = k / UNITS, u = k % UNITS;
+        for (uint r = 0; r < ROWS; ++r)
+            acc[r] += unit_dot((min(n0 + r, last) * blocks + b) * WEIGHT_BLOCK_BYTES, u, unit_q0(), SPLIT, xv);
+    }
+#else
+    for (uint k = lane; k < pc.n_cols / 4; k += width) {
+        vec4 xv = x_at(k);
+        for (uint r = 0; r < ROWS; ++r) acc[r] += dot(weight4(min(n0 + r, last), k, pc.n_cols), xv);
+    }
+#endif
+    for (uint r = 0; r < ROWS; ++r) {
+        float s = workgroup_sum(acc[r]);    // every invocation: uniform control flow
+#ifdef ADD_OUT
+        if (lane == 0 && n0 + r < pc.n_rows) y[n0 + r] += s;
+#else
+        if (lane == 0 && n0 + r < pc.n_rows) y[n0 + r] = s;
+#endif
+    }
 }

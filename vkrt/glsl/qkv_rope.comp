@@ -26,6 +26,9 @@
 // head (it computes the head's pairs one after another, each row summed over the
 // workgroup, so every invocation holds every value and the head's sum of squares; the
 // first invocation then norms, rotates and writes them), one per pair of V rows.
+// Each pair of rows is summed over the workgroup, every x load serving both rows; block types
+// are walked a unit of 32 weights at a time (weights.glsl unit_dot, x through unit_x.glsl:
+// STAGE_X, specialization constant 7), as matvec.comp.
 // n_cols % 4 == 0 (% 32 for block types).
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
@@ -66,6 +69,41 @@ layout(push_constant) uniform Push {
 } pc;
 #include "rms_in.glsl"
 
+// Rows r and r + d of one matrix (its unit_dot / weight4) times n(x), this invocation's
+// share of the columns.
+#ifdef WEIGHT_BLOCK
+vec4 x_at(uint i) { return x_weighted(i); }
+#include "unit_x.glsl"
+#define PAIR_FN(NAME, DOT, W4) \
+vec2 NAME(uint r, uint d) { \
+    uint blocks = pc.n_cols / WEIGHT_BLOCK, units = row_units(pc.n_cols); \
+    vec2 acc = vec2(0.0); \
+    for (uint k0 = 0; k0 < units; k0 += unit_chunk()) { \
+        vec4 xv[8]; \
+        load_unit_x(k0, units, xv); \
+        uint k = k0 + unit_lane(); \
+        if (k >= units) continue; \
+        uint b = k / UNITS, un = k % UNITS; \
+        acc += vec2(DOT((r * blocks + b) * WEIGHT_BLOCK_BYTES, un, unit_q0(), SPLIT, xv), \
+                    DOT(((r + d) * blocks + b) * WEIGHT_BLOCK_BYTES, un, unit_q0(), SPLIT, xv)); \
+    } \
+    return acc; \
+}
+#else
+#define PAIR_FN(NAME, DOT, W4) \
+vec2 NAME(uint r, uint d) { \
+    vec2 acc = vec2(0.0); \
+    for (uint k = gl_LocalInvocationID.x; k < pc.n_cols / 4; k += gl_WorkGroupSize.x) { \
+        vec4 xv = x_weighted(k); \
+        acc += vec2(dot(W4(r, k, pc.n_cols), xv), dot(W4(r + d, k, pc.n_cols), xv)); \
+    } \
+    return acc; \
+}
+#endif
+PAIR_FN(pair_q, unit_dot, weight4)
+PAIR_FN(pair_k, unit_dot_k, weight4_k)
+PAIR_FN(pair_v, unit_dot_v, weight4_v)
+
 // The first of the two rows pair i of a rotated matrix (Q or K) rotates; the second is
 // first_row + pair_stride().
 uint first_row(uint i) {
@@ -84,22 +122,11 @@ vec2 rotate(vec2 v, uint p, uint pair) {
 // RMSNorm over the head (scale from the sum of squares every invocation has), the norm
 // weights, RoPE, and the writes (invocation 0).
 void normed_head(bool is_q, uint h, float s, uint p) {
-    uint half_dim = pc.head_dim / 2, cols4 = pc.n_cols / 4, d = pair_stride();
+    uint half_dim = pc.head_dim / 2, d = pair_stride();
     float ss = 0.0;
     for (uint j = 0; j < half_dim; ++j) {
         uint r = h * pc.head_dim + first_row(j);  // first_row(j) < head_dim for j < D / 2
-        vec2 acc = vec2(0.0);
-        if (is_q) {
-            for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x) {
-                vec4 xv = x_weighted(k);
-                acc += vec2(dot(weight4(r, k, pc.n_cols), xv), dot(weight4(r + d, k, pc.n_cols), xv));
-            }
-        } else {
-            for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x) {
-                vec4 xv = x_weighted(k);
-                acc += vec2(dot(weight4_k(r, k, pc.n_cols), xv), dot(weight4_k(r + d, k, pc.n_cols), xv));
-            }
-        }
+        vec2 acc = is_q ? pair_q(r, d) : pair_k(r, d);
         acc = vec2(workgroup_sum(acc.x), workgroup_sum(acc.y)) * s;
         if (BIAS != 0) acc += is_q ? vec2(bias_q[r], bias_q[r + d]) : vec2(bias_k[r], bias_k[r + d]);
         ss += dot(acc, acc);
@@ -123,11 +150,14 @@ void normed_head(bool is_q, uint h, float s, uint p) {
 }
 
 void main() {
-    uint i = linear_workgroup(), half_dim = pc.head_dim / 2, cols4 = pc.n_cols / 4;
+    uint i = linear_workgroup(), half_dim = pc.head_dim / 2;
     uint q_pairs = pc.n_heads * half_dim, kv_pairs = pc.n_kv_heads * half_dim;
     uint heads = pc.n_heads + pc.n_kv_heads;
     // uniform per workgroup
     if (i >= (QK_NORM != 0 ? heads + kv_pairs : q_pairs + 2 * kv_pairs)) return;
+#ifdef WEIGHT_BLOCK
+    weights_unit_init();
+#endif
     float s = rms_scale(pc.n_cols, pc.eps);
     uint p = pc.pos0 + (pc.use_pos != 0 ? pos_buf[0] : 0);
     if (QK_NORM != 0) {
@@ -136,11 +166,7 @@ void main() {
             return;
         }
         uint r = 2 * (i - heads);
-        vec2 acc = vec2(0.0);
-        for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x) {
-            vec4 xv = x_weighted(k);
-            acc += vec2(dot(weight4_v(r, k, pc.n_cols), xv), dot(weight4_v(r + 1, k, pc.n_cols), xv));
-        }
+        vec2 acc = pair_v(r, 1);
         acc = vec2(workgroup_sum(acc.x), workgroup_sum(acc.y)) * s;
         if (gl_LocalInvocationID.x != 0) return;
         if (BIAS != 0) acc += vec2(bias_v[r], bias_v[r + 1]);
@@ -151,24 +177,14 @@ void main() {
     uint r, d = pair_stride();  // rows r and r + d of Q, K (or V, adjacent: d = 1)
     if (i < q_pairs) {
         r = first_row(i);
-        for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x) {
-            vec4 xv = x_weighted(k);
-            acc += vec2(dot(weight4(r, k, pc.n_cols), xv),
-                        dot(weight4(r + d, k, pc.n_cols), xv));
-        }
+        acc = pair_q(r, d);
     } else if (i < q_pairs + kv_pairs) {
         r = first_row(i - q_pairs);
-        for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x) {
-            vec4 xv = x_weighted(k);
-            acc += vec2(dot(weight4_k(r, k, pc.n_cols), xv), dot(weight4_k(r + d, k, pc.n_cols), xv));
-        }
+        acc = pair_k(r, d);
     } else {
         r = 2 * (i - q_pairs - kv_pairs);
         d = 1;
-        for (uint k = gl_LocalInvocationID.x; k < cols4; k += gl_WorkGroupSize.x) {
-            vec4 xv = x_weighted(k);
-            acc += vec2(dot(weight4_v(r, k, pc.n_cols), xv), dot(weight4_v(r + 1, k, pc.n_cols), xv));
-        }
+        acc = pair_v(r, 1);
     }
     acc = vec2(workgroup_sum(acc.x), workgroup_sum(acc.y)) * s;
     if (gl_LocalInvocationID.x != 0) return;

@@ -78,6 +78,24 @@ vec4 W_(levels)(uvec4 n) {
     return vec4(ivec4(v << (24u - 8u * (n & 3u))) >> 24);   // byte n % 4, sign-extended
 }
 #endif
+// The block-level reader (unit_dot) looks the 16 levels up in shared memory instead: one
+// load per weight, and 16 floats in 16 distinct banks never conflict. A kernel calling
+// unit_dot calls weights_unit_init() first, in uniform control flow (it fills the table and
+// waits on a barrier); declared once however often this file is included.
+#if (defined(WEIGHT_IQ4_NL) || defined(WEIGHT_IQ4_XS)) && !defined(WEIGHT_IQ4_LUT)
+#define WEIGHT_IQ4_LUT
+shared float iq4_levels[16];
+#endif
+#ifndef WEIGHT_UNIT_INIT
+#define WEIGHT_UNIT_INIT
+void weights_unit_init() {
+#ifdef WEIGHT_IQ4_LUT
+    for (uint i = gl_LocalInvocationID.x; i < 16; i += gl_WorkGroupSize.x)
+        iq4_levels[i] = W_(levels)(uvec4(i)).x;
+    barrier();
+#endif
+}
+#endif
 #if defined(WEIGHT_Q8_0)
 // block_q8_0 (34 bytes): f16 d, int8 qs[32]; x = d * qs[e].
 vec4 W_(block4)(uint o, uint e) {
@@ -194,6 +212,228 @@ vec4 W_(block4)(uint o, uint e) {
 #else
 #error "WEIGHT_BLOCK without a block type"
 #endif
+// The block-level reader (decode products: matvec.comp, matvec_glu.comp, qkv_rope.comp).
+// A block is UNITS units of 32 weights; unit u's weights are two runs of 16 consecutive
+// elements of the block, starting at unit_runs(u).x and unit_runs(u).y, chosen per type so
+// that a unit's low bits are 16 consecutive bytes of the block, four words, that no other
+// unit shares. unit_hdr(o, u) decodes unit u's scales, mins and d (a vec4 per type, read
+// once per unit); unit_part(o, u, q, hdr, xa, xb) is the dot product of word q's weights
+// (run x's elements 4q .. 4q + 3 with xa, run y's with xb), reading each word with one plain
+// uint load when the type is 4-byte aligned (every field it reads sits at a multiple of 4),
+// or the two covering words shifted when it is only 2-byte aligned (no unaligned access
+// assumed). unit_dot(o, u, q0, step, xv) sums the parts q0, q0 + step, ... < 4 with
+// xv[q], xv[4 + q]: step 1 is the whole unit in one invocation (its header decoded once
+// for 32 weights), step 4 a quarter per invocation (4 invocations per unit: consecutive
+// invocations read consecutive words and x; vkrt/tuning.py picks).
+// Integers become floats as halves: 0x6400 | q is the f16 1024 + q, exact for q < 1024, and
+// unpackHalf2x16 turns two of them into f32 with no int-to-float conversion. Each weight is
+// dequantized to f32 as block4 (and gguf-py) computes it, or, where a run has one scale and
+// no min, the scale multiplies the run's dot product of integers.
+// The four bytes of v, each masked to m (a byte mask), as floats minus `bias`.
+vec4 W_(bytes_f)(uint v, uint m, float bias) {
+    uint mm = m | (m << 16);
+    vec2 a = unpackHalf2x16((v & mm) | 0x64006400u);          // bytes 0, 2
+    vec2 b = unpackHalf2x16(((v >> 8) & mm) | 0x64006400u);   // bytes 1, 3
+    return vec4(a.x, b.x, a.y, b.y) - (1024.0 + bias);
+}
+// Word q of the 16 bytes at an even byte offset.
+uint W_(word_q)(uint byte, uint q) {
+    uint i = byte / 4 + q;
+#if WEIGHT_BLOCK_BYTES % 4 != 0
+    if (byte % 4 != 0) return (W_(w)[i] >> 16) | (W_(w)[i + 1] << 16);
+#endif
+    return W_(w)[i];
+}
+// Bit `bit` of the four bytes of v moved to bit `to` of each byte.
+uint W_(bits_at)(uint v, uint bit, uint to) { return ((v >> bit) & 0x01010101u) << to; }
+// Four 1-bit values h (bits 0..3) spread to bit 4 of bytes 0..3 (Q5_0/Q5_1's qh).
+uint W_(spread4)(uint h) { return ((h * 0x00204081u) & 0x01010101u) << 4; }
+#if defined(WEIGHT_IQ4_NL) || defined(WEIGHT_IQ4_XS)
+// The levels of the low nibbles of v's four bytes (weights_unit_init's table).
+vec4 W_(lut4)(uint v) {
+    return vec4(iq4_levels[v & 15u], iq4_levels[(v >> 8) & 15u], iq4_levels[(v >> 16) & 15u],
+                iq4_levels[(v >> 24) & 15u]);
+}
+#endif
+#if defined(WEIGHT_Q8_0) || defined(WEIGHT_Q4_0) || defined(WEIGHT_IQ4_NL) || defined(WEIGHT_Q4_1) \
+    || defined(WEIGHT_Q5_0) || defined(WEIGHT_Q5_1)
+// The 32-weight types: one unit, the block; runs 0..15 and 16..31. Their scales are plain
+// loads (read once per unit by the compiler's load elimination): no header to decode.
+const uint W_(UNITS) = 1;
+uvec2 W_(unit_runs)(uint u) { return uvec2(0, 16); }
+vec4 W_(unit_hdr)(uint o, uint u) { return vec4(0.0); }
+#endif
+#if defined(WEIGHT_Q8_0)
+// Q8_0: qs at 2, elements 0..15 then 16..31, int8: (q ^ 0x80) - 128.
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint a = W_(word_q)(o + 2, q), b = W_(word_q)(o + 18, q);
+    return W_(f16_at)(o) * (dot(W_(bytes_f)(a ^ 0x80808080u, 0xFFu, 128.0), xa)
+                            + dot(W_(bytes_f)(b ^ 0x80808080u, 0xFFu, 128.0), xb));
+}
+#elif defined(WEIGHT_Q4_0) || defined(WEIGHT_IQ4_NL)
+// Q4_0, IQ4_NL: qs at 2: byte l holds element l (low nibble) and l + 16.
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint v = W_(word_q)(o + 2, q);
+#if defined(WEIGHT_Q4_0)
+    return W_(f16_at)(o) * (dot(W_(bytes_f)(v, 15u, 8.0), xa) + dot(W_(bytes_f)(v >> 4, 15u, 8.0), xb));
+#else
+    return W_(f16_at)(o) * (dot(W_(lut4)(v), xa) + dot(W_(lut4)(v >> 4), xb));
+#endif
+}
+#elif defined(WEIGHT_Q4_1)
+// Q4_1: (d, m) the first word, qs words 1..4 (4-byte aligned).
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    vec2 dm = unpackHalf2x16(W_(w)[o / 4]);
+    uint v = W_(w)[o / 4 + 1 + q];
+    return dot(dm.x * W_(bytes_f)(v, 15u, 0.0) + dm.y, xa)
+           + dot(dm.x * W_(bytes_f)(v >> 4, 15u, 0.0) + dm.y, xb);
+}
+#elif defined(WEIGHT_Q5_0) || defined(WEIGHT_Q5_1)
+// Q5_0 / Q5_1: element l's fifth bit is bit l of qh (at QH), element l + 16's bit l + 16;
+// qs at QH + 4.
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint qh = W_(word_at)(o + W_(QH)), v = W_(word_q)(o + W_(QH) + 4, q);
+    uint lo = (v & 0x0F0F0F0Fu) | W_(spread4)((qh >> (4 * q)) & 15u);
+    uint hi = ((v >> 4) & 0x0F0F0F0Fu) | W_(spread4)((qh >> (16 + 4 * q)) & 15u);
+#if defined(WEIGHT_Q5_1)
+    vec2 dm = unpackHalf2x16(W_(w)[o / 4]);
+    return dot(dm.x * W_(bytes_f)(lo, 31u, 0.0) + dm.y, xa)
+           + dot(dm.x * W_(bytes_f)(hi, 31u, 0.0) + dm.y, xb);
+#else
+    return W_(f16_at)(o) * (dot(W_(bytes_f)(lo, 31u, 16.0), xa) + dot(W_(bytes_f)(hi, 31u, 16.0), xb));
+#endif
+}
+#elif defined(WEIGHT_Q2_K) || defined(WEIGHT_Q3_K)
+// Q2_K / Q3_K: 8 units; unit u = 4 h + 2 p + i covers qs[32 h + 16 i .. + 16] at shifts 4 p
+// (run x: elements 128 h + 64 p + 16 i + l, j = 2 p) and 4 p + 2 (run y: + 32, j = 2 p + 1);
+// the runs' scales are s = 8 h + 4 p + i and s + 2 (one per 16 elements).
+const uint W_(UNITS) = 8;
+uvec2 W_(unit_runs)(uint u) {
+    uint a = 128 * (u / 4) + 64 * (u / 2 % 2) + 16 * (u % 2);
+    return uvec2(a, a + 32);
+}
+// Header: (scale x, scale y, min x, min y) of the two runs (Q3_K: d * its 6-bit scales).
+vec4 W_(unit_hdr)(uint o, uint u) {
+    uint h = u / 4, p = u / 2 % 2, i = u % 2, s = 8 * h + 4 * p + i;
+#if defined(WEIGHT_Q2_K)
+    uint sw = W_(w)[o / 4 + s / 4] >> (8 * i);       // scales s (byte 0) and s + 2 (byte 2)
+    vec2 dd = unpackHalf2x16(W_(w)[o / 4 + 20]);    // (d, dmin) at byte 80
+    vec2 a = dd.x * vec2(sw & 15u, (sw >> 16) & 15u);
+    vec2 m = dd.y * vec2((sw >> 4) & 15u, (sw >> 20) & 15u);
+    return vec4(a, m);
+#else
+    // 6-bit scales: low 4 bits in scales[s % 8] >> 4 (s / 8), high 2 in scales[8 + s % 4]
+    // >> 2 (s / 4), minus 32.
+    uint t = s + 2;
+    int sa = int((W_(byte_at)(o + 96 + s % 8) >> (s / 8 * 4)) & 15u
+                 | ((W_(byte_at)(o + 104 + s % 4) >> (s / 4 * 2)) & 3u) << 4) - 32;
+    int sb = int((W_(byte_at)(o + 96 + t % 8) >> (t / 8 * 4)) & 15u
+                 | ((W_(byte_at)(o + 104 + t % 4) >> (t / 4 * 2)) & 3u) << 4) - 32;
+    return vec4(W_(f16_at)(o + 108) * vec2(sa, sb), 0.0, 0.0);
+#endif
+}
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint h = u / 4, p = u / 2 % 2, i = u % 2;
+#if defined(WEIGHT_Q2_K)
+    uint v = W_(w)[(o + 16 + 32 * h + 16 * i) / 4 + q];
+    return dot(hd.x * W_(bytes_f)(v >> (4 * p), 3u, 0.0) - hd.z, xa)
+           + dot(hd.y * W_(bytes_f)(v >> (4 * p + 2), 3u, 0.0) - hd.w, xb);
+#else
+    uint v = W_(word_q)(o + 32 + 32 * h + 16 * i, q), hm = W_(word_q)(o + 16 * i, q);
+    uint b = 4 * h + 2 * p;                          // hmask bits of the two runs: b, b + 1
+    vec4 qa = W_(bytes_f)(((v >> (4 * p)) & 0x03030303u) | W_(bits_at)(hm, b, 2), 7u, 4.0);
+    vec4 qb = W_(bytes_f)(((v >> (4 * p + 2)) & 0x03030303u) | W_(bits_at)(hm, b + 1, 2), 7u, 4.0);
+    return hd.x * dot(qa, xa) + hd.y * dot(qb, xb);
+#endif
+}
+#elif defined(WEIGHT_Q4_K) || defined(WEIGHT_Q5_K)
+// Q4_K / Q5_K: 8 units; unit u = 2 c + i covers qs[32 c + 16 i .. + 16]: run x its low
+// nibbles (sub-block 2 c, elements 64 c + 16 i + l), run y its high nibbles (sub-block
+// 2 c + 1, + 32); Q5_K's fifth bits are bits 2 c and 2 c + 1 of qh[16 i + l].
+const uint W_(UNITS) = 8;
+uvec2 W_(unit_runs)(uint u) {
+    uint a = 64 * (u / 2) + 16 * (u % 2);
+    return uvec2(a, a + 32);
+}
+// Header: (d sc, d sc', dmin m, dmin m') of sub-blocks 2 c and 2 c + 1.
+vec4 W_(unit_hdr)(uint o, uint u) {
+    uint c = u / 2, w0 = o / 4;
+    vec2 dd = unpackHalf2x16(W_(w)[w0]);            // (d, dmin)
+    // get_scale_min_k4 of sub-blocks 2 c and 2 c + 1 from the three scale words: bytes
+    // 0-3 scales 0-3 (and the high bits of 4-7), 4-7 mins 0-3 (and high bits), 8-11 the
+    // low nibbles of scales and mins 4-7.
+    uint s0 = W_(w)[w0 + 1], s1 = W_(w)[w0 + 2], s2 = W_(w)[w0 + 3];
+    uint sh = 16 * (c % 2);                          // bytes 2 c % 4 and the next
+    uvec2 sc, mn;
+    if (c < 2) {
+        sc = uvec2(s0 >> sh, s0 >> (sh + 8)) & 63u;
+        mn = uvec2(s1 >> sh, s1 >> (sh + 8)) & 63u;
+    } else {
+        uvec2 lo = uvec2(s2 >> sh, s2 >> (sh + 8));
+        sc = (lo & 15u) | ((uvec2(s0 >> sh, s0 >> (sh + 8)) >> 6) & 3u) << 4;
+        mn = ((lo >> 4) & 15u) | ((uvec2(s1 >> sh, s1 >> (sh + 8)) >> 6) & 3u) << 4;
+    }
+    vec2 a = dd.x * vec2(sc), m = dd.y * vec2(mn);
+    return vec4(a, m);
+}
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint c = u / 2, i = u % 2;
+    uint v = W_(w)[(o + W_(QS) + 32 * c + 16 * i) / 4 + q];
+    uint lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+#if defined(WEIGHT_Q5_K)
+    uint qh = W_(w)[(o + 16 + 16 * i) / 4 + q];
+    lo |= W_(bits_at)(qh, 2 * c, 4);
+    hi |= W_(bits_at)(qh, 2 * c + 1, 4);
+#endif
+    return dot(hd.x * W_(bytes_f)(lo, 31u, 0.0) - hd.z, xa) + dot(hd.y * W_(bytes_f)(hi, 31u, 0.0) - hd.w, xb);
+}
+#elif defined(WEIGHT_Q6_K)
+// Q6_K: 8 units; unit u = 4 h + 2 p + i covers ql[64 h + 32 p + 16 i .. + 16]: run x its
+// low nibbles (j = p: elements 128 h + 32 p + 16 i + l), run y its high nibbles (j = p + 2:
+// + 64); the 2 high bits at shift 2 j of qh[32 h + 16 i + l]; scales (int8) s = 8 h + 2 p
+// + i and s + 4.
+const uint W_(UNITS) = 8;
+uvec2 W_(unit_runs)(uint u) {
+    uint a = 128 * (u / 4) + 32 * (u / 2 % 2) + 16 * (u % 2);
+    return uvec2(a, a + 64);
+}
+// Header: d times the runs' int8 scales.
+vec4 W_(unit_hdr)(uint o, uint u) {
+    uint s = 8 * (u / 4) + 2 * (u / 2 % 2) + u % 2;
+    float sa = float(bitfieldExtract(int(W_(byte_at)(o + 192 + s)), 0, 8));
+    float sb = float(bitfieldExtract(int(W_(byte_at)(o + 196 + s)), 0, 8));
+    return vec4(W_(f16_at)(o + 208) * vec2(sa, sb), 0.0, 0.0);
+}
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint h = u / 4, p = u / 2 % 2, i = u % 2;
+    uint v = W_(word_q)(o + 64 * h + 32 * p + 16 * i, q), qh = W_(word_q)(o + 128 + 32 * h + 16 * i, q);
+    vec4 qa = W_(bytes_f)((v & 0x0F0F0F0Fu) | ((qh >> (2 * p)) & 0x03030303u) << 4, 63u, 32.0);
+    vec4 qb = W_(bytes_f)(((v >> 4) & 0x0F0F0F0Fu) | ((qh >> (2 * p + 4)) & 0x03030303u) << 4, 63u, 32.0);
+    return hd.x * dot(qa, xa) + hd.y * dot(qb, xb);
+}
+#elif defined(WEIGHT_IQ4_XS)
+// IQ4_XS: 8 units, the sub-blocks; unit b covers qs[16 b .. + 16]: run x its low nibbles
+// (elements 32 b + l), run y its high nibbles (32 b + 16 + l); one scale.
+const uint W_(UNITS) = 8;
+uvec2 W_(unit_runs)(uint u) { return uvec2(32 * u, 32 * u + 16); }
+// Header: d times the sub-block's scale.
+vec4 W_(unit_hdr)(uint o, uint u) {
+    uint w0 = W_(w)[o / 4], w1 = W_(w)[o / 4 + 1];   // d, scales_h; scales_l
+    int sc = int((w1 >> (4 * u)) & 15u | ((w0 >> (16 + 2 * u)) & 3u) << 4) - 32;
+    return vec4(unpackHalf2x16(w0).x * float(sc), 0.0, 0.0, 0.0);
+}
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint v = W_(w)[(o + 8 + 16 * u) / 4 + q];
+    return hd.x * (dot(W_(lut4)(v), xa) + dot(W_(lut4)(v >> 4), xb));
+}
+#endif
+// Parts q0, q0 + step, ... < 4 of unit u (step 1: the whole unit), its header decoded once.
+float W_(unit_dot)(uint o, uint u, uint q0, uint step, vec4 xv[8]) {
+    vec4 hd = W_(unit_hdr)(o, u);
+    float s = 0.0;
+    for (uint q = q0; q < 4; q += step) s += W_(unit_part)(o, u, q, hd, xv[q], xv[4 + q]);
+    return s;
+}
 // A row holds n_cols / WEIGHT_BLOCK blocks back to back; rows follow each other.
 vec4 W_(weight4)(uint row, uint q, uint n_cols) {
     uint k = 4 * q;

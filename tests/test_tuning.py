@@ -1,0 +1,28 @@
+"""vkrt/tuning.py: every device class's table gives every decode product of every weight type a
+launch, each citing the measurement that chose it (no device needed)."""
+from __future__ import annotations
+
+import pytest
+
+from vkrt import tuning, weight_types
+
+
+@pytest.mark.parametrize("table", list(tuning.TABLES))
+def test_every_product_has_a_cited_launch(table):
+    t = tuning.TABLES[table]
+    for kernel in ("matvec", "matvec_add", "matvec_glu", "qkv_rope"):
+        for wt in weight_types.TYPES:
+            for n_rows in (1, 576, 1024, 1025, 8192, 8193, 49152):
+                rule = t.decode_rule(kernel, n_rows, wt.block, wt.dtype)
+                assert rule.subgroups >= 1 and rule.rows >= 1 and rule.split in (1, 2, 4)
+                assert rule.source, (table, kernel, wt.dtype, n_rows)
+
+
+def test_rules_apply_in_order():
+    # The GPU table: blocks of 32 staged up to 8192 rows, the K-quants not; IQ4_XS by name.
+    gpu = tuning.GPU
+    assert gpu.decode_rule("matvec", 4096, 32, "q4_1").stage_x
+    assert not gpu.decode_rule("matvec", 4096, 256, "q4_k").stage_x
+    assert gpu.decode_rule("matvec", 4096, 256, "iq4_xs").stage_x
+    assert gpu.decode_rule("matvec", 49152, 32, "q8_0").rows == 4
+    assert tuning.device_class("cpu") == "cpu" and tuning.device_class("discrete") == "gpu"

@@ -1,0 +1,137 @@
+"""Kernel choices as data: one table per device class, read by `vkrt.kernels.Kernels`.
+
+A device class is `Device.info.kind` folded to "gpu" (discrete, integrated, virtual) or
+"cpu" (lavapipe). Each entry names the measurement that chose it: a section of
+bench/README.md and the command behind it. Launch code (kernels.py) only reads these; a
+change of tuning is a change of this file with the measurement beside it.
+
+Decode products (`matvec`, `matvec_add`, `matvec_glu`, `qkv_rope`) take a `Decode` rule: the
+first of the kernel's rules whose `max_rows` covers the product's rows and whose `weights`
+match ("scalar": f32/f16/bf16, "blocks32": blocks of 32 (Q8_0 ... IQ4_NL), "blocks256": of
+256 (the K-quants, IQ4_XS), "blocks": either, "any", or one dtype such as "iq4_xs").
+`subgroups`: the workgroup is that many subgroups (local_size_x = subgroups x the device's
+subgroup size);
+`rows`: rows per workgroup (matvec.comp / matvec_glu.comp ROWS; qkv_rope always computes
+one pair of rows per workgroup and ignores it); for block types, `split`: invocations per
+unit of 32 weights (glsl/unit_x.glsl SPLIT: 1, 2 or 4) and `stage_x`: x loaded through
+shared memory (STAGE_X, with split 1; kernels.py drops it where the device's shared memory
+cannot hold the stage).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Decode:
+    max_rows: int | None     # products of at most this many rows (None: any)
+    weights: str             # "scalar", "blocks32", "blocks256", "blocks", "any" or a dtype
+    subgroups: int
+    rows: int
+    source: str              # the measurement (bench/README.md) that chose it
+    stage_x: bool = False
+    split: int = 1
+
+    def matches(self, n_rows: int, block: int, dtype: str = "") -> bool:
+        """For a product of n_rows rows of `dtype`, `block` elements per block (1: scalar)."""
+        kinds = ("any", "scalar") if block == 1 else ("any", "blocks", f"blocks{block}")
+        return ((self.max_rows is None or n_rows <= self.max_rows)
+                and (self.weights in kinds or self.weights == dtype))
+
+
+@dataclass(frozen=True)
+class Table:
+    decode: dict[str, tuple[Decode, ...]]
+    argmax_threads: int              # argmax's one workgroup
+    attention_threads: int           # attention_decode's workgroup (at most; kernels.py fits it)
+    attention_dim_splits: int        # attention_decode's workgroups per head
+    prefill_tiled: bool              # prefill products: matmul_tiled (else matmul)
+    sources: dict[str, str] = field(default_factory=dict)   # the scalar entries' measurements
+
+    def decode_rule(self, kernel: str, n_rows: int, block: int, dtype: str = "") -> Decode:
+        """The rule of decode kernel `kernel` (matvec_add reads matvec's) for `n_rows` rows of
+        `dtype`, a type of `block` elements per block (1: f32, f16, bf16)."""
+        rules = self.decode["matvec" if kernel == "matvec_add" else kernel]
+        return next(r for r in rules if r.matches(n_rows, block, dtype))
+
+    def with_decode(self, subgroups: int, rows: int, kernel: str = "matvec",
+                    stage_x: bool = False, split: int = 1) -> "Table":
+        """This table with one rule for every product of `kernel` (bench/matvec_types.py's
+        --configs)."""
+        return replace(self, decode={**self.decode, kernel: (
+            Decode(None, "any", subgroups, rows, "override", stage_x, split),)})
+
+
+_SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
+_SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
+_BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "
+           "--configs, H200)")
+
+GPU = Table(
+    decode={
+        # f32/f16/bf16: up to 8192 rows 4 subgroups, one row per workgroup (f16 [4096,
+        # 14336] 3598 GB/s; 4x2 3657, 8x1 3663, but 4x2 is slower for f32 and at 576 x 1536);
+        # past that (the logits' 49,152 x 576) one subgroup, 4 rows (2737 GB/s against 1286
+        # for 4x1; [14336, 4096]: 3490 against 3683).
+        "matvec": (
+            Decode(8192, "float32", 8, 1, _BLOCKS + ": f32 8x1 4105, 4x1 3911 GB/s"),
+            Decode(8192, "scalar", 4, 1, _BLOCKS + ": f16 4x1 3598, 4x2 3657, 8x1 3663 GB/s"),
+            Decode(None, "scalar", 1, 4, _BLOCKS + ": logits f16 1x4 2737, 4x1 1286 GB/s"),
+            # Blocks of 32: x staged, one subgroup, 4 rows (Q4_1 [4096, 14336] 1296 GB/s
+            # against 1117 for 4x4 unstaged, 989 for 1x4); at 576 rows 2 subgroups, 2 rows
+            # (101 against 80); past 8192 rows unstaged 1x4 (logits Q4_1 797 against 620).
+            Decode(1024, "blocks", 2, 2, _BLOCKS + ": [576, 1536] 2x2s", stage_x=True),
+            Decode(8192, "blocks32", 1, 4, _BLOCKS + ": Q4_1 1x4s 1296 GB/s", stage_x=True),
+            Decode(8192, "iq4_xs", 1, 4, _BLOCKS + ": IQ4_XS 1x4s 1040, 4x4 876 GB/s",
+                   stage_x=True),
+            # Blocks of 256: 4 subgroups, 4 rows, unstaged (Q4_K [4096, 14336] 708 against 470
+            # for 1x4, 514 for 1x4s); past 8192 rows 1x4 (767 against 741).
+            Decode(8192, "blocks256", 4, 4, _BLOCKS + ": Q4_K 4x4 708, 1x4s 514 GB/s"),
+            Decode(None, "blocks", 1, 4, _BLOCKS + ": [14336, 4096] Q4_K 1x4 767 GB/s"),
+        ),
+        # matvec_glu ([14336, 4096] gate and up): blocks 1 subgroup, 2 rows, x staged (Q4_1
+        # 908, Q4_K 508 GB/s of both matrices; 4 invocations per unit 96-177); f32/f16/bf16
+        # 4 subgroups, one row.
+        "matvec_glu": (
+            Decode(None, "blocks", 1, 2, _BLOCKS + ": glu 1x2s", stage_x=True),
+            Decode(None, "any", 4, 1, _SESSION1 + ": 4 subgroups per row"),
+        ),
+        # qkv_rope: a pair of rows per workgroup (its own layout); 4 subgroups (the session
+        # before), block types' x staged as matvec_glu's (not measured by itself).
+        "qkv_rope": (
+            Decode(None, "blocks", 4, 1, _BLOCKS + ": as matvec_glu (x staged)", stage_x=True),
+            Decode(None, "any", 4, 1, _SESSION1 + ": 4 subgroups per row"),
+        ),
+    },
+    argmax_threads=1024, attention_threads=1024, attention_dim_splits=4, prefill_tiled=True,
+    sources={"argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
+             "attention_threads": _SESSION2 + ": 1024 invocations per head (512: 949)",
+             "attention_dim_splits": _SESSION2 + ": attention 4 workgroups per head",
+             "prefill_tiled": _SESSION2 + ": prefill products tiled, 32 rows x 64 tokens"},
+)
+
+# lavapipe: a barrier between subgroups switches every invocation's coroutine
+# (glsl/reduce.glsl), so one subgroup per workgroup and no tiling (the tiled matmul was no
+# faster there: teacher-forced logits of test_llama 64-68 s against 40-80 s).
+CPU = Table(
+    decode={"matvec": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),),
+            "matvec_glu": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),),
+            "qkv_rope": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),)},
+    argmax_threads=256, attention_threads=64, attention_dim_splits=1, prefill_tiled=False,
+    sources={"prefill_tiled": "lavapipe, test_llama's teacher-forced logits: tiled 64-68 s, "
+                              "matmul 40-80 s (other jobs sharing the box)",
+             "argmax_threads": "lavapipe: 256 (the first session's choice, not timed)",
+             "attention_threads": "lavapipe: 64 (the first session's choice, not timed)",
+             "attention_dim_splits": "glsl/reduce.glsl: lavapipe barriers"},
+)
+
+TABLES = {"gpu": GPU, "cpu": CPU}
+
+
+def device_class(kind: str) -> str:
+    """"cpu" for a CPU device (`Device.info.kind`), else "gpu"."""
+    return "cpu" if kind == "cpu" else "gpu"
+
+
+def for_kind(kind: str) -> Table:
+    return TABLES[device_class(kind)]
