@@ -145,7 +145,6 @@ class Kernels:
         # attention over a paged KV cache, argmax per row. A model that never batches
         # builds none of their pipelines.
         self._batch_ops: dict[tuple, Op] = {}
-        self._argmax_threads = ARGMAX_GPU_BLOCK if gpu else ARGMAX_BLOCK
         self._advance_pos = Op(p("advance_pos", {}), (U32,))
         # silu_mul.comp's activation: SiLU (False) or GELU-tanh (True, constant GELU).
         self._silu_mul = {gelu: Op(p("silu_mul", {0: ELEMENTWISE_BLOCK, 1: int(gelu)}),
@@ -532,7 +531,7 @@ class Kernels:
                     name: str = "") -> Dispatch:
         """out[r] = the smallest index of the largest of logits[r * n : (r + 1) * n] for
         r < n_rows (`argmax_rows`, one workgroup per row); logits f32, out u32."""
-        op = self._batch_op("argmax_rows", {0: self._argmax_threads}, (F32, U32))
+        op = self._batch_op("argmax_rows", {0: self.tuning.argmax_threads}, (F32, U32))
         return op(logits, out, grid=(n_rows, 1, 1), name=name,
                                  need=(n_rows * n, n_rows), n=n, offset=0)
 

@@ -356,7 +356,7 @@ class PagedBatch:
         """The dispatches of one batched step of T tokens (the bucket) and R logit rows, reading
         `inputs`' device tensors; nothing is recorded. Logits of the R rows land in
         `acts.logits` rows 0 .. R - 1 and their argmax in `inputs.argmax`."""
-        hp, k, w, p = self.hp, self.k, self.w, self._paged
+        hp, k, w = self.hp, self.k, self.w
         a = self._batch_activations(T, R)
         out = self._embed(inputs.ids, a, T)
         if hp.embed_scale != 1.0:
