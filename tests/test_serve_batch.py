@@ -319,14 +319,21 @@ def test_http_load_64_streaming_clients():
     from test_serve import Server
 
     model = FakeModel(n_ctx=256)
+    # Each step takes >= 10 ms, and every hang-up request's greedy run has no EOS in its 200
+    # tokens (>= 2 s): its client's hang-up (after the first chunk) always lands while it
+    # runs, however slowly the client threads are scheduled.
+    model.lm.delay_s = 0.01
     engine = Engine(model, max_queue=64, max_batch=16, block_size=8).start()
     server = Server(engine, "fake")
     rnd = random.Random(1)
     jobs = []
     for i in range(64):
-        prompt = [rnd.randrange(1, 64) for _ in range(rnd.randrange(1, 40))]
         sampled = i % 4 == 0
         hang_up = i % 8 == 1
+        while True:
+            prompt = [rnd.randrange(1, 64) for _ in range(rnd.randrange(1, 40))]
+            if not hang_up or len(reference(prompt, 200)) == 200:
+                break
         jobs.append(dict(prompt=prompt, max_tokens=200 if hang_up else rnd.randrange(8, 24),
                          temperature=1.0 if sampled else 0.0, seed=i if sampled else None,
                          n=2 if sampled else 1, hang_up=hang_up))
