@@ -34,18 +34,18 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def prompt(n_vocab: int, n: int, index: int) -> list[int]:
-    import numpy as np
-    return [int(i) for i in np.random.default_rng(index).integers(100, min(n_vocab, 40000), n)]
-
-
 def pct(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of `values`, nearest rank below."""
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
         first_index: int = 0) -> tuple[dict, list]:
+    """N = `n` greedy sequences at once, prompts `bench_prompt(n_vocab, p, first_index + i)`,
+    `tokens` tokens each: (the report row: tok/s, TTFT and TPOT in ms, the token lists of the
+    n sequences). Raises SystemExit when a request fails or the family cannot batch n."""
+    from vkrt.bench import bench_prompt
     from vkrt.serve.engine import Engine
     from vkrt.serve.request import SamplingParams
     from vkrt.serve.runner import batched_model
@@ -65,7 +65,7 @@ def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
     with Engine(model, max_queue=n, **batching) as engine:
         t0 = time.perf_counter()
         for i in range(n):
-            engine.add_request(prompt(model.hparams.n_vocab, p, first_index + i), params,
+            engine.add_request(bench_prompt(model.hparams.n_vocab, p, first_index + i), params,
                                lambda o, i=i: box.put((i, time.perf_counter(), o)),
                                request_id=str(i))
         done = 0

@@ -126,8 +126,10 @@ def tensors(p: Preset, types: str):
     out = [("token_embd.weight", (p.n_vocab, p.n_embd), -1)]
     for i in range(p.n_layer):
         b = f"blk.{i}."
-        out += [(b + "attn_norm.weight", (p.n_embd,), i), (b + "attn_q.weight", (qw, p.n_embd), i),
-                (b + "attn_k.weight", (kvw, p.n_embd), i), (b + "attn_v.weight", (kvw, p.n_embd), i)]
+        out += [(b + "attn_norm.weight", (p.n_embd,), i),
+                (b + "attn_q.weight", (qw, p.n_embd), i),
+                (b + "attn_k.weight", (kvw, p.n_embd), i),
+                (b + "attn_v.weight", (kvw, p.n_embd), i)]
         if p.arch == "qwen2":
             out += [(b + "attn_q.bias", (qw,), i), (b + "attn_k.bias", (kvw,), i),
                     (b + "attn_v.bias", (kvw,), i)]
@@ -181,6 +183,8 @@ def copy_tokenizer(src: gguf.GGUFReader, w: gguf.GGUFWriter, pad_to: int = 0) ->
 
 
 def write_vocab(src_path: str, out: str, pad_to: int = 0) -> None:
+    """Write `out`: a GGUF with no tensors holding `src_path`'s architecture and tokenizer
+    keys, padded to `pad_to` tokens (`copy_tokenizer`)."""
     src = gguf.GGUFReader(src_path)
     arch = src.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(out, arch)
@@ -192,6 +196,9 @@ def write_vocab(src_path: str, out: str, pad_to: int = 0) -> None:
 
 
 def write_model(preset: str, out: str, vocab: str, types: str, seed: int) -> None:
+    """Write `out`: the GGUF of PRESETS[preset] with `vocab`'s tokenizer keys, matrices of
+    `types` (`matrix_type`) as random blocks from PCG64 `seed`, norms 1, biases 0. Raises
+    SystemExit when the vocabulary's token count is not the preset's."""
     p = PRESETS[preset]
     hd = p.head_dim or p.n_embd // p.n_head
     src = gguf.GGUFReader(vocab)

@@ -98,6 +98,15 @@ GEMMA3_TEMPLATE = (
 GEMMA3_LAYERS, GEMMA3_WINDOW = 6, 8
 
 
+def apply_keys(meta: dict, keys: dict | None) -> None:
+    """Override `meta` with `keys` (full key name -> value; None removes the key)."""
+    for k, v in (keys or {}).items():
+        if v is None:
+            meta.pop(k, None)
+        else:
+            meta[k] = v
+
+
 def write_file(path, arch: str, meta: dict, tensors: dict | None = None, qtype: str = "F32",
                raw: dict | None = None):
     """Write a GGUF of `arch` with metadata `meta` (key -> bool, str, float (f32), list (an
@@ -296,11 +305,7 @@ def write_gguf(path, model, arch: str, qtype: str = "F32", keys: dict | None = N
                      "tokenizer.ggml.padding_token_id": tokens.index("<|endoftext|>"),
                      "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
                      "tokenizer.ggml.add_bos_token": False})
-    for k, v in (keys or {}).items():
-        if v is None:
-            meta.pop(k, None)
-        else:
-            meta[k] = v
+    apply_keys(meta, keys)
 
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
     if arch == "gemma3":   # conversion/gemma.py Gemma3Model.norm_shift: every norm as 1 + w
@@ -345,11 +350,7 @@ def write_vocab_gguf(path, pre: str, arch: str = "qwen2", keys: dict | None = No
             "tokenizer.ggml.bos_token_id": tokens.index(specials[0]),
             "tokenizer.ggml.eos_token_id": tokens.index(specials[-1] if pre != "llama-bpe"
                                                         else "<|end_of_text|>")}
-    for k, v in (keys or {}).items():
-        if v is None:
-            meta.pop(k, None)
-        else:
-            meta[k] = v
+    apply_keys(meta, keys)
     return write_file(path, arch, meta)
 
 
@@ -363,9 +364,5 @@ def write_spm_vocab_gguf(path, arch: str = "gemma3", n_vocab: int = 400,
     if arch == "gemma3":
         meta["tokenizer.ggml.add_space_prefix"] = False
         meta["tokenizer.ggml.add_bos_token"] = True
-    for k, v in (keys or {}).items():
-        if v is None:
-            meta.pop(k, None)
-        else:
-            meta[k] = v
+    apply_keys(meta, keys)
     return write_file(path, arch, meta)

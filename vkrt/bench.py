@@ -53,11 +53,11 @@ PER_TOKEN = ("barriers_raw", "barriers_waw", "barriers_war", "barriers_transfer"
 RUN = ("dispatches", "barriers", "stages")   # recorded + replayed (Counters.replayed_*)
 
 
-def bench_prompt(n_vocab: int, n: int) -> list[int]:
-    """The benchmark's prompt: n ids from numpy's PCG64 seeded with 0, in [100, min(n_vocab,
-    40000))."""
+def bench_prompt(n_vocab: int, n: int, seed: int = 0) -> list[int]:
+    """The benchmark's prompt: n ids from numpy's PCG64 seeded with `seed` (0 for `vkrt
+    bench`; bench/batched.py gives sequence i seed i), in [100, min(n_vocab, 40000))."""
     return [int(i) for i in
-            np.random.default_rng(0).integers(100, min(n_vocab, 40000), n)]
+            np.random.default_rng(seed).integers(100, min(n_vocab, 40000), n)]
 
 
 def _stats(values: list[float]) -> dict:
