@@ -107,9 +107,6 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
             ids = engine.encode_chat(parsed.prompt)
         except VkrtError as e:
             raise ProtocolError(f"'messages': {e}", param="messages") from None
-        except UnicodeEncodeError as e:   # text the template wrote from a non-string part
-            raise ProtocolError(f"'messages': not valid UTF-8 ({e.reason})",
-                                param="messages") from None
         context_check(ids, parsed, "messages")
         return await run(request, parsed, ids)
 
