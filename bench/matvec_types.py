@@ -15,7 +15,8 @@ alike. `--configs SxR,...` times every type under each decode launch (S subgroup
 workgroup, R rows per workgroup, `s` after R: x staged through shared memory, `qN` after
 R: N invocations per unit of 32 weights;
 vkrt/tuning.py's `Decode`, for every row count) instead
-of the device's table, and reports each config's figures and the best per type; `--shapes
+of the device's table, and reports each config's figures and the best per type; `--glu` times
+matvec_glu (gate and up), `--qkv` qkv_rope (Q of the shape, K and V a quarter of it); `--shapes
 RxC,...` repeats the whole run per matrix shape. A copy of a buffer of the largest matrix's size (vkCmdCopyBuffer: reads and writes
 it) is timed beside them. Absolute figures only from a real GPU; compare within one run.
 """
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: the device's table)")
     ap.add_argument("--glu", action="store_true", help="time matvec_glu (RMSNorm, gate and "
                     "up: two matrices of the shape) instead of matvec")
+    ap.add_argument("--qkv", action="store_true", help="time qkv_rope (RMSNorm, Q, K, V, RoPE "
+                    "and the cache rows: Q of the shape, K and V of a quarter of its rows, "
+                    "heads of 128) instead of matvec; R of a config is pairs of rows")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default="", help="also write the JSON report here")
     args = ap.parse_args(argv)
@@ -72,13 +76,21 @@ def main(argv: list[str] | None = None) -> int:
             for c in configs:     # SxR, SxRs: x staged through shared memory; SxRqN: N per unit
                 s, r = c.rstrip("s").split("q")[0].split("x")
                 kernels[c] = Kernels(cache, tuning=table.with_decode(
-                    int(s), int(r), "matvec_glu" if args.glu else "matvec",
+                    int(s), int(r), "matvec_glu" if args.glu else "qkv_rope" if args.qkv
+                    else "matvec",
                     stage_x=c.endswith("s"), split=int(c.split("q")[1]) if "q" in c else 1))
         for rows, cols in shapes:
             x = stream.upload(rng.standard_normal(cols).astype(np.float32), "x")
             norm = stream.upload(rng.standard_normal(cols).astype(np.float32), "norm")
             y = stream.upload(np.zeros(rows, np.float32), "y")
-            weights, ups = {}, {}
+            weights, ups, kvs = {}, {}, {}
+            if args.qkv:
+                from vkrt.models.llama import rope_table
+                cos_sin = stream.upload(rope_table(128, 10000.0, 1), "cos_sin")
+                q_out = stream.upload(np.zeros(rows, np.float32), "q_out")
+                caches = [stream.upload(np.zeros((1, rows // 4), np.float32), n)
+                          for n in ("k_cache", "v_cache")]
+                pos = stream.upload(np.zeros(1, np.uint32), "pos")
             for t in chosen:
                 if cols % t.block:
                     continue
@@ -93,6 +105,15 @@ def main(argv: list[str] | None = None) -> int:
                     ups[t.dtype] = u = Tensor(Buffer(dev, nbytes, name=t.dtype + "_up"), 0,
                                               nbytes, t.dtype, (rows, cols), t.dtype)
                     stream.write(Tensor(u.buffer, 0, nbytes, "uint8", (nbytes,)), raw[::-1])
+                if args.qkv:      # K and V: a quarter of Q's rows each (grouped-query heads)
+                    kv = []
+                    for i in range(2):
+                        kb = nbytes // 4 - nbytes // 4 % 4
+                        kt = Tensor(Buffer(dev, kb, name=f"{t.dtype}_kv{i}"), 0, kb, t.dtype,
+                                    (rows // 4, cols), t.dtype)
+                        stream.write(Tensor(kt.buffer, 0, kb, "uint8", (kb,)), raw[i:kb + i])
+                        kv.append(kt)
+                    kvs[t.dtype] = kv
             big = max(w.nbytes for w in weights.values())
             src, dst = (Tensor(Buffer(dev, big, name=n), 0, big, "uint8", (big,)) for n in "ab")
             stream.synchronize()
@@ -104,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
                     stream.profiler.gpu_count.clear()
                     if name == "copy":
                         records = [Copy(src, dst, "copy")] * args.repeat
+                    elif args.qkv:
+                        records = kernels[c].qkv_rope(
+                            x, norm, weights[name], *kvs[name], cos_sin, q_out, *caches, 128,
+                            0, 1e-5, pos, False, name=name) * args.repeat
                     elif args.glu:
                         records = [kernels[c].glu(x, norm, weights[name], ups[name], y, 1e-5,
                                                   name=name)] * args.repeat
@@ -118,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
                       "rows": rows, "cols": cols, "repeat": args.repeat, "types": {},
                       "configs": {}}
             for (name, c), ts in times.items():
-                nbytes = big if name == "copy" else weights[name].nbytes * (2 if args.glu else 1)
+                nbytes = big if name == "copy" else (
+                    weights[name].nbytes * (2 if args.glu else 1)
+                    + sum(k.nbytes for k in kvs.get(name, ())))
                 us = statistics.median(ts) / 1e3
                 # A copy reads and writes its bytes; a product reads the matrix (x, y small).
                 moved = 2 * nbytes if name == "copy" else nbytes
@@ -128,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                 best = max(by_c, key=lambda c: by_c[c]["gb_s"])
                 report["types"][name] = {**by_c[best], "config": best}
             reports.append(report)
-            for t in (*weights.values(), *ups.values(), src, dst, x, norm, y):
+            extra = [cos_sin, q_out, *caches, pos] if args.qkv else []
+            for t in (*weights.values(), *ups.values(), *(k for kv in kvs.values() for k in kv),
+                      src, dst, x, norm, y, *extra):
                 t.buffer.close()
         stream.close()
     if args.out:

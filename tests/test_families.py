@@ -100,17 +100,21 @@ def test_family_coop_matches_transformers(case, device, tmp_path):
 
 
 FUSED = ["blk.0.attn_qkv", "blk.0.attn", "blk.0.attn_output", "blk.0.ffn_glu", "blk.0.ffn_down"]
+# qwen3's and gemma3's per-head Q/K norms and RoPE: head_norm_rope after qkv_rope
+QK_NORMED = ["blk.0.attn_qkv", "blk.0.attn_qkv_norm", *FUSED[1:]]
 # gemma3's post-norms keep the projections apart from the residual add (rmsnorm_add)
-GEMMA3_DECODE = ["blk.0.attn_qkv", "blk.0.attn", "blk.0.attn_output", "blk.0.post_attention_norm",
-                 "blk.0.ffn_glu", "blk.0.ffn_down", "blk.0.post_ffw_norm"]
+GEMMA3_DECODE = ["blk.0.attn_qkv", "blk.0.attn_qkv_norm", "blk.0.attn", "blk.0.attn_output",
+                 "blk.0.post_attention_norm", "blk.0.ffn_glu", "blk.0.ffn_down",
+                 "blk.0.post_ffw_norm"]
 
 
-@pytest.mark.parametrize("arch, layer", [("qwen2", FUSED), ("qwen3", FUSED),
+@pytest.mark.parametrize("arch, layer", [("qwen2", FUSED), ("qwen3", QK_NORMED),
                                          ("gemma3", GEMMA3_DECODE)])
 def test_decode_is_fused(arch, layer, device, tmp_path):
     """qwen2's Q/K/V biases, qwen3's and gemma3's per-head Q/K norms, RoPE on halves and
     GELU-tanh run inside the fused kernels (`Llama.fused_parts`): a qwen2 or qwen3 decode
-    layer is the 5-dispatch fused one, gemma3's 7 dispatches, not the unfused chain."""
+    layer is the 5-dispatch fused one (qwen3 6: `head_norm_rope` norms and rotates Q and K
+    after `qkv_rope`), gemma3's 8 dispatches, not the unfused chain."""
     path = write_gguf(tmp_path / "q.gguf", hf_model(arch), arch)
     vk = Llama.from_gguf(device, load_gguf(path))
     try:

@@ -17,6 +17,8 @@ noted next to each (lavapipe, llvmpipe LLVM 15, 256-bit).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -1261,7 +1263,8 @@ def row_kernels(gpu, request):
     from vkrt import tuning
 
     subgroups, rows, stage, split = request.param
-    table = tuning.CPU
+    # head_norm_rope (qkv_rope's second dispatch) on as many subgroups.
+    table = dataclasses.replace(tuning.CPU, norm_subgroups=subgroups)
     for kernel in ("matvec", "matvec_glu", "qkv_rope"):
         table = table.with_decode(subgroups, rows, kernel, stage_x=stage, split=split)
     return Kernels(gpu.cache, tuning=table)
@@ -1414,9 +1417,9 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, l
     tb = tuple(gpu.upload(b) for b in bias) if biased else None
     head_w = [randn(r, head_dim), randn(r, head_dim)]   # q_norm, k_norm weights
     tqk = tuple(gpu.upload(w) for w in head_w) if qk_norm else None
-    gpu.stream.record([row_kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv, head_dim,
-                                        pos0, eps, tpos, use_pos, neox=neox, biases=tb,
-                                        qk_norm=tqk)])
+    gpu.stream.record(row_kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv,
+                                           head_dim, pos0, eps, tpos, use_pos, neox=neox,
+                                           biases=tb, qk_norm=tqk))
     xn = rms_reference(x, norm_w, eps)
 
     def rotated(values, b, w=None):

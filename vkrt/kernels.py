@@ -77,8 +77,7 @@ WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
                   "matmul_tiled": ("W", F32, F32), "matmul_coop": ("W", F32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
-                  "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32,
-                               F32, F32)}
+                  "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32)}
 
 
 def _decode_attention_size(limits, head_dim: int, threads: int) -> tuple[int, int]:
@@ -130,12 +129,18 @@ class Kernels:
         # device lists none (lavapipe), or VKRT_COOPMAT says never (`prefill_kernel`).
         self.coop = pipelines.device.coop_shape()
         self._weight_spec["matmul_coop"] = {}     # from `coop` at each call: coop_spec
-        self._rmsnorm = Op(p("rmsnorm", {0: sg}), (F32, F32, F32))
-        self._rmsnorm_add = Op(p("rmsnorm_add", {0: sg}), (F32, F32, F32))
+        # A row's norm over `norm_subgroups` subgroups (vkrt/tuning.py).
+        norm = sg * self.tuning.norm_subgroups
+        self._rmsnorm = Op(p("rmsnorm", {0: norm}), (F32, F32, F32))
+        self._rmsnorm_add = Op(p("rmsnorm_add", {0: norm}), (F32, F32, F32))
         # rope.comp's pairs: adjacent (False) or halves (True, specialization constant NEOX).
         self._rope = {neox: Op(p("rope", {0: ELEMENTWISE_BLOCK, 1: int(neox)}), (F32, F32, F32))
                       for neox in (False, True)}
         self._copy_rows = Op(p("copy_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
+        # qkv_rope's second dispatch for the families with per-head Q/K norms.
+        self._head_norm_rope = {neox: Op(p("head_norm_rope", {0: norm, 1: int(neox)}),
+                                         (F32, F32, F32, F32, F32, U32))
+                                for neox in (False, True)}
         # Position from a device buffer (replayed decode steps, see `pos=` below).
         self._rope_pos = {neox: Op(p("rope_pos", {0: ELEMENTWISE_BLOCK, 1: int(neox)}),
                                    (F32, F32, F32, U32)) for neox in (False, True)}
@@ -396,7 +401,7 @@ class Kernels:
                  head_dim: int, pos0: int, eps: float, pos: Tensor, use_pos: bool,
                  name: str = "", neox: bool = False,
                  biases: tuple[Tensor, Tensor, Tensor] | None = None,
-                 qk_norm: tuple[Tensor, Tensor] | None = None) -> Dispatch:
+                 qk_norm: tuple[Tensor, Tensor] | None = None) -> list[Dispatch]:
         """For one token at position p = pos0 (+ pos[0] at run time when `use_pos`): n(x) =
         rmsnorm(x) * norm_weight, q_out = rope(wq @ n(x) + bq, p), k_cache[p] = rope(wk @
         n(x) + bk, p), v_cache[p] = wv @ n(x) + bv (`qkv_rope`: seven to ten dispatches of
@@ -407,9 +412,11 @@ class Kernels:
         (bq [n_heads * head_dim], bk, bv [n_kv_heads * head_dim] f32) or None; `neox`: RoPE
         on halves (i, i + head_dim / 2) of each head instead of adjacent pairs (rope.comp);
         `qk_norm` (qn, kn [head_dim] f32) or None: each head of Q and K RMS-normed (eps) with
-        those weights before RoPE (qwen3, gemma3), one workgroup per Q or K head.
-        Sizes are checked for pos[0] = 0: with `use_pos` the caller keeps p within the
-        caches."""
+        those weights before RoPE (qwen3, gemma3): a second dispatch, `head_norm_rope`, one
+        workgroup per head, after qkv_rope writes Q and K unrotated.
+        Pairs of rows per workgroup: the table's `rows` (vkrt/tuning.py), lowered to a
+        divisor of head_dim / 2. Sizes are checked for pos[0] = 0: with `use_pos` the
+        caller keeps p within the caches."""
         qw, n_in = wq.shape
         kvw = wk.shape[0]
         if not (wk.dtype == wv.dtype == wq.dtype and wv.shape == wk.shape
@@ -419,23 +426,29 @@ class Kernels:
                 f"{list(wk.shape)}, v {wv.name!r} {wv.dtype} {list(wv.shape)} do not stack "
                 f"(one dtype, one n_embd, heads of {head_dim})")
         pairs = (qw + 2 * kvw) // 2
-        spec = {1: int(neox), 2: int(biases is not None),
-                3: head_dim if qk_norm is not None else 0}
+        threads, rows, stage = self.decode_launch("qkv_rope", wq, pairs)
+        per_group = max(d for d in range(1, max(1, rows) + 1) if (head_dim // 2) % d == 0)
+        spec = {1: int(neox), 2: int(biases is not None), 3: int(qk_norm is not None),
+                **({4: per_group} if per_group > 1 else {}), **stage}
         # Without biases (norms) those bindings are not read: norm_weight stands in for them.
         bq, bk, bv = biases if biases is not None else (norm_weight,) * 3
         bias_need = (qw, kvw, kvw) if biases is not None else (None,) * 3
-        qn, kn = qk_norm if qk_norm is not None else (norm_weight,) * 2
-        norm_need = (head_dim,) * 2 if qk_norm is not None else (None,) * 2
-        # QK_NORM: a workgroup per Q head and per K head, then one per pair of V rows.
-        groups = pairs if qk_norm is None else (qw + kvw) // head_dim + kvw // 2
-        threads, _, stage = self.decode_launch("qkv_rope", wq, pairs)
-        return self.weight_op("qkv_rope", wq, threads, {**spec, **stage})(
+        out = [self.weight_op("qkv_rope", wq, threads, spec)(
             wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos, bq, bk, bv,
-            qn, kn, grid=(*spread(groups, self.limit), 1), name=name,
+            grid=(*spread(pairs // per_group, self.limit), 1), name=name,
             need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,
-                  (pos0 + 1) * kvw, (pos0 + 1) * kvw, 1, *bias_need, *norm_need),
+                  (pos0 + 1) * kvw, (pos0 + 1) * kvw, 1, *bias_need),
             n_cols=n_in, n_heads=qw // head_dim, n_kv_heads=kvw // head_dim, head_dim=head_dim,
-            pos0=pos0, use_pos=int(use_pos), eps=eps)
+            pos0=pos0, use_pos=int(use_pos), eps=eps)]
+        if qk_norm is None:
+            return out
+        heads = qw // head_dim + kvw // head_dim
+        return out + [self._head_norm_rope[neox](
+            q_out, k_cache, *qk_norm, cos_sin, pos, grid=(*spread(heads, self.limit), 1),
+            name=name + "_norm", need=(qw, (pos0 + 1) * kvw, head_dim, head_dim,
+                                       (pos0 + 1) * head_dim, 1),
+            n_heads=qw // head_dim, n_kv_heads=kvw // head_dim, head_dim=head_dim, pos0=pos0,
+            use_pos=int(use_pos), eps=eps)]
 
     def rope(self, src: Tensor, cos_sin: Tensor, dst: Tensor, n_tokens: int, n_heads: int,
              head_dim: int, pos0: int, dst_row: int = 0, name: str = "",

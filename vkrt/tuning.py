@@ -11,8 +11,8 @@ match ("scalar": f32/f16/bf16, "blocks32": blocks of 32 (Q8_0 ... IQ4_NL), "bloc
 256 (the K-quants, IQ4_XS), "blocks": either, "any", or one dtype such as "iq4_xs").
 `subgroups`: the workgroup is that many subgroups (local_size_x = subgroups x the device's
 subgroup size);
-`rows`: rows per workgroup (matvec.comp / matvec_glu.comp ROWS; qkv_rope always computes
-one pair of rows per workgroup and ignores it); for block types, `split`: invocations per
+`rows`: rows per workgroup (matvec.comp / matvec_glu.comp ROWS; for qkv_rope pairs of rows,
+qkv_rope.comp PAIRS, lowered to a divisor of head_dim / 2); for block types, `split`: invocations per
 unit of 32 weights (glsl/unit_x.glsl SPLIT: 1, 2 or 4) and `stage_x`: x loaded through
 shared memory (STAGE_X, with split 1; kernels.py drops it where the device's shared memory
 cannot hold the stage).
@@ -46,6 +46,7 @@ class Table:
     attention_threads: int           # attention_decode's workgroup (at most; kernels.py fits it)
     attention_dim_splits: int        # attention_decode's workgroups per head
     prefill_tiled: bool              # prefill products: matmul_tiled (else matmul)
+    norm_subgroups: int              # rmsnorm, rmsnorm_add, head_norm_rope: subgroups per row
     sources: dict[str, str] = field(default_factory=dict)   # the scalar entries' measurements
 
     def decode_rule(self, kernel: str, n_rows: int, block: int, dtype: str = "") -> Decode:
@@ -66,6 +67,11 @@ _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3
 _SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
 _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "
            "--configs, H200)")
+
+_SWEEP = ("bench/README.md, 2026-12-02 second session (bench/matvec_types.py --glu / --qkv "
+          "--configs, H200)")
+_NORMS = ("bench/README.md, 2026-12-02 second session (vkrt bench per-kernel GPU us, A/B): "
+          "a row's norm on one subgroup")
 
 GPU = Table(
     decode={
@@ -89,22 +95,32 @@ GPU = Table(
             Decode(8192, "blocks256", 4, 4, _BLOCKS + ": Q4_K 4x4 708, 1x4s 514 GB/s"),
             Decode(None, "blocks", 1, 4, _BLOCKS + ": [14336, 4096] Q4_K 1x4 767 GB/s"),
         ),
-        # matvec_glu ([14336, 4096] gate and up): blocks 1 subgroup, 2 rows, x staged (Q4_1
-        # 908, Q4_K 508 GB/s of both matrices; 4 invocations per unit 96-177); f32/f16/bf16
-        # 4 subgroups, one row.
+        # matvec_glu ([14336, 4096] gate and up), GB/s of both matrices against the launch
+        # before (1x2s): Q4_1 4x4 534 (314), the K-quants 4x4 (Q4_K 321 against 177, Q6_K
+        # 417 against 345), the other blocks 1x4s (Q8_0 577 against 475, Q5_0 565 against
+        # 492); f32/f16/bf16 4 subgroups, one row.
         "matvec_glu": (
-            Decode(None, "blocks", 1, 2, _BLOCKS + ": glu 1x2s", stage_x=True),
+            Decode(None, "q4_1", 4, 4, _SWEEP + ": glu Q4_1 4x4 534, 1x2s 314 GB/s"),
+            Decode(None, "blocks256", 4, 4, _SWEEP + ": glu Q4_K 4x4 321, 1x2s 177 GB/s"),
+            Decode(None, "blocks", 1, 4, _SWEEP + ": glu Q8_0 1x4s 577, 1x2s 475 GB/s",
+                   stage_x=True),
             Decode(None, "any", 4, 1, _SESSION1 + ": 4 subgroups per row"),
         ),
-        # qkv_rope: a pair of rows per workgroup (its own layout); 4 subgroups (the session
-        # before), block types' x staged as matvec_glu's (not measured by itself).
+        # qkv_rope (rows: pairs of rows per workgroup), Q [4096, 4096] with K, V [1024,
+        # 4096] (3072 pairs): one subgroup, 4 pairs, x staged (Q4_1 150 against 86 GB/s for
+        # the launch before, 4 subgroups and one pair; Q4_K 102 against 63); up to 2048 pairs
+        # ([2048, 1024] and a quarter each) one pair (Q4_1 200 against 113, Q6_K 241 against
+        # 137).
         "qkv_rope": (
-            Decode(None, "blocks", 4, 1, _BLOCKS + ": as matvec_glu (x staged)", stage_x=True),
+            Decode(2048, "blocks", 1, 1, _SWEEP + ": qkv [2048, 1024] 1x1s", stage_x=True),
+            Decode(None, "blocks", 1, 4, _SWEEP + ": qkv [4096, 4096] 1x4s", stage_x=True),
             Decode(None, "any", 4, 1, _SESSION1 + ": 4 subgroups per row"),
         ),
     },
     argmax_threads=1024, attention_threads=1024, attention_dim_splits=4, prefill_tiled=True,
-    sources={"argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
+    norm_subgroups=8,
+    sources={"norm_subgroups": _NORMS,
+             "argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
              "attention_threads": _SESSION2 + ": 1024 invocations per head (512: 949)",
              "attention_dim_splits": _SESSION2 + ": attention 4 workgroups per head",
              "prefill_tiled": _SESSION2 + ": prefill products tiled, 32 rows x 64 tokens"},
@@ -118,11 +134,13 @@ CPU = Table(
             "matvec_glu": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),),
             "qkv_rope": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),)},
     argmax_threads=256, attention_threads=64, attention_dim_splits=1, prefill_tiled=False,
+    norm_subgroups=1,
     sources={"prefill_tiled": "lavapipe, test_llama's teacher-forced logits: tiled 64-68 s, "
                               "matmul 40-80 s (other jobs sharing the box)",
              "argmax_threads": "lavapipe: 256 (the first session's choice, not timed)",
              "attention_threads": "lavapipe: 64 (the first session's choice, not timed)",
-             "attention_dim_splits": "glsl/reduce.glsl: lavapipe barriers"},
+             "attention_dim_splits": "glsl/reduce.glsl: lavapipe barriers",
+             "norm_subgroups": "glsl/reduce.glsl: lavapipe barriers"},
 )
 
 TABLES = {"gpu": GPU, "cpu": CPU}

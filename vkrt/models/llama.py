@@ -401,20 +401,21 @@ class Llama(PagedBatch, Decoder):
     def _qkv_fused(self, i: int, a: Activations, pos0: int,
                    pos: Tensor | None) -> list[Dispatch]:
         """Q, K, V of one token in one dispatch (`qkv_rope`): the arithmetic of `_qkv`
-        with the norm folded into the products, the biases and per-head norms inside, RoPE
-        and the cache writes after them."""
+        with the norm folded into the products, the biases inside, RoPE and the cache writes
+        after them; a family with per-head Q/K norms adds `head_norm_rope` (a second
+        stage)."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         biases = qk_norm = None
         if blk + "attn_q.bias" in w:
             biases = tuple(w[f"{blk}{layer}.bias"] for layer in QKV_LAYERS)
         if hp.qk_norm:
             qk_norm = (w[blk + "attn_q_norm.weight"], w[blk + "attn_k_norm.weight"])
-        return [k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
-                           w[blk + "attn_k.weight"], w[blk + "attn_v.weight"],
-                           self.rope_swa if hp.swa_layers[i] else self.rope, a.q_rope,
-                           self.k_cache[i], self.v_cache[i], hp.head_dim, pos0, hp.rms_eps,
-                           a.pos, pos is not None, name=blk + "attn_qkv", neox=hp.rope_neox,
-                           biases=biases, qk_norm=qk_norm)]
+        return k.qkv_rope(a.x, w[blk + "attn_norm.weight"], w[blk + "attn_q.weight"],
+                          w[blk + "attn_k.weight"], w[blk + "attn_v.weight"],
+                          self.rope_swa if hp.swa_layers[i] else self.rope, a.q_rope,
+                          self.k_cache[i], self.v_cache[i], hp.head_dim, pos0, hp.rms_eps,
+                          a.pos, pos is not None, name=blk + "attn_qkv", neox=hp.rope_neox,
+                          biases=biases, qk_norm=qk_norm)
 
     def _qkv(self, i: int, a: Activations, T: int, pos0: int,
              pos: Tensor | None) -> list[Dispatch]:
