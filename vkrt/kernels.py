@@ -559,8 +559,7 @@ class Kernels:
         """Causal grouped-query attention of n_tokens queries at positions pos0.. over the
         cache rows 0 .. pos0 + n_tokens - 1; q, out [tokens, n_heads * head_dim].
         One token (decode) runs `decode_dim_splits` workgroups per head (`attention_decode`,
-        one dispatch) while the positions it may see fit `decode_positions` and heads x
-        dim splits reach the table's `attention_decode_min_groups`; else it
+        one dispatch) while the positions it may see fit `decode_positions`; past that it
         is split over the cache (`attention_split`: heads x splits of
         `attention_chunk(pos0 + 1)` positions, partial states in `part`, f32 [n_heads *
         ATTENTION_SPLITS * (head_dim + 2)] at least) and merged (`attention_combine`): two
@@ -579,11 +578,7 @@ class Kernels:
             # Replayed (`pos`): sized for the longest context the caches hold.
             n_pos = pos0 + 1 if pos is None else k_cache.shape[0]
             qn = n_heads * head_dim
-            # attention_decode: one dispatch of heads x dim splits workgroups, each scoring
-            # every position; split attention when those are too few to fill the device
-            # (the table's attention_decode_min_groups).
-            if (n_pos <= self.decode_positions and n_heads * self.decode_dim_splits
-                    >= self.tuning.attention_decode_min_groups):
+            if n_pos <= self.decode_positions:
                 op, extra = (decode, ()) if pos is None else (decode_pos, (pos,))
                 return [op(q, k_cache, v_cache, out, *extra,
                            grid=(n_heads, self.decode_dim_splits, 1), name=name,

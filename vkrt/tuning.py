@@ -45,7 +45,6 @@ class Table:
     argmax_threads: int              # argmax's one workgroup
     attention_threads: int           # attention_decode's workgroup (at most; kernels.py fits it)
     attention_dim_splits: int        # attention_decode's workgroups per head
-    attention_decode_min_groups: int  # fewer heads x dim splits: split attention instead
     prefill_tiled: bool              # prefill products: matmul_tiled (else matmul)
     norm_subgroups: int              # rmsnorm, rmsnorm_add, head_norm_rope: subgroups per row
     sources: dict[str, str] = field(default_factory=dict)   # the scalar entries' measurements
@@ -71,8 +70,6 @@ _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.p
 
 _SWEEP = ("bench/README.md, 2026-12-02 second session (bench/matvec_types.py --glu / --qkv "
           "--configs, H200)")
-_ATTN = ("bench/README.md, 2026-12-02 second session (vkrt bench per-kernel GPU us, A/B): "
-         "attention_decode on few workgroups")
 _NORMS = ("bench/README.md, 2026-12-02 second session (vkrt bench per-kernel GPU us, A/B): "
           "a row's norm on one subgroup")
 
@@ -121,8 +118,8 @@ GPU = Table(
         ),
     },
     argmax_threads=1024, attention_threads=1024, attention_dim_splits=4, prefill_tiled=True,
-    norm_subgroups=8, attention_decode_min_groups=128,
-    sources={"norm_subgroups": _NORMS, "attention_decode_min_groups": _ATTN,
+    norm_subgroups=8,
+    sources={"norm_subgroups": _NORMS,
              "argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
              "attention_threads": _SESSION2 + ": 1024 invocations per head (512: 949)",
              "attention_dim_splits": _SESSION2 + ": attention 4 workgroups per head",
@@ -137,15 +134,13 @@ CPU = Table(
             "matvec_glu": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),),
             "qkv_rope": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),)},
     argmax_threads=256, attention_threads=64, attention_dim_splits=1, prefill_tiled=False,
-    norm_subgroups=1, attention_decode_min_groups=0,
+    norm_subgroups=1,
     sources={"prefill_tiled": "lavapipe, test_llama's teacher-forced logits: tiled 64-68 s, "
                               "matmul 40-80 s (other jobs sharing the box)",
              "argmax_threads": "lavapipe: 256 (the first session's choice, not timed)",
              "attention_threads": "lavapipe: 64 (the first session's choice, not timed)",
              "attention_dim_splits": "glsl/reduce.glsl: lavapipe barriers",
-             "norm_subgroups": "glsl/reduce.glsl: lavapipe barriers",
-             "attention_decode_min_groups": "lavapipe: one dispatch (the first session's "
-                                            "choice, not timed)"},
+             "norm_subgroups": "glsl/reduce.glsl: lavapipe barriers"},
 )
 
 TABLES = {"gpu": GPU, "cpu": CPU}
