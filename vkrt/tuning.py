@@ -70,8 +70,9 @@ _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.p
 
 _SWEEP = ("bench/README.md, 2026-12-02 second session (bench/matvec_types.py --glu / --qkv "
           "--configs, H200)")
-_NORMS = ("bench/README.md, 2026-12-02 second session (vkrt bench per-kernel GPU us, A/B): "
-          "a row's norm on one subgroup")
+_AB = ("bench/README.md, 2026-12-02 second session (vkrt bench per-kernel GPU us, A/B, "
+       "H200)")
+_NORMS = _AB + ": a row's norm on one subgroup"
 
 GPU = Table(
     decode={
@@ -96,12 +97,16 @@ GPU = Table(
             Decode(None, "blocks", 1, 4, _BLOCKS + ": [14336, 4096] Q4_K 1x4 767 GB/s"),
         ),
         # matvec_glu ([14336, 4096] gate and up), GB/s of both matrices against the launch
-        # before (1x2s): Q4_1 4x4 534 (314), the K-quants 4x4 (Q4_K 321 against 177, Q6_K
-        # 417 against 345), the other blocks 1x4s (Q8_0 577 against 475, Q5_0 565 against
-        # 492); f32/f16/bf16 4 subgroups, one row.
+        # before (1x2s): the K-quants 4x4 (Q4_K 321 against 177, Q6_K 417 against 345; at
+        # qwen3's [3072, 1024] 449 against 484 us per token); up to 8192 rows the blocks of 32
+        # keep 1 subgroup, 2 rows, x staged (SmolLM2's [1536, 576]: 4x4 380 against 281 us per
+        # token, gemma3's [6912, 1152] 1x4s 721 against 669); past that Q4_1 4x4 (534 against
+        # 314), the other blocks 1x4s (Q8_0 577 against 475, Q5_0 565 against 492); f32/f16/
+        # bf16 4 subgroups, one row.
         "matvec_glu": (
-            Decode(None, "q4_1", 4, 4, _SWEEP + ": glu Q4_1 4x4 534, 1x2s 314 GB/s"),
             Decode(None, "blocks256", 4, 4, _SWEEP + ": glu Q4_K 4x4 321, 1x2s 177 GB/s"),
+            Decode(8192, "blocks", 1, 2, _AB + ": glu [1536, 576] 1x2s", stage_x=True),
+            Decode(None, "q4_1", 4, 4, _SWEEP + ": glu Q4_1 4x4 534, 1x2s 314 GB/s"),
             Decode(None, "blocks", 1, 4, _SWEEP + ": glu Q8_0 1x4s 577, 1x2s 475 GB/s",
                    stage_x=True),
             Decode(None, "any", 4, 1, _SESSION1 + ": 4 subgroups per row"),
