@@ -60,26 +60,47 @@ fi
 # ids llama.cpp's tokenizer test expects (ggml-vocab-NAME.gguf, .gguf.inp, .gguf.out), as the
 # llama-cpp-python 0.3.36 source distribution on PyPI vendors them (76.6 MB, sha256 below;
 # only these files are kept). Fetched once into .cache/vocab.
+# From the same source distribution, llama.cpp's own HF-to-GGUF converter for
+# tests/test_converted.py: convert_hf_to_gguf.py, its conversion/ package and the gguf-py it
+# puts first on sys.path, into .cache/convert. One download serves both when both are missing.
 if [ "$want" = test ]; then
   vocab=.cache/vocab
+  convert=.cache/convert
   lcp_sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+  lcp=llama_cpp_python-0.3.36
   names=(llama-spm phi-3 gemma-4)
+  tmp=""
+  lcp_sdist() {   # download and check the source distribution once, into $tmp
+    if [ -z "$tmp" ]; then
+      tmp=$(mktemp -d)
+      .venv/bin/python -m pip download -q --no-deps --no-binary :all: \
+        -d "$tmp" "llama-cpp-python==0.3.36" 2>&1 | grep -v "is ignored" || true
+      echo "$lcp_sha  $tmp/$lcp.tar.gz" | sha256sum -c --quiet
+    fi
+  }
   if [ ! -e "$vocab/.complete" ]; then
     echo "setup: fetching llama.cpp's vocabulary files into $vocab" >&2
-    tmp=$(mktemp -d)
-    .venv/bin/python -m pip download -q --no-deps --no-binary :all: \
-      -d "$tmp" "llama-cpp-python==0.3.36" 2>&1 | grep -v "is ignored" || true
-    echo "$lcp_sha  $tmp/llama_cpp_python-0.3.36.tar.gz" | sha256sum -c --quiet
+    lcp_sdist
     members=()
     for n in "${names[@]}"; do
       for ext in gguf gguf.inp gguf.out; do
-        members+=("llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-$n.$ext")
+        members+=("$lcp/vendor/llama.cpp/models/ggml-vocab-$n.$ext")
       done
     done
-    tar -xzf "$tmp/llama_cpp_python-0.3.36.tar.gz" -C "$tmp" "${members[@]}"
+    tar -xzf "$tmp/$lcp.tar.gz" -C "$tmp" "${members[@]}"
     mkdir -p "$vocab"
-    mv "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-* "$vocab"/
+    mv "$tmp/$lcp"/vendor/llama.cpp/models/ggml-vocab-* "$vocab"/
     touch "$vocab/.complete"
-    rm -rf "$tmp"
   fi
+  if [ ! -e "$convert/.complete" ]; then
+    echo "setup: extracting llama.cpp's convert_hf_to_gguf.py into $convert" >&2
+    lcp_sdist
+    src=$lcp/vendor/llama.cpp
+    tar -xzf "$tmp/$lcp.tar.gz" -C "$tmp" "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py"
+    rm -rf "$convert"
+    mkdir -p "$convert"
+    mv "$tmp/$src/convert_hf_to_gguf.py" "$tmp/$src/conversion" "$tmp/$src/gguf-py" "$convert"/
+    touch "$convert/.complete"
+  fi
+  [ -z "$tmp" ] || rm -rf "$tmp"
 fi
