@@ -1270,6 +1270,17 @@ def row_kernels(gpu, request):
     return Kernels(gpu.cache, tuning=table)
 
 
+def test_norms_take_the_tables_subgroups(gpu):
+    """rmsnorm, rmsnorm_add and head_norm_rope run a row on the table's norm_subgroups
+    subgroups (vkrt/tuning.py; the GPU's 8, lavapipe's 1)."""
+    from vkrt import tuning
+
+    for n in (1, 3):
+        k = Kernels(gpu.cache, tuning=dataclasses.replace(tuning.CPU, norm_subgroups=n))
+        for op in (k._rmsnorm, k._rmsnorm_add, *k._head_norm_rope.values()):
+            assert op.pipeline.local_size[0] == gpu.sg * n, op.pipeline.name
+
+
 # Sizes the unit walk of the decode products (weights.glsl unit_dot, glsl/unit_x.glsl) makes
 # risky: rows of one block (fewer units than invocations), and many blocks (67 of 32, 9 of
 # 256: several chunks of units, the last partial), rows not a multiple of the rows per
@@ -1417,9 +1428,15 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, l
     tb = tuple(gpu.upload(b) for b in bias) if biased else None
     head_w = [randn(r, head_dim), randn(r, head_dim)]   # q_norm, k_norm weights
     tqk = tuple(gpu.upload(w) for w in head_w) if qk_norm else None
-    gpu.stream.record(row_kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv,
-                                           head_dim, pos0, eps, tpos, use_pos, neox=neox,
-                                           biases=tb, qk_norm=tqk))
+    ds = row_kernels.qkv_rope(tx, tn, wq[0], wk[0], wv[0], tcs, tq, tk, tv, head_dim, pos0,
+                              eps, tpos, use_pos, neox=neox, biases=tb, qk_norm=tqk)
+    # The table's rows are pairs per workgroup, lowered to a divisor of head_dim / 2 (16):
+    # 1, 3 -> 2, 8 (qkv_rope.comp PAIRS); the norms are a second dispatch, one head each.
+    per_group = max(d for d in (1, 2, 4, 8, 16) if d <= row_kernels.tuning.decode_rule(
+        "qkv_rope", 1, 1).rows)
+    assert ds[0].grid[0] * ds[0].grid[1] == (n_heads + 2 * n_kv) * head_dim // 2 // per_group
+    assert len(ds) == (2 if qk_norm else 1)
+    gpu.stream.record(ds)
     xn = rms_reference(x, norm_w, eps)
 
     def rotated(values, b, w=None):
