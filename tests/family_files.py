@@ -245,7 +245,7 @@ def hf_model(arch: str, seed: int = 0, tied: bool = False, **overrides):
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     else:
         shape["rope_theta"] = 1e6
-    config = getattr(transformers, cls[0])(**shape, **overrides)
+    config = getattr(transformers, cls[0])(**{**shape, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, cls[1])(config).float().eval()
     g = torch.Generator().manual_seed(seed + 1)
