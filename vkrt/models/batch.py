@@ -1,20 +1,29 @@
-"""The batched forward over a paged KV cache: one engine step of several sequences at once, as
-vLLM's GPU model runner runs it (vllm/v1/worker/gpu_model_runner.py): the new tokens of every
-scheduled sequence flattened into one list of T tokens, each with its position in its own
-sequence, the row of the block table it belongs to and the KV-cache slot its K/V goes to.
+"""The batched forward over a paged KV cache, family-independent: one engine step of several
+sequences at once, as vLLM's GPU model runner runs it (vllm/v1/worker/gpu_model_runner.py):
+the new tokens of every scheduled sequence flattened into one list of T tokens, each with its
+position in its own sequence, the row of the block table it belongs to and the KV-cache slot
+its K/V goes to. `PagedBatch` (mixed into a family's model) owns the paged cache, the step's
+device tensors, the checks and the bucket capture/replay; the family supplies the step's
+dispatches and its per-position tables:
+- the Llama-like families: vkrt/models/llama_batch.py (`LlamaBatch`: RoPE tables, RoPE at
+  each token's position);
+- OPT: vkrt/models/opt_batch.py (`OPTBatch`: learned positions at each token's position + 2).
 
 KV cache (`setup_paged_cache(num_blocks, block_size)`): per layer, K and V of
-`[num_blocks * block_size + 1, n_head_kv * head_dim]` f32, slot = block * block_size + offset;
-the last slot is reserved scratch (padded tokens write it, no real token reads it). A block
-table row lists a sequence's physical block ids in order: position j of sequence s is slot
-`block_tables[s][j // block_size] * block_size + j % block_size`.
+`[num_blocks * block_size + 1, kv width]` f32 (`_paged_kv_width`: n_head_kv * head_dim),
+slot = block * block_size + offset; the last slot is reserved scratch (padded tokens write
+it, no real token reads it). A block table row lists a sequence's physical block ids in
+order: position j of sequence s is slot `block_tables[s][j // block_size] * block_size +
+j % block_size`. Positions run below max_positions = min(n_ctx, num_blocks * block_size)
+(n_ctx: the family's context, OPT's max_position_embeddings); the family's tables
+(`_paged_tables(max_positions)`) cover them.
 
 One step (`execute_batch`): the token ids, positions, sequence rows, slot mapping, block table
-rows and logit rows are written into device tensors (u32), then the step runs: embedding, per
-layer RMSNorm, Q/K/V products, RoPE at each token's position (`rope_positions`), K and V
-written by slot mapping (`kv_write`) BEFORE attention, so a prefill chunk attends to its own
-keys in the same step and decode tokens mix with it; attention over each token's own sequence
-through its block table (`attention_paged`); the MLP; the final norm, logits and argmax of the
+rows and logit rows are written into device tensors (u32, `StepInputs`), then the family's
+`batch_step` runs: embedding, per layer the norms and products, K and V written by slot
+mapping (`kv_write`) BEFORE attention, so a prefill chunk attends to its own keys in the same
+step and decode tokens mix with it; attention over each token's own sequence through its
+block table (`attention_paged`); the MLP; the final norm, logits and argmax of the
 `logit_tokens` rows only (`argmax_rows`). The command buffer does not depend on those values:
 T is padded to a bucket (1, 2, 4, ..., MAX_REPLAY_TOKENS; R, the logit rows, likewise up to
 the bucket) and each bucket's step is captured once and replayed (vkrt/runtime/replay.py),
@@ -23,15 +32,14 @@ reallocated. Padded tokens are token 0 at position 0 of a scratch block-table ro
 block is the scratch slot's, so they write and read only that slot. More tokens than the
 largest bucket (long prefill chunks) are recorded each step, unpadded.
 
-Batch invariance: a sequence's logits are bit-identical whatever else is in the batch and
-whatever T is. Every kernel of the step computes each token's row alone in an order fixed by
-its own data: the products always run the f32 matrix-product kernels (`matmul`/`matmul_tiled`,
-even at T = 1: never the decode matvecs, whose reduction order differs, nor `matmul_coop`,
-whose f16 operands the single-sequence prefill takes from COOP_MIN_TOKENS tokens), norms one row per
+Batch invariance (what each family's `batch_step` keeps): a sequence's logits are
+bit-identical whatever else is in the batch and whatever T is. Every kernel of the step
+computes each token's row alone in an order fixed by its own data: the products always run
+the f32 matrix-product kernels (`linear(..., matmul=True)`: `matmul`/`matmul_tiled`, even at
+T = 1: never the decode matvecs, whose reduction order differs, nor `matmul_coop`, whose f16
+operands the single-sequence prefill takes from COOP_MIN_TOKENS tokens), norms one row per
 workgroup, attention one workgroup per (head, token) over blocks of positions from its first
 visible position (attention.comp's order). Padding never changes a real token's row.
-
-OPT (vkrt/models/opt.py) has no batched runner: it stays batch-size 1.
 """
 from __future__ import annotations
 
@@ -75,16 +83,15 @@ class BatchOutput:
 class PagedCache:
     """The paged KV cache of every layer: `k[i]`, `v[i]` views of `[n_slots, kv_width]` f32
     (n_slots = num_blocks * block_size + 1, the last the scratch slot) in one buffer, the
-    RoPE tables for positions 0 .. max_positions - 1 (`rope`, `rope_swa` for sliding layers
-    or None), and the block-table width the device tensors hold (`table_width` blocks: enough
-    for max_positions)."""
+    family's per-position tables for positions 0 .. max_positions - 1 (`tables`, name ->
+    tensor: `_paged_tables`), and the block-table width the device tensors hold
+    (`table_width` blocks: enough for max_positions)."""
     num_blocks: int
     block_size: int
     buffer: object
     k: list
     v: list
-    rope: Tensor
-    rope_swa: Tensor | None
+    tables: dict
     max_positions: int
     table_width: int
 
@@ -94,9 +101,8 @@ class PagedCache:
 
     def close(self) -> None:
         self.buffer.close()
-        self.rope.buffer.close()
-        if self.rope_swa is not None:
-            self.rope_swa.buffer.close()
+        for table in self.tables.values():
+            table.buffer.close()
 
 
 class StepInputs:
@@ -131,8 +137,11 @@ class StepInputs:
 
 
 class PagedBatch:
-    """The batched runner of `Llama` (mixed in): `setup_paged_cache`, `execute_batch`,
-    `paged_cache_info`. Uses the model's weights, stream, kernels and activations."""
+    """The batched runner of a family's model (mixed in): `setup_paged_cache`,
+    `execute_batch`, `paged_cache_info`. Uses the model's `hp` (n_vocab, n_ctx, n_layer),
+    device, stream and activations. The family defines `_paged_kv_width()` (f32 per K or V
+    row), `_paged_tables(max_positions)` (its per-position tables, uploaded: name -> Tensor),
+    `_batch_activations(T, R)` and `batch_step(inputs, T, R)` (the step's dispatches)."""
 
     _paged: PagedCache | None = None
     _step_inputs: dict | None = None      # bucket (or recorded T) -> StepInputs
@@ -141,19 +150,17 @@ class PagedBatch:
     # -- the KV cache --------------------------------------------------------------------
     def setup_paged_cache(self, num_blocks: int, block_size: int) -> None:
         """Allocate the paged KV cache: `num_blocks` blocks of `block_size` slots per layer
-        for K and V (f32, like `setup_caches`' cache) and one scratch slot, and the RoPE tables
-        for positions below min(n_ctx, num_blocks * block_size); frees a previous paged cache
-        (its recorded steps are captured again).
+        for K and V (f32, like `setup_caches`' cache) and one scratch slot, and the family's
+        tables for positions below min(n_ctx, num_blocks * block_size); frees a previous
+        paged cache (its recorded steps are captured again).
         Raises: ValueError for num_blocks or block_size < 1, or when one layer's K (or V)
         cache passes the device's maxStorageBufferRange."""
-        from vkrt.models.llama import rope_table
-
         if not (isinstance(num_blocks, (int, np.integer)) and num_blocks >= 1
                 and isinstance(block_size, (int, np.integer)) and block_size >= 1):
             raise ValueError(f"setup_paged_cache: num_blocks {num_blocks!r} and block_size "
                              f"{block_size!r} must be integers >= 1")
         hp = self.hp
-        width = hp.n_head_kv * hp.head_dim
+        width = self._paged_kv_width()
         n_slots = num_blocks * block_size + 1
         limit = self.device.max_storage_buffer_range
         if n_slots * width * 4 > limit:
@@ -162,16 +169,15 @@ class PagedBatch:
                              f"device's maxStorageBufferRange of {limit} bytes")
         self._close_paged()
         max_positions = min(hp.n_ctx, num_blocks * block_size)
-        rope = self.stream.upload(rope_table(hp.head_dim, hp.rope_theta, max_positions,
-                                             hp.rope_scale, self.rope_freqs), name="paged_rope")
-        rope_swa = None
-        if any(hp.swa_layers):
-            rope_swa = self.stream.upload(rope_table(hp.head_dim, hp.rope_theta_swa,
-                                                     max_positions), name="paged_rope_swa")
+        tables = self._paged_tables(max_positions)
         buffer, k, v = kv_cache(self.device, hp.n_layer, n_slots, width,
-                                lambda i, what: f"blk.{i}.paged_{what}")
-        self._paged = PagedCache(int(num_blocks), int(block_size), buffer, k, v, rope, rope_swa,
+                                self._paged_kv_name)
+        self._paged = PagedCache(int(num_blocks), int(block_size), buffer, k, v, tables,
                                  max_positions, -(-max_positions // block_size))
+
+    @staticmethod
+    def _paged_kv_name(i: int, what: str) -> str:
+        return f"blk.{i}.paged_{what}"
 
     @property
     def paged_cache_info(self) -> tuple[int, int] | None:
@@ -343,95 +349,3 @@ class PagedBatch:
             cur = self._step_inputs[key] = StepInputs(self.device, n_tokens,
                                                       self._paged.table_width)
         return cur
-
-    def _batch_activations(self, T: int, R: int):
-        """The model's activations, large enough for T tokens and R logit rows (2 at least
-        when the output matrix is split, so its `head` exists)."""
-        rows = max(R, 1)
-        if self._output_name() in self.slices:
-            rows = max(rows, 2)
-        return self.activations(T, rows)
-
-    def batch_step(self, inputs: StepInputs, T: int, R: int) -> list[Dispatch]:
-        """The dispatches of one batched step of T tokens (the bucket) and R logit rows, reading
-        `inputs`' device tensors; nothing is recorded. Logits of the R rows land in
-        `acts.logits` rows 0 .. R - 1 and their argmax in `inputs.argmax`."""
-        hp, k, w = self.hp, self.k, self.w
-        a = self._batch_activations(T, R)
-        out = self._embed(inputs.ids, a, T)
-        if hp.embed_scale != 1.0:
-            out.append(k.scale(a.x, T * hp.n_embd, hp.embed_scale, name="token_embd_scale"))
-        for i in range(hp.n_layer):
-            out += self._batch_layer(i, a, inputs, T)
-        if R == 0:
-            return out
-        # The logit rows of x, gathered (an f32 "embedding" lookup of x's rows) into proj.
-        out.append(k.embed(a.x, inputs.logit_rows, a.proj, R, name="logit_rows"))
-        out.append(k.rmsnorm(a.proj, w["output_norm.weight"], a.xn, R, hp.rms_eps,
-                             "output_norm"))
-        name = self._output_name()
-        if name not in self.slices:
-            out.append(k.linear(a.xn, w[name], a.logits, R, name="output", matmul=True))
-        else:
-            for row0, wt in self.slices[name]:
-                n = wt.shape[0]
-                out += [k.linear(a.xn, wt, a.head, R, name="output", matmul=True),
-                        k.copy_block(a.head, a.logits, R, n, row0, name="output.copy")]
-        out.append(k.argmax_rows(a.logits, inputs.argmax, hp.n_vocab, R, name="argmax"))
-        return out
-
-    def _batch_linear(self, x: Tensor, name: str, y: Tensor, T: int) -> list[Dispatch]:
-        """y = x W^T (+ b) for T tokens, always the matrix product (batch invariance)."""
-        k, w = self.k, self.w
-        out = [k.linear(x, w[name + ".weight"], y, T, name=name, matmul=True)]
-        if name + ".bias" in w:
-            out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
-        return out
-
-    def _batch_residual(self, i: int, a, T: int, post_norm: str,
-                        residual: str) -> list[Dispatch]:
-        """x += proj, or x += rmsnorm(proj) * the post-norm (as `Llama._projection`)."""
-        hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
-        if not hp.post_norms:
-            return [k.add(a.x, a.proj, T * hp.n_embd, name=blk + residual)]
-        return [k.rmsnorm_add(a.proj, w[blk + post_norm + ".weight"], a.x, T, hp.rms_eps,
-                              blk + post_norm)]
-
-    def _batch_layer(self, i: int, a, inputs: StepInputs, T: int) -> list[Dispatch]:
-        """Layer i of a batched step: `Llama._layer`'s arithmetic, unfused, with RoPE at each
-        token's position, K/V into the paged cache by slot mapping and paged attention."""
-        hp, k, w, p, blk = self.hp, self.k, self.w, self._paged, f"blk.{i}."
-        out = [k.rmsnorm(a.x, w[blk + "attn_norm.weight"], a.xn, T, hp.rms_eps,
-                         blk + "attn_norm"),
-               *self._batch_linear(a.xn, blk + "attn_q", a.q, T),
-               *self._batch_linear(a.xn, blk + "attn_k", a.k, T),
-               *self._batch_linear(a.xn, blk + "attn_v", a.v, T)]
-        q, kk, k_roped = a.q, a.k, a.kn
-        if hp.qk_norm:
-            out += [k.rmsnorm(a.q, w[blk + "attn_q_norm.weight"], a.attn, T * hp.n_head,
-                              hp.rms_eps, blk + "attn_q_norm"),
-                    k.rmsnorm(a.k, w[blk + "attn_k_norm.weight"], a.kn, T * hp.n_head_kv,
-                              hp.rms_eps, blk + "attn_k_norm")]
-            q, kk, k_roped = a.attn, a.kn, a.k
-        rope = p.rope_swa if hp.swa_layers[i] else p.rope
-        out += [
-            k.rope_positions(q, rope, a.q_rope, inputs.positions, T, hp.n_head, hp.head_dim,
-                             name=blk + "rope_q", neox=hp.rope_neox),
-            k.rope_positions(kk, rope, k_roped, inputs.positions, T, hp.n_head_kv, hp.head_dim,
-                             name=blk + "rope_k", neox=hp.rope_neox),
-            k.kv_write(k_roped, a.v, inputs.slots, p.k[i], p.v[i], T, name=blk + "kv_write"),
-            k.attention_paged(a.q_rope, p.k[i], p.v[i], a.attn, inputs.positions, inputs.seq,
-                              inputs.tables, T, hp.n_head, hp.n_head_kv, hp.head_dim,
-                              p.block_size, self.attn_scale, name=blk + "attn",
-                              window=hp.layer_window(i)),
-            *self._batch_linear(a.attn, blk + "attn_output", a.proj, T),
-            *self._batch_residual(i, a, T, "post_attention_norm", "attn_residual"),
-            k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps, blk + "ffn_norm"),
-            *self._batch_linear(a.xn, blk + "ffn_gate", a.gate, T),
-            *self._batch_linear(a.xn, blk + "ffn_up", a.up, T),
-            k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul",
-                       gelu=hp.gelu),
-            *self._batch_linear(a.act, blk + "ffn_down", a.proj, T),
-            *self._batch_residual(i, a, T, "post_ffw_norm", "ffn_residual"),
-        ]
-        return out

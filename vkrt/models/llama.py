@@ -25,10 +25,10 @@ import numpy as np
 from vkrt import config, weight_types
 from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels, attention_partials
-from vkrt.models.batch import PagedBatch
 from vkrt.models.decoder import Decoder
 from vkrt.models.arch import QKV_LAYERS, Arch
 from vkrt.models.gguf import GGUFFile
+from vkrt.models.llama_batch import LlamaBatch
 from vkrt.models.scratch import aligned, arena, grow, kv_cache
 from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Dispatch
@@ -186,14 +186,14 @@ class Activations:
         self.arena.close()
 
 
-class Llama(PagedBatch, Decoder):
+class Llama(LlamaBatch, Decoder):
     """A Llama-architecture model resident on one device.
 
     Build with `Llama.from_gguf(device, gguf)`. `setup_caches(max_seq)` allocates the KV cache:
     one buffer holding, per layer, `k_cache[i]` and `v_cache[i]`, views of
     `[max_seq, n_head_kv * head_dim]` f32. Decode steps can be replayed (`Decoder`).
     Several sequences at once over a paged KV cache: `setup_paged_cache`, `execute_batch`
-    (`PagedBatch`, vkrt/models/batch.py).
+    (`LlamaBatch`, vkrt/models/llama_batch.py, over vkrt/models/batch.py's `PagedBatch`).
     """
 
     replayable = True

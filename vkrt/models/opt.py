@@ -35,6 +35,7 @@ from vkrt.errors import ModelFormatError
 from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
 from vkrt.models.hf_folder import DTYPES, HFFolder
+from vkrt.models.opt_batch import OPTBatch
 from vkrt.models.scratch import arena, grow, kv_cache
 from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Dispatch
@@ -197,14 +198,16 @@ class Activations:
         self.arena.close()
 
 
-class OPT(Decoder):
+class OPT(OPTBatch, Decoder):
     """An OPT model resident on one device; `OPT.from_folder(device, path)` builds it.
 
     Interface of `Llama` (what `vkrt.models.generate.generate` uses): `hp` (`n_ctx`,
     `n_vocab`, ...), `stream`, `max_seq`, `setup_caches(max_seq)`, `activations(n_tokens,
     logit_rows)`, `step(...)`, `forward(...)`, `logits(token_ids)`, `close()`.
     `embed` is embed_tokens as [(first row, f32 tensor of the slice)]; the output projection
-    reads the same slices (tied) or lm_head's.
+    reads the same slices (tied) or lm_head's. Several sequences at once over a paged KV
+    cache: `setup_paged_cache`, `execute_batch` (`OPTBatch`, vkrt/models/opt_batch.py, over
+    vkrt/models/batch.py's `PagedBatch`).
     """
 
     def __init__(self, device: Device, hp: OPTHParams, weights: dict[str, Tensor],
@@ -424,6 +427,7 @@ class OPT(Decoder):
         for t in self.weight_tensors():
             t.buffer.close()
         self._close_caches()
+        self._close_paged()
         self.stream.close()
 
 
