@@ -449,7 +449,7 @@ def test_cli_sigterm_cancels_a_running_stream_and_exits_0(chat_folder):
     (["--port", "70000"], ["--port", "70000"]),
     (["--model", "/nonexistent/model.gguf"], ["/nonexistent/model.gguf"]),
     (["--host", "256.1.1.1"], ["256.1.1.1"]),
-    (["--max-batch", "4"], ["--max-batch", "opt", "batched forward"]),
+    (["--max-batch", "4", "--max-batched-tokens", "2"], ["--max-batched-tokens", "(4)"]),
 ])
 def test_cli_bad_options_are_one_line(chat_folder, flags, words):
     p = subprocess.run([sys.executable, "-m", "vkrt.cli", "serve", "--model", chat_folder,

@@ -9,12 +9,12 @@ update; vllm/v1/engine/output_processor.py: detokenization and stop strings per 
              strings, emit a RequestOutput, retire what finished (its blocks freed)
 
 A request is `n` sequences (`request.Sequence`), scheduled independently. Where the model
-has a batched forward (`execute_batch` over a paged KV cache, vkrt.models.batch) the
-engine batches continuously: every step the scheduler (scheduler.py) admits and retires
+has a batched forward (`execute_batch` over a paged KV cache, vkrt.models.batch: every
+family vkrt loads, the Llama-like ones and OPT) the engine batches continuously: every step the scheduler (scheduler.py) admits and retires
 sequences and mixes decodes with chunked prefill under a token budget, the KV-cache manager
 (kv_cache.py) gives each sequence a block table, and `runner.BatchRunner` flattens the step
 into one `BatchInput` and samples each sequence with its own parameters and seeded
-generator. A model without one (OPT today) runs one sequence at a time
+generator. A model without one runs one sequence at a time
 (`runner.SingleSequenceRunner` over `stream_tokens`, `Scheduler(max_num_seqs=1)`).
 
 Time to first token (TTFT, from arrival) and time per output token (TPOT, the mean after
@@ -115,7 +115,7 @@ class Engine:
     chunks, >= max_batch; None: DEFAULT_MAX_BATCHED_TOKENS or max_batch if larger), a paged
     KV cache of kv_blocks blocks of block_size token slots (None: `default_kv_blocks`, room
     for max_batch sequences of min(n_ctx, DEFAULT_KV_TOKENS_PER_SEQ) positions and for one
-    of the whole context; DEFAULT_BLOCK_SIZE). Without one (OPT today) it runs one sequence
+    of the whole context; DEFAULT_BLOCK_SIZE). Without one it runs one sequence
     at a time (`runner.SingleSequenceRunner`); max_batch must then be None or 1 and the
     other three None. Raises VkrtError for a value out of range."""
 

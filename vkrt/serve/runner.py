@@ -10,8 +10,9 @@ Both have the same interface, used by the engine on its thread:
 `BatchRunner` (a model with a batched forward, `execute_batch`, over a paged KV cache):
 every step is ONE `execute_batch` call over the flattened tokens of every scheduled sequence
 (`BatchInput`, built from the block tables of `vkrt.serve.kv_cache.KVCacheManager`).
-`SingleSequenceRunner` (the rest, OPT today): batch size 1 over `stream_tokens`, one
-sequence at a time, its model's own contiguous KV cache.
+Every family vkrt loads has one (the Llama-like families: vkrt/models/llama_batch.py; OPT:
+vkrt/models/opt_batch.py). `SingleSequenceRunner` (a model without `execute_batch`): batch
+size 1 over `stream_tokens`, one sequence at a time, its model's own contiguous KV cache.
 
 Sampling is per sequence: greedy takes the model's argmax (computed on the GPU); otherwise
 the sequence's logits row is drawn from with its own temperature, top_p and PCG64 generator
