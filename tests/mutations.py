@@ -41,6 +41,11 @@ LINEAR = ["tests/test_kernels.py::test_linear_weights_as_stored"]
 # transformers' greedy tokens) and the bucket capture counts (tests/test_batch.py).
 BATCH_TESTS = ["tests/test_batch.py::test_batch_family_matches_transformers_and_is_batch_invariant",
                "tests/test_batch.py::test_batch_buckets_capture_once_each"]
+# OPT's batched step (vkrt/models/opt_batch.py): pre- and post-LN checkpoints alone and mixed
+# against transformers, and the engine's requests against their batch-1 runs.
+OPT_BATCH_TESTS = [
+    "tests/test_opt_batch.py::test_opt_batch_matches_transformers_and_is_batch_invariant",
+    "tests/test_opt_batch.py::test_engine_batches_opt_and_each_request_equals_its_batch1_run"]
 # The block-level reader's (weights.glsl unit_part, glsl/unit_x.glsl): decode products of every
 # block type at odd sizes, split and staged.
 UNITS = ["tests/test_kernels.py::test_matvec_units_odd_sizes"]
@@ -185,6 +190,10 @@ MUTATIONS = [
     ("a free that is not deferred (destroyed while a command names it)", "vkrt/runtime/memory.py",
      "        if drain and self.handle is not None and dev.handle is not None:",
      "        if False:", ["tests/test_stream.py", "tests/test_runtime.py"]),
+    ("a stream's submitter not registered for its buffers' frees", "vkrt/runtime/queue.py",
+     "        device.add_queue(self)", "        pass", ["tests/test_stream.py", "tests/test_runtime.py"]),
+    ("a buffer used by two streams freed after only the last one's use", "vkrt/runtime/device.py",
+     "            queue.wait(value)", "            pass", ["tests/test_stream.py", "tests/test_runtime.py"]),
     ("readback copy in its own submission", "vkrt/runtime/stream.py",
      "            staging, offset = q.stage(t.nbytes)\n            self.record([Copy(t,",
      "            q.submit()\n"
@@ -996,6 +1005,28 @@ MUTATIONS = [
      "                  else self.prefill_kernel(n_tokens))\n",
      "        kernel = self.prefill_kernel(n_tokens)\n",
      ["tests/test_kernels.py::test_linear_matmul_rows_independent_of_the_token_count"]),
+    ("batch (OPT): the learned position read at the token's index, not its position",
+     "vkrt/models/opt_batch.py",
+     '        out += [k.embed(p.tables["positions"], inputs.positions, a.proj, T,\n'
+     '                        name="decoder.embed_positions"),\n'
+     '                k.add(a.x, a.proj, T * hp.n_embd, name="decoder.embed_positions.add")]\n',
+     '        out += [k.add_rows(a.x, p.tables["positions"], T, 0,\n'
+     '                           name="decoder.embed_positions")]\n', OPT_BATCH_TESTS),
+    ("batch (OPT): the learned positions' offset of 2 dropped", "vkrt/models/opt_batch.py",
+     "rows = table[POSITION_OFFSET:POSITION_OFFSET + max_positions]",
+     "rows = table[:max_positions]", OPT_BATCH_TESTS),
+    ("batch (OPT): K/V written by token index, not slot mapping", "vkrt/glsl/kv_write.comp",
+     "uint slot = slots[t];", "uint slot = t;", OPT_BATCH_TESTS),
+    ("batch (OPT): K/V written at the token's position, not its block table's slot",
+     "vkrt/models/opt_batch.py", "k.kv_write(a.k, a.v, inputs.slots,",
+     "k.kv_write(a.k, a.v, inputs.positions,", OPT_BATCH_TESTS),
+    ("batch (OPT): attention without OPTAttention.scaling", "vkrt/models/opt_batch.py",
+     "p.block_size, self.attn_scale, name=att + \"attn\")",
+     "p.block_size, 1.0, name=att + \"attn\")", OPT_BATCH_TESTS),
+    ("batch (OPT): post-LN's LayerNorm after the attention block skipped",
+     "vkrt/models/opt_batch.py",
+     '            out += self._post_norm(a, blk + "self_attn_layer_norm", T)\n',
+     "            pass\n", OPT_BATCH_TESTS),
     # -- serving: vkrt/serve (the OpenAI-compatible server and its engine) ----------------
     ("serve: stop string matched per token only", "vkrt/serve/engine.py",
      "start = max(0, len(self.text) - self.hold)", "start = len(self.text)",
@@ -1074,6 +1105,27 @@ COOP_MUTATIONS = [
 ]
 
 
+def _take_slots(n: int) -> list:
+    """Put n work folders in _SLOTS: .cache/mutation-slot-I for the first n indices whose lock
+    file this process can hold (fcntl.flock), so that two runs of this script in one checkout
+    never share a folder. Returns the open lock files (held until the process exits)."""
+    import fcntl
+
+    (ROOT / ".cache").mkdir(exist_ok=True)
+    locks, i = [], 0
+    while len(locks) < n:
+        f = open(ROOT / ".cache" / f"mutation-slot-{i}.lock", "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+        else:
+            locks.append(f)
+            _SLOTS.put(str(ROOT / ".cache" / f"mutation-slot-{i}"))
+        i += 1
+    return locks
+
+
 def run(name: str, file: str, old: str, new: str, tests: list[str]) -> tuple[bool, str]:
     """Apply one mutation in a copy of the tree and run its tests: (caught, report line)."""
     t0 = time.monotonic()
@@ -1093,7 +1145,7 @@ def _run_in(root: Path, t0: float, name: str, file: str, old: str, new: str,
         work = root / "work"
         shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(
             ".git", "__pycache__", ".venv", ".cache", ".gl", ".whl", ".m1", ".m2", ".h200",
-            ".ab"))
+            ".ab", ".hx", ".llama"))
         path = work / file
         text = path.read_text()
         if text.count(old) != 1:
@@ -1134,8 +1186,7 @@ def main() -> int:
                     help="also matmul_coop's COOP_MUTATIONS (a device with cooperative matrices)")
     args = ap.parse_args()
     chosen = [m for m in MUTATIONS + (COOP_MUTATIONS if args.coop else []) if args.k in m[0]]
-    for i in range(max(1, args.j)):
-        _SLOTS.put(str(ROOT / ".cache" / f"mutation-slot-{i}"))
+    _locks = _take_slots(max(1, args.j))   # held while this run lasts
     t0 = time.monotonic()
     results = []
     with concurrent.futures.ThreadPoolExecutor(max(1, args.j)) as pool:

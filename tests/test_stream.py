@@ -214,6 +214,35 @@ def test_free_is_deferred_until_the_last_use(device, kernels):
         stream.close()
 
 
+def test_a_buffer_two_streams_use_is_freed_after_both(device, kernels):
+    """Device.retire: every stream's submitter is asked; the host waits for the uses of all
+    but the last stream, and that one frees the buffer once its use completes."""
+    a, b = Stream(device, inflight=2), Stream(device, inflight=2)
+    try:
+        x = make(a, 0, "x")
+        xb, yb = make(b, 0, "xb"), make(b, 0, "yb")
+        y = make(a, 2, "y")
+        a.synchronize()
+        b.synchronize()
+        a.record([kernels.add(x, y, N)])          # a reads y, in flight
+        va = a.submit()
+        b.hold()
+        b.record([kernels.add(xb, y, N)])        # b reads y, held
+        vb = b.submit()
+        y.buffer.close()
+        assert a.queue.waited >= va               # the first user's read was waited for
+        assert y.buffer.handle is not None        # the held one's is pending: deferred
+        assert b.queue.completed < vb
+        b.release()
+        np.testing.assert_array_equal(b.read(xb), 2)
+        assert y.buffer.handle is None
+        for t in (x, xb, yb):
+            t.buffer.close()
+    finally:
+        b.close()
+        a.close()
+
+
 def test_each_slot_stages_its_own_uploads():
     """Staging path, two uploads in two held submissions: each slot's staging keeps its
     bytes until its copy ran."""

@@ -233,6 +233,7 @@ class Device:
         self.validation_errors: list[str] = []
         self._closers: list = []
         self._children: dict[int, object] = {}  # buffers, pipelines, streams: closed first
+        self._queues: dict[int, object] = {}    # each stream's Submitter (`retire`)
         self.bytes_in_use = 0  # device memory allocated by Buffer, in bytes
         self.lost: str | None = None   # why VK_ERROR_DEVICE_LOST ended it (queue.py), else None
         self.instance = _create_instance(self.validation)
@@ -506,19 +507,26 @@ class Device:
 
     def retire(self, buffer) -> bool:
         """Called by `Buffer.close`: True when some stream's recorded or in-flight command
-        still names `buffer`, which that stream then destroys once the submission has
-        completed (Vulkan spec, vkDestroyBuffer: "All submitted commands that refer to buffer
-        ... must have completed execution"); False when it may be destroyed now. Used by
-        several streams at once, the host waits for all but the last."""
-        users = [(s, v) for s in list(self._children.values())
-                 if hasattr(s, "last_use_of") and (v := s.last_use_of(buffer.serial))]
-        for stream, value in users[:-1]:
-            stream.wait(value)
+        still names `buffer`, which that stream's submitter then destroys once the submission
+        has completed (Vulkan spec, vkDestroyBuffer: "All submitted commands that refer to
+        buffer ... must have completed execution"); False when it may be destroyed now. Used
+        by several streams at once, the host waits for all but the last."""
+        users = [(q, v) for q in list(self._queues.values())
+                 if (v := q.pending_use_of(buffer.serial))]
+        for queue, value in users[:-1]:
+            queue.wait(value)
         if not users:
             return False
-        stream, value = users[-1]
-        stream.defer_free(buffer, value)
+        queue, value = users[-1]
+        queue.defer_free(buffer, value)
         return True
+
+    def add_queue(self, queue) -> None:
+        """Register a stream's `Submitter` (queue.py), whose commands `retire` asks about."""
+        self._queues[id(queue)] = queue
+
+    def remove_queue(self, queue) -> None:
+        self._queues.pop(id(queue), None)
 
     def release(self, child) -> None:
         self._children.pop(id(child), None)

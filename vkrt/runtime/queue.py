@@ -223,6 +223,7 @@ class Submitter:
         # (VK_ERROR_DEVICE_LOST) without a device that loses itself.
         self.wait_semaphores = lib.vkWaitSemaphores
         self._create()
+        device.add_queue(self)    # Buffer.close asks it about its buffers (Device.retire)
 
     def _timeline(self):
         type_info = new("VkSemaphoreTypeCreateInfo*", {
@@ -508,6 +509,11 @@ class Submitter:
         self.writes_at.pop(serial, None)
         self.reads_at.pop(serial, None)
 
+    def pending_use_of(self, serial: int) -> int:
+        """The last submission value naming buffer `serial`, or 0 when every use completed."""
+        v = self.last_use_of(serial)
+        return v if v > self.completed else 0
+
     def defer_free(self, buffer, value: int) -> None:
         """Destroy `buffer` once `value` has signalled (now if it has)."""
         if value <= self.completed:
@@ -561,6 +567,7 @@ class Submitter:
 
     def close(self) -> None:
         """Wait for the queue, free what was deferred, destroy slots and semaphores."""
+        self.device.remove_queue(self)
         h = self.device.handle
         self.recording = False
         if self.held:

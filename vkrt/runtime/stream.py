@@ -345,14 +345,6 @@ class Stream:
     def last_write(self, rng: tuple) -> int:
         return self.queue.last_write(rng)
 
-    def last_use_of(self, serial: int) -> int:
-        """The last submission value naming buffer `serial`, or 0 when every use completed."""
-        v = self.queue.last_use_of(serial)
-        return v if v > self.queue.completed else 0
-
-    def defer_free(self, buffer: Buffer, value: int) -> None:
-        self.queue.defer_free(buffer, value)
-
     # -- host access -----------------------------------------------------------------------
     def read_later(self, t: Tensor) -> Readback:
         """Ask for `t`'s elements as they are once everything recorded so far has run; the
