@@ -1027,6 +1027,13 @@ MUTATIONS = [
      "vkrt/models/opt_batch.py",
      '            out += self._post_norm(a, blk + "self_attn_layer_norm", T)\n',
      "            pass\n", OPT_BATCH_TESTS),
+    ("batch (OPT): positions past max_position_embeddings let through (the cache's slots only)",
+     "vkrt/models/batch.py", "max_positions = min(hp.n_ctx, num_blocks * block_size)",
+     "max_positions = num_blocks * block_size",
+     ["tests/test_opt_batch.py::test_opt_batch_input_errors_name_the_field"]),
+    ("batch (OPT): OPT without its batched step (the engine back to batch size 1)",
+     "vkrt/models/opt.py", "class OPT(OPTBatch, Decoder):", "class OPT(Decoder):",
+     ["tests/test_opt_batch.py::test_engine_batches_opt_and_each_request_equals_its_batch1_run"]),
     # -- serving: vkrt/serve (the OpenAI-compatible server and its engine) ----------------
     ("serve: stop string matched per token only", "vkrt/serve/engine.py",
      "start = max(0, len(self.text) - self.hold)", "start = len(self.text)",
