@@ -79,6 +79,28 @@ def test_opt_batch_sliced_tables_match_whole(checkpoints, device):  # noqa: F811
     assert all(np.array_equal(whole[key], sliced[key]) for key in whole)
 
 
+def test_opt_batch_on_both_memory_paths_frees_every_buffer(checkpoints,  # noqa: F811
+                                                          checked_device):
+    """Host-mapped and through staging (a discrete GPU's path), under the validation layer
+    where installed: the same bits alone and mixed (post-LN with the tables in slices), a
+    second `setup_paged_cache` frees the first (its positions table included), `close` frees
+    every buffer."""
+    before = checked_device.bytes_in_use
+    model = OPT.from_folder(checked_device, checkpoints["post_ln"],
+                            max_binding_bytes=256 * 64 * 4)
+    try:
+        assert len(model.embed) == 2
+        prompts = {s: p for s, p in prompts_of(7).items() if s != "a"}
+        check_invariance(model, prompts, 3, chunks=(2,))
+        model.setup_paged_cache(8, BLOCK_SIZE)
+        held = checked_device.bytes_in_use
+        model.setup_paged_cache(8, BLOCK_SIZE)
+        assert checked_device.bytes_in_use == held
+    finally:
+        model.close()
+    assert checked_device.bytes_in_use == before
+
+
 def test_opt_batch_input_errors_name_the_field(checkpoints, device):  # noqa: F811
     """validate_batch's checks, as for Llama; positions stop at max_position_embeddings (64)
     even where the paged cache has more slots (64 blocks of 4)."""

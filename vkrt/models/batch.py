@@ -10,9 +10,9 @@ dispatches and its per-position tables:
 - OPT: vkrt/models/opt_batch.py (`OPTBatch`: learned positions at each token's position + 2).
 
 KV cache (`setup_paged_cache(num_blocks, block_size)`): per layer, K and V of
-`[num_blocks * block_size + 1, kv width]` f32 (`_paged_kv_width`: n_head_kv * head_dim),
-slot = block * block_size + offset; the last slot is reserved scratch (padded tokens write
-it, no real token reads it). A block table row lists a sequence's physical block ids in
+`[num_blocks * block_size + 1, kv width]` f32 (`_paged_kv_width`: Llama's n_head_kv *
+head_dim, OPT's n_embd), slot = block * block_size + offset; the last slot is reserved
+scratch (padded tokens write it, no real token reads it). A block table row lists a sequence's physical block ids in
 order: position j of sequence s is slot `block_tables[s][j // block_size] * block_size +
 j % block_size`. Positions run below max_positions = min(n_ctx, num_blocks * block_size)
 (n_ctx: the family's context, OPT's max_position_embeddings); the family's tables
@@ -146,6 +146,26 @@ class PagedBatch:
     _paged: PagedCache | None = None
     _step_inputs: dict | None = None      # bucket (or recorded T) -> StepInputs
     _batch_replays: dict | None = None    # (stream serial, T bucket, R bucket) -> Recording
+
+    # -- what the family supplies (vkrt/models/llama_batch.py, vkrt/models/opt_batch.py) ---
+    def _paged_kv_width(self) -> int:
+        """f32 per K (or V) row of one layer's cache."""
+        raise NotImplementedError
+
+    def _paged_tables(self, max_positions: int) -> dict[str, Tensor]:
+        """The family's per-position tables for positions 0 .. max_positions - 1, uploaded
+        (freed with the paged cache)."""
+        raise NotImplementedError
+
+    def _batch_activations(self, T: int, R: int):
+        """The model's activations, large enough for T tokens and R logit rows."""
+        raise NotImplementedError
+
+    def batch_step(self, inputs: StepInputs, T: int, R: int) -> list[Dispatch]:
+        """The dispatches of one step of T tokens (the bucket) and R logit rows reading
+        `inputs`' device tensors (nothing recorded): logits of the R rows in `acts.logits`
+        rows 0 .. R - 1, their argmax in `inputs.argmax`."""
+        raise NotImplementedError
 
     # -- the KV cache --------------------------------------------------------------------
     def setup_paged_cache(self, num_blocks: int, block_size: int) -> None:
