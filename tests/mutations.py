@@ -32,6 +32,7 @@ from reference import ORACLE_CACHE_ENV
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 600   # one mutation's tests; a hang counts as caught, and CI keeps going
 _SLOTS: "queue.Queue[str]" = queue.Queue()   # work folders, one per mutation running at once
+_HELD_LOCKS: list = []                         # their lock files (_take_slots)
 GEN_TESTS = ["tests/test_gen_cli.py", "tests/test_gen_reflect.py", "tests/test_gen_fixtures.py",
              "tests/test_gen_variants.py", "tests/test_gen_property.py", "tests/test_gen_corpus.py"]
 
@@ -102,10 +103,10 @@ MUTATIONS = [
     ("writable_mask ignored (everything written)", "vkrt/runtime/pipeline.py",
      "bool(meta.writable_mask >> n & 1)", "True", ["tests/test_runtime.py"]),
     # -- pipelined submission (queue.py) ---------------------------------------------------
-    ("a host read that does not wait for its writer", "vkrt/runtime/queue.py",
+    ("a host read that does not wait for its writer", "vkrt/runtime/transfer.py",
      "            s.wait(self.value)\n", "            pass\n",
      ["tests/test_stream.py", "tests/test_kernels.py"]),
-    ("a host write that does not wait for the last reader", "vkrt/runtime/stream.py",
+    ("a host write that does not wait for the last reader", "vkrt/runtime/transfer.py",
      "            q.wait(q.last_use(rng))", "            q.wait(q.last_write(rng))",
      ["tests/test_stream.py"]),
     ("the submit waits right after submitting", "vkrt/runtime/queue.py",
@@ -194,7 +195,7 @@ MUTATIONS = [
      "        device.add_queue(self)", "        pass", ["tests/test_stream.py", "tests/test_runtime.py"]),
     ("a buffer used by two streams freed after only the last one's use", "vkrt/runtime/device.py",
      "            queue.wait(value)", "            pass", ["tests/test_stream.py", "tests/test_runtime.py"]),
-    ("readback copy in its own submission", "vkrt/runtime/stream.py",
+    ("readback copy in its own submission", "vkrt/runtime/transfer.py",
      "            staging, offset = q.stage(t.nbytes)\n            self.record([Copy(t,",
      "            q.submit()\n"
      "            staging, offset = q.stage(t.nbytes)\n            self.record([Copy(t,",
@@ -1193,7 +1194,7 @@ def main() -> int:
                     help="also matmul_coop's COOP_MUTATIONS (a device with cooperative matrices)")
     args = ap.parse_args()
     chosen = [m for m in MUTATIONS + (COOP_MUTATIONS if args.coop else []) if args.k in m[0]]
-    _locks = _take_slots(max(1, args.j))   # held while this run lasts
+    _HELD_LOCKS.extend(_take_slots(max(1, args.j)))   # held while this run lasts
     t0 = time.monotonic()
     results = []
     with concurrent.futures.ThreadPoolExecutor(max(1, args.j)) as pool:

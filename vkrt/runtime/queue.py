@@ -150,44 +150,6 @@ class Slot:
             self.pool = None
 
 
-class Readback:
-    """A host read requested now and collected later (`Stream.read_later`): `get()` waits for
-    the submission it needs and returns a copy of the tensor's elements (numpy, its dtype and
-    shape). Memory the host cannot map is copied into the slot's staging by a copy recorded in
-    the current batch; mapped memory is read in place and must not have been written by a
-    later submission in between (refused with VkrtError naming both values)."""
-
-    __slots__ = ("stream", "tensor", "value", "slot", "offset", "data")
-
-    def __init__(self, stream, tensor, value: int, slot=None, offset: int = 0):
-        self.stream, self.tensor, self.value = stream, tensor, value
-        self.slot, self.offset, self.data = slot, offset, None
-
-    def collect(self) -> None:
-        """Copy the bytes out of the slot's staging (its value has signalled)."""
-        if self.data is None:
-            t = self.tensor
-            self.data = self.slot.staging.host_view()[self.offset:self.offset + t.nbytes].copy()
-
-    def get(self) -> np.ndarray:
-        s, t = self.stream, self.tensor
-        if self.data is None:
-            s.wait(self.value)
-            start = time.perf_counter_ns()
-            if self.slot is not None:
-                self.collect()
-            else:
-                last = s.last_write(t.range)
-                if last != self.value:
-                    raise VkrtError(f"reading {t!r}: submission {last} wrote it after "
-                                    f"submission {self.value}, whose result was asked for")
-                self.data = np.frombuffer(t.buffer.mapped, np.uint8, t.nbytes, t.offset).copy()
-            s.profiler.add("transfer", start)
-            s.counters.host_reads += 1
-            s.counters.read_bytes += t.nbytes
-        return self.data.view(t.dtype).reshape(t.shape)
-
-
 class Submitter:
     """The timeline semaphore, the slots, the per-range last-use values and the deferred frees
     of one stream (see the module docstring). The stream records into `slot.cmd` between

@@ -1,5 +1,6 @@
-"""`Stream`: where a list of records (dispatches, copies) is recorded, where the barrier tracker
-is consulted, and the host's access to tensors.
+"""`Stream`: where a list of records (dispatches, copies) is recorded, captured and replayed, and
+where the barrier tracker is consulted; the host's access to tensors is its `HostTransfers`
+(transfer.py), whose copies through staging it records.
 
 Records go into the command buffer of the current in-flight slot (`queue.py`); `submit()`
 sends the batch and returns its timeline value without waiting (with VKRT_INFLIGHT=1 it
@@ -36,8 +37,9 @@ from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.profiler import Counters, Profiler
-from vkrt.runtime.queue import BARRIER, COPY, DISPATCH, QUERIES_PER_SLOT, Readback, Submitter
+from vkrt.runtime.queue import BARRIER, COPY, DISPATCH, QUERIES_PER_SLOT, Submitter
 from vkrt.runtime.replay import Recording
+from vkrt.runtime.transfer import HostTransfers, Readback
 from vkrt.runtime.tensor import Tensor
 from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
 
@@ -92,6 +94,7 @@ class Stream:
             self.queue = Submitter(device, self.inflight, self.counters, self.profiler)
             self.queue.on_complete = self._collect_timestamps
             self.queue.on_begin = self._on_begin
+            self.host = HostTransfers(device, self.queue, self.record)
         except BaseException:
             self.close()
             raise
@@ -300,10 +303,10 @@ class Stream:
         if readback is None:
             return None
         if rec.staging is not None:
-            rb = Readback(self, readback, value, rec, 0)
+            rb = Readback(self.queue, readback, value, rec, 0)
             rec.readbacks.append(rb)
             return rb
-        return Readback(self, readback, value)
+        return Readback(self.queue, readback, value)
 
     def drop(self, rec: Recording) -> None:
         """Free a recording once its last submission is done (before capturing again)."""
@@ -345,63 +348,22 @@ class Stream:
     def last_write(self, rng: tuple) -> int:
         return self.queue.last_write(rng)
 
-    # -- host access -----------------------------------------------------------------------
+    # -- host access (transfer.py) ---------------------------------------------------------
     def read_later(self, t: Tensor) -> Readback:
-        """Ask for `t`'s elements as they are once everything recorded so far has run; the
-        returned `Readback.get()` waits for the submission that last wrote `t` (not for later
-        ones). A buffer the host cannot map gets a staging copy recorded now, in the current
-        batch."""
-        q = self.queue
-        if t.buffer.mapped is None:
-            staging, offset = q.stage(t.nbytes)
-            self.record([Copy(t, Tensor(staging, offset, t.nbytes, t.dtype, t.shape), "readback")])
-            rb = Readback(self, t, q.pending, q.slot, offset)
-            q.slot.readbacks.append(rb)
-            return rb
-        return Readback(self, t, q.last_write(t.range))
+        """`HostTransfers.read_later`."""
+        return self.host.read_later(t)
 
     def read(self, t: Tensor) -> np.ndarray:
-        """A copy of `t`'s elements (numpy, its dtype and shape) after everything recorded so
-        far: waits for the submission that last wrote `t` (submitting the current batch when
-        that is the one); a buffer the host cannot map is copied through staging in the current
-        batch, which is submitted and waited for."""
-        return self.read_later(t).get()
+        """`HostTransfers.read`."""
+        return self.host.read(t)
 
     def write(self, t: Tensor, array: np.ndarray) -> None:
-        """Copy `array`'s bytes into the start of `t`, ordered after everything recorded so
-        far and before everything recorded after. Mapped memory: waits for the last
-        submission that read or wrote those bytes, then copies. Otherwise the bytes go into
-        the slot's staging and a copy is recorded into the current batch, ordered by the
-        tracker like any record (no host wait).
-
-        Raises: VkrtError when the bytes do not fit in `t`."""
-        data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
-        if data.nbytes > t.nbytes or data.nbytes == 0:
-            raise VkrtError(f"writing {data.nbytes} bytes into {t!r}: does not fit "
-                            f"(1 to {t.nbytes} bytes)")
-        q = self.queue
-        rng = (t.buffer.serial, t.offset, t.offset + data.nbytes)
-        if t.buffer.mapped is not None:
-            q.wait(q.last_use(rng))
-            start = time.perf_counter_ns()
-            t.buffer.host_view()[t.offset:t.offset + data.nbytes] = data
-        else:
-            start = time.perf_counter_ns()
-            staging, offset = q.stage(data.nbytes)
-            staging.host_view()[offset:offset + data.nbytes] = data
-            self.record([Copy(Tensor(staging, offset, data.nbytes, "uint8", (data.nbytes,)),
-                              Tensor(t.buffer, t.offset, data.nbytes, "uint8", (data.nbytes,),
-                                     t.name), "upload")])
-        self.counters.host_writes += 1
-        self.counters.write_bytes += data.nbytes
-        self.profiler.add("transfer", start)
+        """`HostTransfers.write`."""
+        self.host.write(t, array)
 
     def upload(self, array: np.ndarray, name: str = "") -> Tensor:
-        """A new device buffer holding `array`'s bytes, as a tensor of its dtype and shape."""
-        buffer = Buffer(self.device, max(array.nbytes, 4), name=name)
-        t = Tensor(buffer, 0, array.nbytes, array.dtype.name, array.shape, name)
-        self.write(t, array)
-        return t
+        """`HostTransfers.upload`."""
+        return self.host.upload(array, name)
 
     # -- timestamps and trace --------------------------------------------------------------
     def enable_timestamps(self) -> bool:
