@@ -13,7 +13,8 @@ submissions, so the first dependent record of a later batch gets the barrier.
 With timestamps on (VKRT_TIMESTAMPS=1, or `start_trace()`), each slot's batch writes a
 timestamp at its start and one after every record (`vkCmdWriteTimestamp`, Vulkan spec 17.5
 "Timestamp Queries"), so record i ran between timestamps i and i + 1 (a record that runs
-concurrently with the previous ones is charged only what it adds).
+concurrently with the previous ones is charged only what it adds); timestamps.py begins and
+collects them, `_encode` writes the ones after records.
 
 Command log. Every pipeline barrier the stream records goes through `Stream._cmd_barrier`,
 which records it, logs it and counts it in one place; `_encode` logs each dispatch and copy
@@ -39,8 +40,9 @@ from vkrt.runtime.memory import Buffer
 from vkrt.runtime.profiler import Counters, Profiler
 from vkrt.runtime.queue import BARRIER, COPY, DISPATCH, QUERIES_PER_SLOT, Submitter
 from vkrt.runtime.replay import Recording
-from vkrt.runtime.transfer import HostTransfers, Readback
 from vkrt.runtime.tensor import Tensor
+from vkrt.runtime.timestamps import Timestamps
+from vkrt.runtime.transfer import HostTransfers, Readback
 from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
 
 _ALL_ACCESS = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
@@ -86,13 +88,12 @@ class Stream:
         self.counters, self.profiler = Counters(), Profiler()
         self.inflight = config.INFLIGHT.value if inflight is None else int(inflight)
         self.queue = None
-        self.timing = False
-        self._calibration = None
+        self.timestamps = Timestamps(device, self.counters, self.profiler)
         self._replayed = False          # a replay ran since the last record (record())
         self._recordings: list[Recording] = []
         try:
             self.queue = Submitter(device, self.inflight, self.counters, self.profiler)
-            self.queue.on_complete = self._collect_timestamps
+            self.queue.on_complete = self.timestamps.collect
             self.queue.on_begin = self._on_begin
             self.host = HostTransfers(device, self.queue, self.record)
         except BaseException:
@@ -111,14 +112,7 @@ class Stream:
     def _on_begin(self, slot) -> None:
         """A batch begins in `slot` (its command buffer is recording)."""
         self._new_batch = True
-        cmd = slot.cmd
-        if self.timing:
-            slot.enable_queries()
-            lib.vkCmdResetQueryPool(cmd, slot.query_pool, 0, QUERIES_PER_SLOT)
-            lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, slot.query_pool, 0)
-            slot.timed, slot.timing = [], True
-        else:
-            slot.timing = False
+        self.timestamps.begin(slot)
 
     def record(self, records: Iterable[Dispatch | Copy], flush_every: int = 0) -> None:
         """Record `records` in order, each behind a pipeline barrier when the tracker proves
@@ -367,12 +361,17 @@ class Stream:
 
     # -- timestamps and trace --------------------------------------------------------------
     def enable_timestamps(self) -> bool:
-        """Time every record from the next batch on; False (and nothing changes) when the
-        queue family has no timestamps (timestampValidBits 0)."""
-        if not self.device.timestamp_valid_bits:
-            return False
-        self.timing = True
-        return True
+        """`Timestamps.enable`: time every record from the next batch on."""
+        return self.timestamps.enable()
+
+    @property
+    def timing(self) -> bool:
+        """Whether the next batches are timed (`Timestamps.on`)."""
+        return self.timestamps.on
+
+    @timing.setter
+    def timing(self, on: bool) -> None:
+        self.timestamps.on = on
 
     def start_trace(self) -> bool:
         """Keep host phases and (where supported) per-dispatch GPU times as trace events from
@@ -389,38 +388,7 @@ class Stream:
 
         self.synchronize()
         return write_chrome_trace(path, self.profiler, self.device.name,
-                                  self._calibration_name())
-
-    def _calibration_name(self) -> str:
-        return ("VK_EXT_calibrated_timestamps" if self.device.calibrated_timestamps
-                else "submit-aligned")
-
-    def _collect_timestamps(self, slot) -> None:
-        """Turn the finished batch's timestamps into per-record GPU times (host clock)."""
-        slot.timing = False
-        n = len(slot.timed)
-        if n == 0:
-            return
-        ticks = slot.query_results(n + 1)
-        bits = self.device.timestamp_valid_bits
-        if bits < 64:
-            ticks &= np.uint64((1 << bits) - 1)
-        period = self.device.timestamp_period_ns
-        rel = (ticks - ticks[0]).astype(np.float64) * period   # ns since the batch started
-        start_gpu_ns = float(ticks[0]) * period
-        cal = self.device.calibrate() if self.device.calibrated_timestamps else None
-        if cal is not None:
-            gpu_ticks, host_ns = cal
-            t0 = host_ns - (float(gpu_ticks) * period - start_gpu_ns)
-        else:
-            # Submit-aligned: a batch starts when it was submitted or when the previous one
-            # ended on the host timeline, whichever is later (queue order).
-            t0 = max(slot.submit_ns, self._last_gpu_end_ns)
-        self._last_gpu_end_ns = t0 + rel[-1]
-        self.profiler.add_gpu(slot.timed, t0, rel)
-        self.counters.timestamps += n
-
-    _last_gpu_end_ns = 0.0
+                                  self.timestamps.calibration_name())
 
     # -- tests -----------------------------------------------------------------------------
     def hold(self) -> None:

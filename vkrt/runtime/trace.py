@@ -3,7 +3,7 @@ open): host phases on one track, GPU records on another, on one clock.
 
 Events are complete events (`"ph": "X"`) with `ts` and `dur` in microseconds, process 1,
 thread 1 "host" and thread 2 "gpu" (named by `"ph": "M"` metadata events). GPU times come
-from timestamp queries mapped onto the host clock (`Stream._collect_timestamps`): with
+from timestamp queries mapped onto the host clock (`Timestamps.collect`, timestamps.py): with
 VK_EXT_calibrated_timestamps by a device/CLOCK_MONOTONIC pair sampled when each batch's
 timestamps are collected; without it, each batch's first timestamp is aligned to its submit
 time (or to the end of the previous batch, if that is later). `otherData.calibration` says
