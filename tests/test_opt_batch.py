@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from test_batch import BLOCK_SIZE, NUM_BLOCKS, alone, check_invariance, mixed, run_schedule
+from test_batch import (BLOCK_SIZE, NUM_BLOCKS, alone, check_invariance, check_prefill_logits,
+                        mixed, run_schedule)
 from test_opt import SMALL, checkpoints  # noqa: F401 (a fixture)
 from vkrt.models.batch import BatchInput
 from vkrt.models.opt import OPT
@@ -49,13 +50,7 @@ def test_opt_batch_matches_transformers_and_is_batch_invariant(checkpoints, devi
         for s, ids in prompts.items():
             assert tokens[s] == ref.greedy(ids, N_NEW), (case, s)
         assert len({t for toks in tokens.values() for t in toks}) > 3   # no collapse
-        # Teacher-forced logits of one sequence's prefill against transformers' (1e-4, as
-        # tests/test_opt.py's small configs).
-        ids = prompts["a"]
-        lg, _ = run_schedule(model, alone("a"), {"a": ids}, 1)
-        got = np.array([lg[("a", p)] for p in range(len(ids))])
-        err = np.abs(got - ref.logits(ids)).max()
-        assert err < 1e-4, f"{case}: max |logit diff| {err:.2e}"
+        check_prefill_logits(model, prompts["a"], ref, case)
     finally:
         model.close()
 

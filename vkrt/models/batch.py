@@ -167,6 +167,17 @@ class PagedBatch:
         rows 0 .. R - 1, their argmax in `inputs.argmax`."""
         raise NotImplementedError
 
+    # -- shared by the families' steps ---------------------------------------------------
+    def _batch_linear(self, x: Tensor, name: str, y: Tensor, T: int) -> list[Dispatch]:
+        """y = x W^T (+ b) for T tokens of f32 rows (x [T, in], y [T, out]; W = the model's
+        `name`.weight, b = `name`.bias when present): always the matrix product, never the
+        decode matvec or matmul_coop (batch invariance, the module docstring)."""
+        k, w = self.k, self.w
+        out = [k.linear(x, w[name + ".weight"], y, T, name=name, matmul=True)]
+        if name + ".bias" in w:
+            out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
+        return out
+
     # -- the KV cache --------------------------------------------------------------------
     def setup_paged_cache(self, num_blocks: int, block_size: int) -> None:
         """Allocate the paged KV cache: `num_blocks` blocks of `block_size` slots per layer

@@ -80,14 +80,6 @@ class LlamaBatch(PagedBatch):
         out.append(k.argmax_rows(a.logits, inputs.argmax, hp.n_vocab, R, name="argmax"))
         return out
 
-    def _batch_linear(self, x: Tensor, name: str, y: Tensor, T: int) -> list[Dispatch]:
-        """y = x W^T (+ b) for T tokens, always the matrix product (batch invariance)."""
-        k, w = self.k, self.w
-        out = [k.linear(x, w[name + ".weight"], y, T, name=name, matmul=True)]
-        if name + ".bias" in w:
-            out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
-        return out
-
     def _batch_residual(self, i: int, a, T: int, post_norm: str,
                         residual: str) -> list[Dispatch]:
         """x += proj, or x += rmsnorm(proj) * the post-norm (as `Llama._projection`)."""

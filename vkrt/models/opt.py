@@ -329,13 +329,17 @@ class OPT(OPTBatch, Decoder):
             out += self._post_norm(a, blk + "self_attn_layer_norm", T)
         return out
 
-    def _mlp_block(self, i: int, a: Activations, T: int) -> list[Dispatch]:
+    def _mlp_block(self, i: int, a: Activations, T: int, linear=None) -> list[Dispatch]:
+        """Layer i's MLP for T tokens: (pre-)LayerNorm, fc1 + bias, ReLU, fc2 + bias, the
+        residual add, post-LayerNorm when the model is post-LN. `linear`: the product
+        (`_linear` by default; the batched step passes its matrix-product one)."""
         hp, k, blk = self.hp, self.k, f"decoder.layers.{i}."
+        linear = linear or self._linear
         h = a.xn if hp.pre_norm else a.x
         out = [self._norm(a.x, blk + "final_layer_norm", a.xn, T)] if hp.pre_norm else []
-        out += [*self._linear(h, blk + "fc1", a.ff, T),
+        out += [*linear(h, blk + "fc1", a.ff, T),
                 k.relu(a.ff, T * hp.n_ff, name=blk + "relu"),
-                *self._linear(a.ff, blk + "fc2", a.proj, T),
+                *linear(a.ff, blk + "fc2", a.proj, T),
                 k.add(a.x, a.proj, T * hp.n_embd, name=blk + "mlp_residual")]
         if not hp.pre_norm:
             out += self._post_norm(a, blk + "final_layer_norm", T)

@@ -58,14 +58,6 @@ class OPTBatch(PagedBatch):
             rows = max(rows, 2)
         return self.activations(T, rows)
 
-    def _batch_linear(self, x: Tensor, name: str, y: Tensor, T: int) -> list[Dispatch]:
-        """y = x W^T (+ b) for T tokens, always the matrix product (batch invariance)."""
-        k, w = self.k, self.w
-        out = [k.linear(x, w[name + ".weight"], y, T, name=name, matmul=True)]
-        if name + ".bias" in w:
-            out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
-        return out
-
     def _batch_embed(self, inputs: StepInputs, a, T: int) -> list[Dispatch]:
         """x = project_in(embed_tokens[ids]) + the learned position of each token."""
         hp, k, p = self.hp, self.k, self._paged
@@ -92,7 +84,7 @@ class OPTBatch(PagedBatch):
         out = self._batch_embed(inputs, a, T)
         for i in range(hp.n_layer):
             out += self._batch_attention(i, a, inputs, T)
-            out += self._batch_mlp(i, a, T)
+            out += self._mlp_block(i, a, T, linear=self._batch_linear)
         if R == 0:
             return out
         # The logit rows of x, gathered (an f32 "embedding" lookup of x's rows) into proj.
@@ -134,17 +126,4 @@ class OPTBatch(PagedBatch):
                 k.add(a.x, a.proj, T * hp.n_embd, name=blk + "attn_residual")]
         if not hp.pre_norm:
             out += self._post_norm(a, blk + "self_attn_layer_norm", T)
-        return out
-
-    def _batch_mlp(self, i: int, a, T: int) -> list[Dispatch]:
-        """`OPT._mlp_block` for T tokens: fc1 + bias, ReLU, fc2 + bias, residual."""
-        hp, k, blk = self.hp, self.k, f"decoder.layers.{i}."
-        h = a.xn if hp.pre_norm else a.x
-        out = [self._norm(a.x, blk + "final_layer_norm", a.xn, T)] if hp.pre_norm else []
-        out += [*self._batch_linear(h, blk + "fc1", a.ff, T),
-                k.relu(a.ff, T * hp.n_ff, name=blk + "relu"),
-                *self._batch_linear(a.ff, blk + "fc2", a.proj, T),
-                k.add(a.x, a.proj, T * hp.n_embd, name=blk + "mlp_residual")]
-        if not hp.pre_norm:
-            out += self._post_norm(a, blk + "final_layer_norm", T)
         return out
