@@ -19,7 +19,11 @@ every sequence decodes the same count. Timed on the host with `time.perf_counter
 With `--llama-batched-bench PATH` (llama.cpp's tool, built as bench/README.md says) the same
 command then runs `llama-batched-bench -m M -npp P -ntg N -npl SEQS -ngl 99 --output-format
 jsonl` on the same file and reports its S_TG (`speed_tg`: pl * tg over its generation time)
-beside each row, and the ratio. Prints one JSON object.
+beside each row, and the ratio. With `--kernels`, each row also has `gpu_us_per_step_by_kernel`
+and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at position
+`--prompt-tokens`, in its own blocks of the engine's paged cache) timed with timestamp queries
+(recorded, not replayed: timestamps are recorded per dispatch), GPU µs per kernel name
+(`blk.3.ffn_down` -> `ffn_down`). Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -94,6 +98,52 @@ def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
             [out_tokens[i] for i in range(n)])
 
 
+def gpu_per_step(model, n: int, pos: int) -> dict | None:
+    """GPU time of one batched decode step of `n` generated tokens at position `pos` (or
+    lower, where the paged cache holds fewer than n * (pos + 1) slots), by kernel, from
+    timestamps: {"gpu_ms_per_step", "gpu_us_per_step_by_kernel"}; None without timestamps
+    or a batched forward."""
+    import numpy as np
+
+    from vkrt.bench import _kernel
+    from vkrt.models.batch import BatchInput
+    from vkrt.serve.runner import batched_model
+
+    lm = batched_model(model)
+    if lm is None or lm.paged_cache_info is None:
+        return None
+    num_blocks, bs = lm.paged_cache_info
+    pos = min(pos, num_blocks // n * bs - 1)
+    if pos < 0:
+        return None
+    s = lm.stream
+    timing = s.timing
+    if not s.enable_timestamps():
+        return None
+    try:
+        per_seq = pos // bs + 1
+        tables = np.arange(n * per_seq, dtype=np.uint32).reshape(n, per_seq)
+        u32 = np.uint32
+        batch = BatchInput(token_ids=np.ones(n, u32), positions=np.full(n, pos, u32),
+                           seq_of_token=np.arange(n, dtype=u32),
+                           slot_mapping=(tables[:, -1] * bs + pos % bs).astype(u32),
+                           block_tables=tables, logit_tokens=np.arange(n, dtype=u32),
+                           prompt=np.zeros(n, bool))
+        lm.execute_batch(batch)          # pipelines built, warm
+        s.profiler.gpu_ns.clear()
+        lm.execute_batch(batch)
+        lm.stream.synchronize()
+        ns = dict(s.profiler.gpu_ns)
+    finally:
+        s.timing = timing
+    by_kernel: dict[str, float] = {}
+    for name, t in ns.items():
+        by_kernel[_kernel(name)] = by_kernel.get(_kernel(name), 0.0) + t / 1e3
+    return {"gpu_ms_per_step": round(sum(by_kernel.values()) / 1e3, 4),
+            "gpu_us_per_step_by_kernel": {k: round(v, 2) for k, v in
+                                          sorted(by_kernel.items(), key=lambda kv: -kv[1])}}
+
+
 def llama_batched_bench(path: str, model: str, seqs: list[int], p: int, n: int) -> dict:
     """{pl: speed_tg} from llama.cpp's llama-batched-bench on `model` (every pl in one run)."""
     cmd = [path, "-m", model, "-c", str(max(seqs) * (p + n) + 64), "-b", "2048", "-ub", "512",
@@ -116,6 +166,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--max-batched-tokens", type=int, default=512)
     ap.add_argument("--llama-batched-bench", default=None, help="llama.cpp's tool, for S_TG")
+    ap.add_argument("--kernels", action="store_true",
+                    help="GPU µs per decode step by kernel (timestamps) for each N")
     ap.add_argument("--check", type=int, default=4,
                     help="sequences compared with their runs alone (default 4)")
     args = ap.parse_args()
@@ -132,6 +184,8 @@ def main() -> None:
             row, toks = run(model, n, args.prompt_tokens, args.tokens, args.max_batched_tokens)
             k = min(n, args.check)
             row["batch_1_identical"] = f"{sum(toks[i] == alone[i] for i in range(k))}/{k}"
+            if args.kernels:
+                row.update(gpu_per_step(model, n, args.prompt_tokens) or {})
             report["runs"].append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     if args.llama_batched_bench:

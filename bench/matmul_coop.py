@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     op = k.weight_op("matmul_coop", w, spec=spec)
                     arms[name] = (op(w, xin, y, grid=(gx, _groups(T, bm), gz), name=name,
                                      need=(None, T * cols, T * rows), n_cols=cols,
-                                     n_rows=rows, n_tokens=T), y)
+                                     n_rows=rows, n_tokens=T, token0=0), y)
                 times = {name: [] for name in arms}
                 for _ in range(args.rounds):
                     for name, (d, _) in arms.items():

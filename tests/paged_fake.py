@@ -1,47 +1,24 @@
 """A numpy model behind the batched interface (`setup_paged_cache`, `execute_batch`) that
 emulates a paged KV cache faithfully, for the continuous-batching tests (no GPU).
 
-`execute_batch` first writes every token's (id, position) into its `slot_mapping` slot (the
-K/V write), then computes each requested logit row from what it reads back through
-`block_tables[seq][q // block_size] * block_size + q % block_size` for q = 0 .. pos (the
-attention reads): the logits are a hash of that history. A slot read before anything was
-written raises; a slot written by another sequence, or holding another position, changes the
-history and so the tokens. Any mixing of block tables, slot mapping, positions or chunks
-between sequences therefore shows up as a token that differs from `reference()`, which runs
+`execute_batch` first writes every token's (id, position, role: `BatchInput.prompt`, a prompt
+token or a generated one, whose products run on different kernels on a GPU) into its
+`slot_mapping` slot (the K/V write), then computes each requested logit row from what it
+reads back through `block_tables[seq][q // block_size] * block_size + q % block_size` for q =
+0 .. pos (the attention reads): the logits are a hash of that history. A slot read before
+anything was written raises; a slot written by another sequence, or holding another position,
+changes the history and so the tokens; so does a token given the wrong role. Any mixing of
+block tables, slot mapping, positions, roles or chunks between sequences therefore shows up as a token that differs from `reference()`, which runs
 the same function over the plain (unpaged) history, one sequence alone.
 """
 from __future__ import annotations
 
-import sys
-import types
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
 
+from vkrt.models.batch import BatchInput, BatchOutput
 from vkrt.models.generate import Sampling, _sample
-
-try:       # the real interface once the GPU side lands (branch `batch`)
-    from vkrt.models.batch import BatchInput, BatchOutput
-except ImportError:
-    @dataclass
-    class BatchInput:
-        """One engine step, flattened: T tokens of S sequences (u32 arrays)."""
-        token_ids: np.ndarray
-        positions: np.ndarray
-        seq_of_token: np.ndarray
-        slot_mapping: np.ndarray
-        block_tables: np.ndarray
-        logit_tokens: np.ndarray
-
-    @dataclass
-    class BatchOutput:
-        argmax: np.ndarray
-        logits: np.ndarray | None
-
-    _module = types.ModuleType("vkrt.models.batch")
-    _module.BatchInput, _module.BatchOutput = BatchInput, BatchOutput
-    sys.modules["vkrt.models.batch"] = _module
 
 N_VOCAB = 64
 EOS = 0
@@ -51,8 +28,9 @@ class UnwrittenSlotError(RuntimeError):
     """A KV slot was read before any token was written to it."""
 
 
-def logits_of(history: list[tuple[int, int]]) -> np.ndarray:
-    """f32 [N_VOCAB]: a hash of the (token id, position) pairs of positions 0 .. pos."""
+def logits_of(history: list[tuple[int, int, bool]]) -> np.ndarray:
+    """f32 [N_VOCAB]: a hash of the (token id, position, is a prompt token) of positions 0 ..
+    pos."""
     key = zlib.crc32(np.asarray(history, np.uint32).tobytes())
     return (np.random.default_rng(key).standard_normal(N_VOCAB) * 3).astype(np.float32)
 
@@ -65,7 +43,7 @@ def reference(prompt: list[int], max_tokens: int, temperature: float = 0.0,
     rng = np.random.Generator(np.random.PCG64(seed)) if temperature > 0 else None
     out = []
     for _ in range(max_tokens):
-        logits = logits_of([(t, q) for q, t in enumerate(hist)])
+        logits = logits_of([(t, q, q < len(prompt)) for q, t in enumerate(hist)])
         token = int(np.argmax(logits)) if rng is None else _sample(logits, s, rng)
         out.append(token)
         hist.append(token)
@@ -99,7 +77,7 @@ class FakePagedLM:
     `seqs_per_step` (T and S of each call), `setups`."""
 
     def __init__(self):
-        self.kv_tokens = self.kv_pos = None
+        self.kv_tokens = self.kv_pos = self.kv_prompt = None
         self.steps, self.tokens_per_step, self.seqs_per_step, self.setups = 0, [], [], 0
         self.delay_s = 0.0
 
@@ -107,6 +85,7 @@ class FakePagedLM:
         self.block_size = block_size
         self.kv_tokens = np.zeros(num_blocks * block_size, np.int64)
         self.kv_pos = np.full(num_blocks * block_size, -1, np.int64)    # -1: never written
+        self.kv_prompt = np.zeros(num_blocks * block_size, bool)
         self.setups += 1
 
     def execute_batch(self, batch: BatchInput, want_logits: bool = False) -> BatchOutput:
@@ -118,10 +97,13 @@ class FakePagedLM:
         bt, lt = batch.block_tables, batch.logit_tokens
         assert bt.dtype == np.uint32 and bt.ndim == 2 and lt.dtype == np.uint32 and lt.ndim == 1
         assert int(batch.seq_of_token.max()) < bt.shape[0] and (lt < T).all()
+        prompt = batch.prompt
+        assert prompt is not None and prompt.dtype == bool and prompt.shape == (T,)
         bs = self.block_size
         # The K/V write: every token of the step, before any read.
         self.kv_tokens[batch.slot_mapping] = batch.token_ids
         self.kv_pos[batch.slot_mapping] = batch.positions
+        self.kv_prompt[batch.slot_mapping] = prompt
         rows = []
         for i in lt:
             s, pos = int(batch.seq_of_token[i]), int(batch.positions[i])
@@ -130,7 +112,8 @@ class FakePagedLM:
                 q = int(np.flatnonzero(self.kv_pos[slots] < 0)[0])
                 raise UnwrittenSlotError(f"sequence row {s} reads position {q} (slot "
                                          f"{slots[q]}) before it was written")
-            history = list(zip(self.kv_tokens[slots].tolist(), self.kv_pos[slots].tolist()))
+            history = list(zip(self.kv_tokens[slots].tolist(), self.kv_pos[slots].tolist(),
+                               self.kv_prompt[slots].tolist()))
             rows.append(logits_of(history))
         logits = np.stack(rows) if rows else np.zeros((0, N_VOCAB), np.float32)
         self.steps += 1

@@ -9,6 +9,9 @@ and a block table row is never contiguous; `step(...)` builds one `BatchInput`.
 """
 from __future__ import annotations
 
+import dataclasses
+import struct
+
 import numpy as np
 import pytest
 
@@ -18,7 +21,7 @@ from test_families import ORACLE_CONFIG
 from test_llama_types import LIMIT, split_files  # noqa: F401 (a fixture)
 from vkrt import config
 from vkrt.models import batch as batch_mod
-from vkrt.models.batch import BatchInput
+from vkrt.models.batch import BatchInput, StepShape
 from vkrt.models.gguf import load_gguf
 from vkrt.models.llama import Llama
 
@@ -42,10 +45,13 @@ class Pages:
         return blocks[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def step(self, parts: list[tuple[str, list[int], int, bool]], all_logits: bool = True,
+             prompt_len: dict[str, int] | None = None,
              ) -> tuple[BatchInput, list[tuple[str, int]]]:
         """One step of `parts` (sequence, its new token ids, the first one's position, whether
         it samples) and the (sequence, position) of each logit row: every token's with
-        `all_logits`, else the last token of each sampling part."""
+        `all_logits`, else the last token of each sampling part. `prompt_len` (sequence ->
+        its prompt's length): each token's role, `BatchInput.prompt` (None: every token a
+        prompt token)."""
         ids, pos, seq, slots, logit, rows = [], [], [], [], [], []
         names = list(dict.fromkeys(p[0] for p in parts))
         for name, tokens, start, sample in parts:
@@ -62,7 +68,10 @@ class Pages:
         for r, n in enumerate(names):
             tables[r, :len(self.blocks[n])] = self.blocks[n]
         u32 = lambda v: np.asarray(v, np.uint32)  # noqa: E731
-        return BatchInput(u32(ids), u32(pos), u32(seq), u32(slots), tables, u32(logit)), rows
+        prompt = None if prompt_len is None else np.array(
+            [p < prompt_len[names[s]] for p, s in zip(pos, seq)], bool)
+        return BatchInput(u32(ids), u32(pos), u32(seq), u32(slots), tables, u32(logit),
+                          prompt), rows
 
 
 def run_schedule(model, schedule, prompts: dict[str, list[int]], n_new: int, seed: int = 0,
@@ -84,7 +93,7 @@ def run_schedule(model, schedule, prompts: dict[str, list[int]], n_new: int, see
             new = tokens[s][done[s]:done[s] + count]
             samples = done[s] + count == len(tokens[s])
             parts.append((s, new, done[s], samples))
-        b, rows = pages.step(parts, all_logits)
+        b, rows = pages.step(parts, all_logits, {s: len(p) for s, p in prompts.items()})
         out = model.execute_batch(b, want_logits=True)
         for r, (s, pos) in enumerate(rows):
             logits[(s, pos)] = out.logits[r]
@@ -215,6 +224,26 @@ def test_batch_buckets_capture_once_each(llama):
     assert c.replays == before
 
 
+def test_batch_products_take_their_roles_kernels(llama, monkeypatch):
+    """A step's products run the generated tokens' rows (first) on the table's "decode"
+    kernel and the prompt tokens' rows (after the decode bucket) on its "prompt" kernel, each
+    from its first row (token0); the logit rows' product on the "decode" kernel. Either way
+    round the table is read."""
+    llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
+    inputs = llama._inputs(6, True)
+    for decode, prompt in (("matmul", "matmul_tiled"), ("matmul_tiled", "matmul")):
+        monkeypatch.setattr(llama.k, "tuning", dataclasses.replace(
+            llama.k.tuning, batch_products={"decode": decode, "prompt": prompt}))
+        ds = llama.batch_step(inputs, StepShape(decode=2, prompt=4, logits=3))
+
+        def products(name):
+            return [(d.pipeline.name.removesuffix("_" + d.tensors[0].dtype),
+                     *struct.unpack("<4I", d.push)[2:]) for d in ds if d.name == name]
+        assert products("blk.0.attn_q") == [(decode, 2, 0), (prompt, 4, 2)]
+        assert products("blk.3.ffn_down") == [(decode, 2, 0), (prompt, 4, 2)]
+        assert products("output") == [(decode, 3, 0)]
+
+
 def test_batch_input_errors_name_the_field(llama):
     llama.setup_paged_cache(8, BLOCK_SIZE)
     assert llama.paged_cache_info == (8, BLOCK_SIZE)
@@ -243,6 +272,9 @@ def test_batch_input_errors_name_the_field(llama):
             (dict(positions=u32([1, 1]), slot_mapping=u32([13, 13])),
              "slot_mapping: slot 13 is written by tokens 0 and 1"),
             (dict(logit_tokens=u32([2])), "logit_tokens: row 0 is token 2, past the 2 tokens"),
+            (dict(prompt=u32([1, 0])), r"prompt: uint32 \[2\], expected a bool array of the 2"),
+            (dict(prompt=np.array([True])), r"prompt: bool \[1\], expected a bool array"),
+            (dict(prompt=[True, False]), "prompt: list, expected a bool array"),
             (dict(token_ids=u32([]), positions=u32([]), seq_of_token=u32([]),
                   slot_mapping=u32([])), "token_ids: 0 tokens")]:
         with pytest.raises(ValueError, match=match):
@@ -291,7 +323,7 @@ def test_batch_through_staging(tmp_path):
         try:
             assert model.acts is None or model.acts.arena.mapped is None
             tokens = check_invariance(model, prompts, 4, chunks=(3,))
-            assert model._step_inputs[1].buffer.mapped is None
+            assert all(i.buffer.mapped is None for i in model._step_inputs.values())
         finally:
             model.close()
     for s, ids in prompts.items():

@@ -1512,6 +1512,38 @@ def test_kv_write_by_slot_mapping(gpu):
         np.testing.assert_array_equal(gpu.read(cache).reshape(n_slots, width), want)
 
 
+def test_rope_kv_write_is_rope_positions_and_kv_write(gpu):
+    """rope_kv_write (the batched step's fused RoPE and KV-cache write): Q rotated at each
+    token's position into q_out, K rotated and V copied into the slots of the slot mapping
+    (grouped-query: K/V rows of half Q's width), both pair layouts; the same bits as
+    rope_positions and kv_write, every other slot untouched."""
+    r, n_heads, n_kv_heads, head_dim, n_slots = rng(45), 4, 2, 16, 13
+    positions = np.array([7, 0, 31, 12], np.uint32)
+    slots = np.array([9, 0, 12, 4], np.uint32)
+    T, qw, kw = len(positions), n_heads * head_dim, n_kv_heads * head_dim
+    q, k, v = randn(r, T, qw), randn(r, T, kw), randn(r, T, kw)
+    table = rope_table(head_dim, 10000.0, 32)
+    bq, bk, bv, bf = gpu.upload(q), gpu.upload(k), gpu.upload(v), gpu.upload(table)
+    bp, bs = gpu.upload(positions), gpu.upload(slots)
+    for neox in (0, 1):
+        q_out, kc, vc = gpu.filled(T * qw + 3), gpu.filled(n_slots * kw), gpu.filled(n_slots * kw)
+        gpu.run("rope_kv_write", {0: ELEMENTWISE, 1: neox},
+                (bq, bk, bv, bf, bp, bs, q_out, kc, vc),
+                (groups(qw // 2, ELEMENTWISE), T, 1), push(n_heads, n_kv_heads, head_dim))
+        want_q, want_k = gpu.filled(T * qw), gpu.filled(T * kw)
+        for src, dst, heads in ((bq, want_q, n_heads), (bk, want_k, n_kv_heads)):
+            gpu.run("rope_positions", {0: ELEMENTWISE, 1: neox}, (src, bf, dst, bp),
+                    (groups(heads * head_dim // 2, ELEMENTWISE), T, 1),
+                    push(heads, head_dim, 0, 0))
+        got_q = gpu.read(q_out)
+        np.testing.assert_array_equal(got_q[-3:], SENTINEL)
+        np.testing.assert_array_equal(got_q[:-3], gpu.read(want_q))
+        for cache, rows in ((kc, gpu.read(want_k).reshape(T, kw)), (vc, v)):
+            want = np.full((n_slots, kw), SENTINEL)
+            want[slots] = rows
+            np.testing.assert_array_equal(gpu.read(cache).reshape(n_slots, kw), want)
+
+
 @pytest.mark.parametrize("window", [0, 5], ids=["causal", "window-5"])
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_attention_paged_reads_each_sequence_through_its_block_table(gpu, window, block_size):
@@ -1572,27 +1604,67 @@ def test_argmax_rows_one_row_each(gpu):
                          int(np.argmax(logits[4])), 0xDEAD]
 
 
-@pytest.mark.parametrize("tiled", [False, True], ids=["matmul", "matmul_tiled"])
-def test_linear_matmul_rows_independent_of_the_token_count(gpu, kernels, tiled):
-    """Kernels.linear(matmul=True), the batched runner's products: token t's row has the same
-    bits whether 1, 2, 3, 5, 8 or 70 tokens run (tiles of 1, 2, 4, 8 tokens for matmul, of
-    64 for matmul_tiled; rows past the count computed or not)."""
-    kernels.tiled_matmul = tiled
+@pytest.mark.parametrize("kernel,tiles", [
+    ("matmul", ((1, 8),)), ("matmul", ((4, 8), (3, 16), (2, 32), (1, 1))),
+    ("matmul_tiled", ()),
+    ("matmul_coop", ((16, 64, 1, 2), (32, 128, 2, 4), (64, 128, 2, 4), (128, 128, 2, 4)))],
+    ids=["matmul", "matmul-tiles", "matmul_tiled", "matmul_coop-tiles"])
+def test_batched_linear_rows_independent_of_the_token_count(gpu, kernels, kernel, tiles):
+    """Kernels.linear(batched=role), the batched runner's products on the kernel the table
+    names for the role (`Table.batch_products`): token t's row has the same bits whether 1,
+    2, 3, 5, 8 or 70 tokens run, whichever row the product starts at (token0) and, for
+    matmul and matmul_coop, whatever tile the table gives (`Table.batch_tiles`: rows per
+    workgroup x tokens per tile; `batch_coop_tiles`: tokens x rows over subgroups; the rules
+    cycled over the counts; 70 rows leave partial row groups); rows outside token0 ..
+    token0 + n - 1 are not written. matmul_coop (f16 operands) within its bound of sum |x w|
+    (test_linear_coop_weights_as_stored's), the f32 kernels within 1e-6."""
+    from vkrt.tuning import BatchCoopTile, BatchTile
+
+    if kernel == "matmul_coop":
+        coop_or_skip(kernels)
+    change = {"batch_products": {"decode": kernel, "prompt": kernel}}
     r, n_rows, n_cols = rng(44), 70, 96
     w, x = randn(r, n_rows, n_cols), randn(r, 70, n_cols)
     bw, bx = gpu.upload(w), gpu.upload(x)
     rows = {}
-    for n in (1, 2, 3, 5, 8, 70):
-        by = gpu.filled(70 * n_rows)
-        gpu.stream.record([kernels.linear(bx, bw, by, n, matmul=True)])
-        rows[n] = gpu.read(by).reshape(70, n_rows)[:n]
-        assert np.all(gpu.read(by).reshape(70, n_rows)[n:] == SENTINEL)
-    for n, got in rows.items():
-        np.testing.assert_array_equal(got, rows[70][:n])
+    for i, n in enumerate((70, 1, 2, 3, 5, 8)):
+        if tiles and kernel == "matmul":
+            change["batch_tiles"] = (BatchTile(None, *tiles[i % len(tiles)], "test"),)
+        elif tiles:
+            change["batch_coop_tiles"] = (BatchCoopTile(None, *tiles[i % len(tiles)], "test"),)
+        kernels.tuning = dataclasses.replace(kernels.tuning, **change)
+        for token0, role in ((0, "decode"), (70 - n, "prompt")):
+            by = gpu.filled(70 * n_rows)
+            d = kernels.linear(bx, bw, by, n, batched=role, token0=token0)
+            assert d.pipeline.name == f"{kernel}_f32"
+            gpu.stream.record([d])
+            got = gpu.read(by).reshape(70, n_rows)
+            rows[n, token0] = got[token0:token0 + n]
+            assert np.all(got[:token0] == SENTINEL) and np.all(got[token0 + n:] == SENTINEL)
+    for (n, token0), got in rows.items():
+        np.testing.assert_array_equal(got, rows[70, 0][token0:token0 + n])
     terms = w[None].astype(np.float64) * x[:, None].astype(np.float64)
-    assert rel_err(rows[70], terms.sum(2), np.abs(terms).sum(2)) < 1e-6
-    # Where the prefill would take cooperative matrices (f16 operands, from COOP_MIN_TOKENS
-    # tokens), the batched products keep the f32 kernel.
-    kernels.prefill_kernel = lambda n_tokens: "matmul_coop"
-    d = kernels.linear(bx, bw, gpu.filled(70 * n_rows), 70, matmul=True)
-    assert d.pipeline.name == ("matmul_tiled_f32" if tiled else "matmul_f32")
+    bound = 2.0 ** -10 + n_cols * 2.0 ** -23 if kernel == "matmul_coop" else 1e-6
+    assert rel_err(rows[70, 0], terms.sum(2), np.abs(terms).sum(2)) < bound
+    # The prefill's own choice (cooperative matrices from COOP_MIN_TOKENS tokens) does not
+    # change the batched products' kernel.
+    kernels.prefill_kernel = lambda n_tokens: ("matmul_tiled" if kernel == "matmul_coop"
+                                               else "matmul_coop")
+    d = kernels.linear(bx, bw, gpu.filled(70 * n_rows), 70, batched="prompt")
+    assert d.pipeline.name == f"{kernel}_f32"
+
+
+def test_batch_kernel_falls_back_to_matmul_without_coop(kernels):
+    """`Kernels.batch_kernel`: the table's matmul_coop where the device lists a shape and
+    VKRT_COOPMAT allows it, else matmul; the other kernels as the table names them."""
+    kernels.tuning = dataclasses.replace(kernels.tuning, batch_products={
+        "decode": "matmul_coop", "prompt": "matmul_tiled"})
+    kernels.coop = None
+    assert (kernels.batch_kernel("decode"), kernels.batch_kernel("prompt")) == (
+        "matmul", "matmul_tiled")
+    kernels.coop = SimpleNamespace(m=16, n=16, k=16)
+    assert kernels.batch_kernel("decode") == "matmul_coop"
+    with config.COOPMAT.override("0"):
+        assert kernels.batch_kernel("decode") == "matmul"
+    with config.COOPMAT.override("1"):
+        assert kernels.batch_kernel("decode") == "matmul_coop"

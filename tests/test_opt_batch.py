@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from test_batch import (BLOCK_SIZE, NUM_BLOCKS, alone, check_invariance, check_prefill_logits,
+from test_batch import (BLOCK_SIZE, NUM_BLOCKS, check_invariance, check_prefill_logits,
                         mixed, run_schedule)
 from test_opt import SMALL, checkpoints  # noqa: F401 (a fixture)
 from vkrt.models.batch import BatchInput

@@ -417,9 +417,9 @@ def test_http_client_disconnect_frees_its_blocks_within_a_step():
         keep = threading.Thread(target=lambda: other.update(r=server.client.completions.create(
             model="fake", prompt=[3, 4, 5], max_tokens=30, temperature=0)))
         keep.start()
-        stream = server.client.completions.create(model="fake", prompt=[9] * 30,
+        stream = server.client.completions.create(model="fake", prompt=[11] * 30,
                                                   max_tokens=200, temperature=0, stream=True)
-        assert len(reference([9] * 30, 200)) == 52   # its EOS comes 52 steps (1 s) later
+        assert len(reference([11] * 30, 200)) == 52   # its EOS comes 52 steps (1 s) later
         next(iter(stream))
         kv = engine.kv
         assert kv.num_allocated_blocks >= 8
@@ -443,12 +443,12 @@ def test_http_client_disconnect_frees_its_blocks_within_a_step():
 def test_ignore_eos_decodes_past_the_end_of_generation_token():
     """`SamplingParams.ignore_eos` (bench/batched.py's equal-length sequences): the sequence
     that stops at EOS after 52 tokens alone goes on to max_tokens, the same tokens first."""
-    want = reference([9] * 30, 200)
+    want = reference([11] * 30, 200)
     assert len(want) == 52 and want[-1] == EOS
     for ignore, count, reason in ((False, 52, "stop"), (True, 60, "length")):
         engine = engine_of(max_batch=2)
         sink = Collect()
-        engine.add_request([9] * 30, SamplingParams(max_tokens=60, ignore_eos=ignore), sink)
+        engine.add_request([11] * 30, SamplingParams(max_tokens=60, ignore_eos=ignore), sink)
         run_to_end(engine)
         assert sink.tokens[0][:52] == want and len(sink.tokens[0]) == count
         assert sink.reasons[0] == reason

@@ -26,3 +26,19 @@ def test_rules_apply_in_order():
     assert gpu.decode_rule("matvec", 4096, 256, "iq4_xs").stage_x
     assert gpu.decode_rule("matvec", 49152, 32, "q8_0").rows == 4
     assert tuning.device_class("cpu") == "cpu" and tuning.device_class("discrete") == "gpu"
+
+
+@pytest.mark.parametrize("table", list(tuning.TABLES))
+def test_every_batched_product_has_a_cited_kernel_and_tile(table):
+    """Both token roles name a kernel the batched runner has; every token count finds a
+    matmul tile (and a matmul_coop tile, for a table that names it), each cited."""
+    t = tuning.TABLES[table]
+    assert set(t.batch_products) == {"decode", "prompt"}
+    assert set(t.batch_products.values()) <= {"matmul", "matmul_tiled", "matmul_coop"}
+    assert t.sources["batch_products"]
+    for n in (1, 2, 3, 4, 5, 8, 64, 65, 4096):
+        tile = t.batch_tile(n)
+        assert tile.rows >= 1 and tile.tokens >= 1 and tile.source, (table, n)
+        if t.batch_coop_tiles:
+            coop = t.batch_coop_tile(n)
+            assert coop.bm % (coop.sg_m * 16) == 0 and coop.source, (table, n)

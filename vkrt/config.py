@@ -176,7 +176,8 @@ COOPMAT: Switch[str] = Switch(
     "Prefill products on cooperative matrices (matmul_coop: f16 tensor cores, f32 "
     "accumulation; VK_KHR_cooperative_matrix): `auto` when the device lists a 16-bit float "
     "shape and the product has at least kernels.COOP_MIN_TOKENS tokens; 1 for every product of "
-    "2 tokens or more (refused on a device without a shape); 0 never (the f32 tiled kernel).")
+    "2 tokens or more (refused on a device without a shape); 0 never (the f32 tiled kernel; the "
+    "batched runner's products take `matmul` where its table names matmul_coop).")
 
 ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS, INFLIGHT, TIMESTAMPS,
        REPLAY, FUSE, PREFILL_FLUSH, COOPMAT)

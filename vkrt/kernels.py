@@ -296,17 +296,28 @@ class Kernels:
                                  name=name, need=(n_tokens * n, None, n_tokens * n), n=n,
                                  eps=eps, n_rows=n_tokens)
 
-    def coop_spec(self, n_rows: int, n_tokens: int) -> dict:
+    def coop_spec(self, n_rows: int, n_tokens: int, tile: tuple | None = None) -> dict:
         """matmul_coop's specialization constants for a product of n_tokens x n_rows on the
         shape `coop`: workgroup size, TM, TN, TK, BM (tokens), BN (rows), SG_M, SG_N
-        (COOP_TILE, or COOP_TILE_LARGE from COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS
-        tokens)."""
-        tile = COOP_TILE_LARGE if (n_rows >= COOP_LARGE_ROWS
-                                   and n_tokens >= COOP_LARGE_TOKENS) else COOP_TILE
+        (`tile` (BM, BN, SG_M, SG_N) when given, else COOP_TILE, or COOP_TILE_LARGE from
+        COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS tokens)."""
+        if tile is None:
+            tile = COOP_TILE_LARGE if (n_rows >= COOP_LARGE_ROWS
+                                       and n_tokens >= COOP_LARGE_TOKENS) else COOP_TILE
         (bm, bn, sg_m, sg_n), c = tile, self.coop
         assert bm % (sg_m * c.m) == 0 and bn % (sg_n * c.n) == 0, (tile, c)
         return {0: sg_m * sg_n * self._pipelines.device.subgroup_size, 1: c.m, 2: c.n,
                 3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n}
+
+    def batch_kernel(self, role: str) -> str:
+        """The kernel of the batched runner's products of tokens of `role` ("decode" or
+        "prompt"): the table's (`Table.batch_products`), "matmul" instead of "matmul_coop"
+        where the device lists no cooperative-matrix shape or VKRT_COOPMAT=0. Fixed for the
+        process (batch invariance: vkrt/models/batch.py)."""
+        kernel = self.tuning.batch_products[role]
+        if kernel == "matmul_coop" and (self.coop is None or config.COOPMAT.value == "off"):
+            return "matmul"
+        return kernel
 
     def prefill_kernel(self, n_tokens: int) -> str:
         """The kernel `linear` runs a product of `n_tokens` > 1 tokens on: `matmul_coop`
@@ -325,7 +336,8 @@ class Kernels:
         return "matmul_tiled" if self.tiled_matmul else "matmul"
 
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
-               name: str = "", accumulate: bool = False, matmul: bool = False) -> Dispatch:
+               name: str = "", accumulate: bool = False, batched: str | None = None,
+               token0: int = 0) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
         of any `WEIGHTS` dtype (n_in % 4 == 0; a multiple of the block for block types, which
         `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; its
@@ -333,12 +345,15 @@ class Kernels:
         (prefill; x_row must be 0): `prefill_kernel` picks `matmul_coop` (f16 tensor cores)
         where the device has them, else `matmul_tiled` where the table says so (a GPU),
         `matmul` otherwise. `accumulate` (one token only): y += the product instead
-        (`matvec_add`: a residual add folded into the projection). `matmul`: the matrix
-        product even for one token, and never `matmul_coop` (the batched runner: a token's
-        result must not depend on how many tokens run with it, so every count takes the same
-        f32 kernel)."""
+        (`matvec_add`: a residual add folded into the projection).
+        `batched` ("decode" or "prompt"): the batched runner's product of tokens of that role
+        over rows token0 .. token0 + n_tokens - 1 of x and y, on the kernel `batch_kernel`
+        names for the role (`matmul` or `matmul_tiled` in f32, or `matmul_coop`, even for
+        one token; never the decode matvecs), its tile from the table. These kernels compute
+        a token's row in an order fixed by that row alone, whatever the tile, so it does not
+        depend on how many tokens run with it (vkrt/models/batch.py: batch invariance)."""
         n_out, n_in = weight.shape
-        if n_tokens == 1 and not matmul:
+        if n_tokens == 1 and batched is None:
             kernel = "matvec_add" if accumulate else "matvec"
             threads, rows, spec = self.decode_launch(kernel, weight, n_out)
             op = self.weight_op(kernel, weight, threads,
@@ -348,35 +363,43 @@ class Kernels:
                 need=(None, (x_row + 1) * n_in, n_out), n_cols=n_in, x_offset=x_row * n_in,
                 n_rows=n_out)
         assert x_row == 0 and not accumulate, "matmul reads x from row 0 and overwrites y"
-        need = (None, n_tokens * n_in, n_tokens * n_out)
-        kernel = (("matmul_tiled" if self.tiled_matmul else "matmul") if matmul
+        assert batched is not None or token0 == 0, "token0 is the batched runner's"
+        need = (None, (token0 + n_tokens) * n_in, (token0 + n_tokens) * n_out)
+        kernel = (self.batch_kernel(batched) if batched is not None
                   else self.prefill_kernel(n_tokens))
         if kernel == "matmul_coop":
-            spec = self.coop_spec(n_out, n_tokens)
+            tile = None
+            if batched is not None:
+                t = self.tuning.batch_coop_tile(n_tokens)
+                tile = (t.bm, t.bn, t.sg_m, t.sg_n)
+            spec = self.coop_spec(n_out, n_tokens, tile)
             x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
             grid = (x_groups, _groups(n_tokens, spec[4]), z_groups)
             return self.weight_op("matmul_coop", weight, spec=spec)(
                 weight, x, y, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
-                n_tokens=n_tokens)
+                n_tokens=n_tokens, token0=token0)
         if kernel == "matmul_tiled":
             x_groups, z_groups = spread(_groups(n_out, TILE_ROWS), self.limit)
             grid = (x_groups, _groups(n_tokens, TILE_TOKENS), z_groups)
             return self.weight_op("matmul_tiled", weight)(
                 weight, x, y, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
-                n_tokens=n_tokens)
-        # The batched runner's few tokens (`matmul`): a tile of the least power of two >= T
-        # tokens, not MATMUL_TOKENS (whose rows past T would be computed and dropped). A
-        # token's sum runs the same loop over k for any tile (matmul.comp), so its bits do not
-        # depend on the tile (tests/test_batch.py checks it).
-        tokens = MATMUL_TOKENS
-        if matmul and n_tokens < MATMUL_TOKENS:
-            tokens = 1 << (n_tokens - 1).bit_length()
-        x_groups, z_groups = spread(n_out, self.limit)
+                n_tokens=n_tokens, token0=token0)
+        assert kernel == "matmul", kernel
+        # The batched runner's tile from the table (rows per workgroup, tokens per tile; a
+        # tile of the least power of two >= T when fewer); the prefill's MATMUL_TOKENS.
+        # A token's sum runs the same loop over k for any tile (matmul.comp), so its bits do
+        # not depend on the tile (tests/test_kernels.py checks it).
+        rows, tokens = 1, MATMUL_TOKENS
+        if batched is not None:
+            tile = self.tuning.batch_tile(n_tokens)
+            rows, tokens = tile.rows, min(tile.tokens, 1 << (n_tokens - 1).bit_length())
+        x_groups, z_groups = spread(_groups(n_out, rows), self.limit)
         grid = (x_groups, _groups(n_tokens, tokens), z_groups)
-        return self.weight_op("matmul", weight, spec={1: tokens} if tokens != MATMUL_TOKENS
-                              else None)(
+        spec = {**({1: tokens} if tokens != MATMUL_TOKENS else {}),
+                **({2: rows} if rows != 1 else {})}
+        return self.weight_op("matmul", weight, spec=spec or None)(
             weight, x, y, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
-            n_tokens=n_tokens)
+            n_tokens=n_tokens, token0=token0)
 
     def glu(self, x: Tensor, norm_weight: Tensor, gate: Tensor, up: Tensor, out: Tensor,
             eps: float, name: str = "", gelu: bool = False) -> Dispatch:
@@ -500,6 +523,26 @@ class Kernels:
             src, cos_sin, dst, positions, grid=grid, name=name,
             need=(n_tokens * width, head_dim, n_tokens * width, n_tokens), n_heads=n_heads,
             head_dim=head_dim, pos0=0, dst_row=0)
+
+    def rope_kv_write(self, q: Tensor, k: Tensor, v: Tensor, cos_sin: Tensor, positions: Tensor,
+                      slots: Tensor, q_out: Tensor, k_cache: Tensor, v_cache: Tensor,
+                      n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                      name: str = "", neox: bool = False) -> Dispatch:
+        """For t < n_tokens: q_out[t] = rope(q[t], positions[t]), k_cache[slots[t]] =
+        rope(k[t], positions[t]), v_cache[slots[t]] = v[t] (`rope_kv_write`: `rope_positions`
+        of Q and K and `kv_write` in one dispatch, the same arithmetic); q, q_out [tokens,
+        n_heads * head_dim], k, v [tokens, n_kv_heads * head_dim] f32, cos_sin [n_positions,
+        head_dim / 2, 2] f32, positions and slots [tokens] u32, caches [n_slots, n_kv_heads *
+        head_dim] f32. The caller keeps every position below n_positions and every slot below
+        n_slots (vkrt/models/batch.py checks them on the host)."""
+        qw, kw = n_heads * head_dim, n_kv_heads * head_dim
+        grid = (_groups(qw // 2, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
+        op = self._batch_op("rope_kv_write", {0: ELEMENTWISE_BLOCK, 1: int(neox)},
+                            (F32, F32, F32, F32, U32, U32, F32, F32, F32))
+        return op(q, k, v, cos_sin, positions, slots, q_out, k_cache, v_cache, grid=grid,
+                  name=name, need=(n_tokens * qw, n_tokens * kw, n_tokens * kw, head_dim,
+                                   n_tokens, n_tokens, n_tokens * qw, kw, kw),
+                  n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
 
     def kv_write(self, k: Tensor, v: Tensor, slots: Tensor, k_cache: Tensor, v_cache: Tensor,
                  n_tokens: int, name: str = "") -> Dispatch:

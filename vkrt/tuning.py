@@ -40,6 +40,38 @@ class Decode:
 
 
 @dataclass(frozen=True)
+class BatchTile:
+    """The batched runner's `matmul` launch (vkrt/glsl/matmul.comp) for products of at most
+    `max_tokens` tokens (None: any): `rows` output rows per workgroup (ROWS) and a tile of
+    `tokens` tokens (TOKENS; fewer tokens take the least power of two >= their count). A
+    token's bits do not depend on either (matmul.comp), so the rule may change with the
+    count without breaking batch invariance."""
+    max_tokens: int | None
+    rows: int
+    tokens: int
+    source: str
+
+    def matches(self, n_tokens: int) -> bool:
+        return self.max_tokens is None or n_tokens <= self.max_tokens
+
+
+@dataclass(frozen=True)
+class BatchCoopTile:
+    """The batched runner's `matmul_coop` launch (vkrt/glsl/matmul_coop.comp) for products of
+    at most `max_tokens` tokens (None: any): a workgroup tile of `bm` tokens x `bn` rows over
+    `sg_m` x `sg_n` subgroups. A token's bits do not depend on the tile (matmul_coop.comp)."""
+    max_tokens: int | None
+    bm: int
+    bn: int
+    sg_m: int
+    sg_n: int
+    source: str
+
+    def matches(self, n_tokens: int) -> bool:
+        return self.max_tokens is None or n_tokens <= self.max_tokens
+
+
+@dataclass(frozen=True)
 class Table:
     decode: dict[str, tuple[Decode, ...]]
     argmax_threads: int              # argmax's one workgroup
@@ -47,6 +79,13 @@ class Table:
     attention_dim_splits: int        # attention_decode's workgroups per head
     prefill_tiled: bool              # prefill products: matmul_tiled (else matmul)
     norm_subgroups: int              # rmsnorm, rmsnorm_add, head_norm_rope: subgroups per row
+    # The batched runner's products per token role (vkrt/models/batch.py): "decode" (generated
+    # tokens, and every logit row) and "prompt" -> "matmul", "matmul_tiled" or "matmul_coop"
+    # (f16 operands; "matmul" where the device has no cooperative-matrix shape or
+    # VKRT_COOPMAT=0).
+    batch_products: dict[str, str] = field(default_factory=dict)
+    batch_tiles: tuple[BatchTile, ...] = ()    # the first whose max_tokens covers the count
+    batch_coop_tiles: tuple[BatchCoopTile, ...] = ()   # likewise, for "matmul_coop"
     sources: dict[str, str] = field(default_factory=dict)   # the scalar entries' measurements
 
     def decode_rule(self, kernel: str, n_rows: int, block: int, dtype: str = "") -> Decode:
@@ -54,6 +93,14 @@ class Table:
         `dtype`, a type of `block` elements per block (1: f32, f16, bf16)."""
         rules = self.decode["matvec" if kernel == "matvec_add" else kernel]
         return next(r for r in rules if r.matches(n_rows, block, dtype))
+
+    def batch_tile(self, n_tokens: int) -> BatchTile:
+        """The `matmul` launch of a batched product of `n_tokens` tokens."""
+        return next(r for r in self.batch_tiles if r.matches(n_tokens))
+
+    def batch_coop_tile(self, n_tokens: int) -> BatchCoopTile:
+        """The `matmul_coop` launch of a batched product of `n_tokens` tokens."""
+        return next(r for r in self.batch_coop_tiles if r.matches(n_tokens))
 
     def with_decode(self, subgroups: int, rows: int, kernel: str = "matvec",
                     stage_x: bool = False, split: int = 1) -> "Table":
@@ -73,6 +120,10 @@ _SWEEP = ("bench/README.md, 2026-12-02 second session (bench/matvec_types.py --g
 _AB = ("bench/README.md, 2026-12-02 second session (vkrt bench per-kernel GPU us, A/B, "
        "H200)")
 _NORMS = _AB + ": a row's norm on one subgroup"
+_BATCHED = ("bench/README.md, 2026-12-02 third session (bench/batched.py, H200): generated "
+            "tokens on matmul (few columns, one row per workgroup), prompt tokens tiled")
+_PRODUCTS = ("bench/README.md, 2026-12-02 third session (bench/batched_products.py, H200, "
+             "us summed over six shapes)")
 
 GPU = Table(
     decode={
@@ -123,8 +174,21 @@ GPU = Table(
         ),
     },
     argmax_threads=1024, attention_threads=1024, attention_dim_splits=4, prefill_tiled=True,
-    norm_subgroups=8,
-    sources={"norm_subgroups": _NORMS,
+    norm_subgroups=8, batch_products={"decode": "matmul", "prompt": "matmul_tiled"},
+    # matmul for the batched products: 4 rows per workgroup up to 2 tokens (T = 1: 122.3 us
+    # against 126.6 for 1 row; [14336, 4096] 1213 against 927 GB/s), 2 rows up to 4 (164.5
+    # against 174.2), then one row and tiles of 8 tokens (8-64 tokens: 264-1661 us against
+    # 403-2582 for 2 rows, 264-3152 for tiles of 32).
+    batch_tiles=(BatchTile(2, 4, 8, _PRODUCTS + ": T <= 2 4x4 122.3, 1x8 126.6 us"),
+                 BatchTile(4, 2, 8, _PRODUCTS + ": T = 4 2x8 164.5, 1x8 174.2 us"),
+                 BatchTile(None, 1, 8, _PRODUCTS + ": T = 8-64 1x8 264-1661, 2x8 403-2582 us")),
+    # matmul_coop where a table names it for the batched products (the GPU's does not: its
+    # best tile, 32 tokens x 128 rows over 2 x 4 subgroups, took 1036-1164 us summed up to
+    # 32 tokens against matmul's 122-882; only at 64 tokens 1242 against 1661).
+    batch_coop_tiles=(BatchCoopTile(None, 32, 128, 2, 4, _PRODUCTS + ": coop 32x128:2x4 "
+                                    "1036-1242 us, matmul 1x8 122-1661 us"),),
+    sources={"batch_products": _BATCHED,
+             "norm_subgroups": _NORMS,
              "argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
              "attention_threads": _SESSION2 + ": 1024 invocations per head (512: 949)",
              "attention_dim_splits": _SESSION2 + ": attention 4 workgroups per head",
@@ -139,8 +203,12 @@ CPU = Table(
             "matvec_glu": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),),
             "qkv_rope": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),)},
     argmax_threads=256, attention_threads=64, attention_dim_splits=1, prefill_tiled=False,
-    norm_subgroups=1,
-    sources={"prefill_tiled": "lavapipe, test_llama's teacher-forced logits: tiled 64-68 s, "
+    norm_subgroups=1, batch_products={"decode": "matmul", "prompt": "matmul_tiled"},
+    batch_tiles=(BatchTile(None, 1, 8, "lavapipe: matmul's tile of 8 tokens, one row "
+                                       "(the first session's choice, not timed)"),),
+    sources={"batch_products": "the GPU's, so the roles' kernels differ where CI runs too "
+                               "(the tiled matmul no slower here: prefill_tiled's source)",
+             "prefill_tiled": "lavapipe, test_llama's teacher-forced logits: tiled 64-68 s, "
                               "matmul 40-80 s (other jobs sharing the box)",
              "argmax_threads": "lavapipe: 256 (the first session's choice, not timed)",
              "attention_threads": "lavapipe: 64 (the first session's choice, not timed)",

@@ -27,7 +27,12 @@
 // shape; TK divides 32 and TM, TN, TK are multiples of 8), 4 = BM, 5 = BN (multiples of
 // SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N. Dispatch: (min(row tiles, limit_x),
 // ceil(n_tokens / BM), ceil(row tiles / limit_x)) with row tiles = ceil(n_rows / BN): tiles
-// past maxComputeWorkGroupCount.x spill into z. Push constants: n_cols, n_rows, n_tokens.
+// past maxComputeWorkGroupCount.x spill into z. Push constants: n_cols, n_rows, n_tokens,
+// token0 (the first token row of x and y the product covers: rows token0 .. token0 +
+// n_tokens - 1; the batched runner's roles, vkrt/models/batch.py).
+// An output's sum is the same chain of coopMatMulAdd over the k steps in order whatever BM,
+// BN, SG_M and SG_N are, so its bits depend on the tile neither (the batched runner's batch
+// invariance; tests/test_kernels.py checks it where the device has the shape).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -45,7 +50,8 @@ layout(constant_id = 6) const uint SG_M = 2;
 layout(constant_id = 7) const uint SG_N = 2;
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
-layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; } pc;
+layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; uint token0; }
+    pc;
 
 const uint NT = gl_WorkGroupSize.x;
 const uint BK = 32;                       // columns per step (a Q8_0 / Q4_1 block)
@@ -74,7 +80,8 @@ void main() {
     vec4 xr[XP], wr[WP];
     [[unroll]] for (uint p = 0; p < XP; ++p) {
         uint i = tid + p * NT, t = i / (BK / 4), q = i % (BK / 4);
-        xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4 ? x[(t0 + t) * cols4 + q] : vec4(0.0);
+        xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4
+                ? x[(pc.token0 + t0 + t) * cols4 + q] : vec4(0.0);
     }
     [[unroll]] for (uint p = 0; p < WP; ++p) {
         uint i = tid + p * NT, r = i / (BK / 4), q = i % (BK / 4);
@@ -96,8 +103,8 @@ void main() {
         if (k1 < cols4) {
             [[unroll]] for (uint p = 0; p < XP; ++p) {
                 uint i = tid + p * NT, t = i / (BK / 4), q = k1 + i % (BK / 4);
-                xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4 ? x[(t0 + t) * cols4 + q]
-                                                                    : vec4(0.0);
+                xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4
+                        ? x[(pc.token0 + t0 + t) * cols4 + q] : vec4(0.0);
             }
             [[unroll]] for (uint p = 0; p < WP; ++p) {
                 uint i = tid + p * NT, r = i / (BK / 4), q = k1 + i % (BK / 4);
@@ -126,7 +133,7 @@ void main() {
             uint n = n0 + sn0 + j * TN;
             if (t >= pc.n_tokens || n >= pc.n_rows) continue;   // uniform per subgroup
             if (t + TM <= pc.n_tokens && n + TN <= pc.n_rows && pc.n_rows % 4 == 0) {
-                coopMatStore(acc[i * CN + j], y, t * pc.n_rows + n, pc.n_rows,
+                coopMatStore(acc[i * CN + j], y, (pc.token0 + t) * pc.n_rows + n, pc.n_rows,
                              gl_CooperativeMatrixLayoutRowMajor);
                 continue;
             }
@@ -136,7 +143,7 @@ void main() {
             for (uint e = lane; e < TM * TN; e += gl_SubgroupSize) {
                 uint dt = e / TN, dn = e % TN;
                 if (t + dt < pc.n_tokens && n + dn < pc.n_rows)
-                    y[(t + dt) * pc.n_rows + n + dn] = stage[base + e];
+                    y[(pc.token0 + t + dt) * pc.n_rows + n + dn] = stage[base + e];
             }
             subgroupBarrier();            // the tile is read before the next store
         }

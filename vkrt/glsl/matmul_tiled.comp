@@ -13,7 +13,9 @@
 // Specialization constants: 0 = local_size_x = ROWS * TOKENS / 16, 1 = ROWS, 2 = TOKENS (both
 // multiples of 4). Dispatch: (min(row tiles, limit_x), ceil(n_tokens / TOKENS), ceil(row
 // tiles / limit_x)) with row tiles = ceil(n_rows / ROWS): tiles past
-// maxComputeWorkGroupCount.x spill into z. Push constants: n_cols, n_rows, n_tokens.
+// maxComputeWorkGroupCount.x spill into z. Push constants: n_cols, n_rows, n_tokens, token0
+// (the first token row of x and y the product covers: rows token0 .. token0 + n_tokens - 1;
+// the batched runner's roles, vkrt/models/batch.py).
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x_id = 0) in;
 #include "weights.glsl"
@@ -21,7 +23,8 @@ layout(constant_id = 1) const uint ROWS = 32;
 layout(constant_id = 2) const uint TOKENS = 64;
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
-layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; } pc;
+layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; uint token0; }
+    pc;
 
 const uint STEP = 32;                    // columns per step (a Q8_0 / Q4_1 block)
 const uint T = gl_WorkGroupSize.x;
@@ -45,8 +48,8 @@ void main() {
         }
         for (uint i = tid; i < TOKENS * STEP / 4; i += T) {
             uint t = i / (STEP / 4), q = i % (STEP / 4);
-            vec4 v = t0 + t < pc.n_tokens && k0 + q < cols4 ? x[(t0 + t) * cols4 + k0 + q]
-                                                          : vec4(0.0);
+            vec4 v = t0 + t < pc.n_tokens && k0 + q < cols4
+                         ? x[(pc.token0 + t0 + t) * cols4 + k0 + q] : vec4(0.0);
             for (uint e = 0; e < 4; ++e) x_s[(4 * q + e) * (TOKENS / 4) + t / 4][t % 4] = v[e];
         }
         barrier();
@@ -66,7 +69,7 @@ void main() {
         if (t >= pc.n_tokens) break;
         for (uint e = 0; e < 4; ++e) {
             uint n = n0 + 4 * r4 + e;
-            if (n < pc.n_rows) y[t * pc.n_rows + n] = acc[j][e];
+            if (n < pc.n_rows) y[(pc.token0 + t) * pc.n_rows + n] = acc[j][e];
         }
     }
 }

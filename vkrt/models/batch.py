@@ -19,27 +19,35 @@ j % block_size`. Positions run below max_positions = min(n_ctx, num_blocks * blo
 (`_paged_tables(max_positions)`) cover them.
 
 One step (`execute_batch`): the token ids, positions, sequence rows, slot mapping, block table
-rows and logit rows are written into device tensors (u32, `StepInputs`), then the family's
-`batch_step` runs: embedding, per layer the norms and products, K and V written by slot
-mapping (`kv_write`) BEFORE attention, so a prefill chunk attends to its own keys in the same
-step and decode tokens mix with it; attention over each token's own sequence through its
-block table (`attention_paged`); the MLP; the final norm, logits and argmax of the
-`logit_tokens` rows only (`argmax_rows`). The command buffer does not depend on those values:
-T is padded to a bucket (1, 2, 4, ..., MAX_REPLAY_TOKENS; R, the logit rows, likewise up to
-the bucket) and each bucket's step is captured once and replayed (vkrt/runtime/replay.py),
-captured again when the activations, the KV cache or the bucket's input tensors are
-reallocated. Padded tokens are token 0 at position 0 of a scratch block-table row whose every
-block is the scratch slot's, so they write and read only that slot. More tokens than the
-largest bucket (long prefill chunks) are recorded each step, unpadded.
+rows and logit rows are written into device tensors (u32, `StepInputs`), generated tokens'
+rows first and prompt tokens' after them (`StepShape`), then the family's `batch_step` runs:
+embedding, per layer the norms and products, K and V written by slot mapping (`kv_write`)
+BEFORE attention, so a prefill chunk attends to its own keys in the same step and decode
+tokens mix with it; attention over each token's own sequence through its block table
+(`attention_paged`); the MLP; the final norm, logits and argmax of the `logit_tokens` rows
+only (`argmax_rows`). The command buffer does not depend on those values: each part is padded
+to a bucket (1, 2, 4, ..., MAX_REPLAY_TOKENS; R, the logit rows, likewise up to the bucket)
+and each (decode bucket, prompt bucket, logit bucket) step is captured once and replayed
+(vkrt/runtime/replay.py), captured again when the activations, the KV cache or the bucket's
+input tensors are reallocated. Padded tokens are token 0 at position 0 of a scratch
+block-table row whose every block is the scratch slot's, so they write and read only that
+slot. More tokens of a role than the largest bucket (long prefill chunks) are recorded each
+step, unpadded.
 
 Batch invariance (what each family's `batch_step` keeps): a sequence's logits are
-bit-identical whatever else is in the batch and whatever T is. Every kernel of the step
-computes each token's row alone in an order fixed by its own data: the products always run
-the f32 matrix-product kernels (`linear(..., matmul=True)`: `matmul`/`matmul_tiled`, even at
-T = 1: never the decode matvecs, whose reduction order differs, nor `matmul_coop`, whose f16
-operands the single-sequence prefill takes from COOP_MIN_TOKENS tokens), norms one row per
-workgroup, attention one workgroup per (head, token) over blocks of positions from its first
-visible position (attention.comp's order). Padding never changes a real token's row.
+bit-identical whatever else is in the batch and however its prompt is chunked. Every kernel
+of the step computes each token's row alone in an order fixed by its own data. The products
+run on the kernel the device's table names for the token's role (`Table.batch_products`,
+vkrt/tuning.py): a generated token ("decode": few columns, one weight row per workgroup,
+`matmul`) or a prompt token ("prompt": `matmul_tiled` on a GPU), each f32 and computing a
+token's row in one order whatever the token count (never the decode matvecs, nor
+`matmul_coop`, whose f16 operands the single-sequence prefill takes from COOP_MIN_TOKENS
+tokens). A token's role is a property of the token (`BatchInput.prompt`: is its position
+inside its prompt), not of the step, so a prompt chunked differently, or generated tokens
+recomputed after a preemption, keep their kernels. Every logit row takes the "decode"
+product. Norms run one row per workgroup, attention one workgroup per (head, token) over
+blocks of positions from its first visible position (attention.comp's order). Padding never
+changes a real token's row.
 """
 from __future__ import annotations
 
@@ -71,6 +79,21 @@ class BatchInput:
     slot_mapping: np.ndarray  # u32 [T] KV-cache slot its K/V is written to: block_tables[s][pos // block_size] * block_size + pos % block_size
     block_tables: np.ndarray  # u32 [S, max_blocks_per_seq] physical block ids per sequence (unused entries any value)
     logit_tokens: np.ndarray  # u32 [R] indices into the T tokens whose logits the step returns (the last token of each sequence that samples this step)
+    prompt: np.ndarray | None = None  # bool [T] a prompt token (True) or a generated one; None: every token a prompt token
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The rows of one step's device tensors: `decode` rows of generated tokens first, then
+    `prompt` rows of prompt tokens (each part padded to its bucket when replayed), `logits`
+    logit rows."""
+    decode: int
+    prompt: int
+    logits: int
+
+    @property
+    def tokens(self) -> int:
+        return self.decode + self.prompt
 
 
 @dataclass
@@ -161,21 +184,26 @@ class PagedBatch:
         """The model's activations, large enough for T tokens and R logit rows."""
         raise NotImplementedError
 
-    def batch_step(self, inputs: StepInputs, T: int, R: int) -> list[Dispatch]:
-        """The dispatches of one step of T tokens (the bucket) and R logit rows reading
-        `inputs`' device tensors (nothing recorded): logits of the R rows in `acts.logits`
-        rows 0 .. R - 1, their argmax in `inputs.argmax`."""
+    def batch_step(self, inputs: StepInputs, shape: StepShape) -> list[Dispatch]:
+        """The dispatches of one step of shape.tokens tokens (generated tokens' rows first,
+        then prompt tokens') and shape.logits logit rows reading `inputs`' device tensors
+        (nothing recorded): logits of the R rows in `acts.logits` rows 0 .. R - 1, their
+        argmax in `inputs.argmax`."""
         raise NotImplementedError
 
     # -- shared by the families' steps ---------------------------------------------------
-    def _batch_linear(self, x: Tensor, name: str, y: Tensor, T: int) -> list[Dispatch]:
-        """y = x W^T (+ b) for T tokens of f32 rows (x [T, in], y [T, out]; W = the model's
-        `name`.weight, b = `name`.bias when present): always the matrix product, never the
-        decode matvec or matmul_coop (batch invariance, the module docstring)."""
+    def _batch_linear(self, x: Tensor, name: str, y: Tensor,
+                      shape: StepShape) -> list[Dispatch]:
+        """y = x W^T (+ b) for the step's f32 rows (x [T, in], y [T, out]; W = the model's
+        `name`.weight, b = `name`.bias when present): the generated tokens' rows on the
+        table's "decode" product, the prompt tokens' on its "prompt" product (batch
+        invariance, the module docstring)."""
         k, w = self.k, self.w
-        out = [k.linear(x, w[name + ".weight"], y, T, name=name, matmul=True)]
+        out = [k.linear(x, w[name + ".weight"], y, n, name=name, batched=role, token0=row0)
+               for role, row0, n in (("decode", 0, shape.decode),
+                                     ("prompt", shape.decode, shape.prompt)) if n]
         if name + ".bias" in w:
-            out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
+            out.append(k.bias_add(y, w[name + ".bias"], shape.tokens, name=name + ".bias"))
         return out
 
     # -- the KV cache --------------------------------------------------------------------
@@ -253,6 +281,12 @@ class PagedBatch:
             if getattr(b, name).shape[0] != T:
                 raise ValueError(f"BatchInput.{name}: {getattr(b, name).shape[0]} entries for "
                                  f"{T} tokens")
+        if b.prompt is not None and (not isinstance(b.prompt, np.ndarray)
+                                     or b.prompt.dtype != np.bool_ or b.prompt.shape != (T,)):
+            what = (f"{b.prompt.dtype} {list(b.prompt.shape)}" if isinstance(b.prompt, np.ndarray)
+                    else type(b.prompt).__name__)
+            raise ValueError(f"BatchInput.prompt: {what}, expected a bool array of the {T} "
+                             "tokens or None")
         S, W = b.block_tables.shape
         R = b.logit_tokens.shape[0]
 
@@ -315,43 +349,60 @@ class PagedBatch:
         """Run one step of T tokens (`BatchInput`) over the paged KV cache and return the
         greedy token of each `logit_tokens` row (`BatchOutput.argmax`, u32 [R]) and, with
         `want_logits`, their logits (f32 [R, n_vocab]). K/V of the T tokens are written into
-        their slots before attention. T up to MAX_REPLAY_TOKENS is padded to its bucket and
-        replayed (VKRT_REPLAY, no timestamps), more is recorded. Waits for the step.
+        their slots before attention. The generated tokens take the device rows first, the
+        prompt tokens after them (`StepShape`); with at most MAX_REPLAY_TOKENS of each, each
+        part is padded to its bucket and the step replayed (VKRT_REPLAY, no timestamps), else
+        recorded. Waits for the step.
         Raises: ValueError from `validate_batch` (nothing is written then)."""
         self.validate_batch(batch)
         p, s = self._paged, self.stream
         T, R = batch.token_ids.shape[0], batch.logit_tokens.shape[0]
-        replay = T <= MAX_REPLAY_TOKENS and config.REPLAY.value and not s.timing
-        T_b = bucket(T) if replay else T
+        prompt = np.ones(T, bool) if batch.prompt is None else batch.prompt
+        D = T - int(prompt.sum())
+        replay = (max(D, T - D) <= MAX_REPLAY_TOKENS and config.REPLAY.value
+                  and not s.timing)
+        D_b, P_b = (bucket(D), bucket(T - D)) if replay else (D, T - D)
+        T_b = D_b + P_b
         R_b = min(bucket(R), T_b) if replay else R
-        inputs = self._inputs(T_b)
+        shape = StepShape(D_b, P_b, R_b)
+        inputs = self._inputs(T_b, replay)
+        # Device row of each token: generated tokens from row 0, prompt tokens from row D_b,
+        # each in their order; the padded rows between are scratch tokens.
+        row = np.empty(T, np.int64)
+        row[~prompt] = np.arange(D)
+        row[prompt] = D_b + np.arange(T - D)
         # Sequences as rows of the device table: the rows tokens name, in order; the scratch
         # row (T_b) for padded tokens. Unused block entries become the scratch block.
         rows, seq = np.unique(batch.seq_of_token, return_inverse=True)
         W = min(batch.block_tables.shape[1], p.table_width)
         tables = np.full((T_b + 1, p.table_width), p.num_blocks, np.uint32)
         tables[:len(rows), :W] = np.minimum(batch.block_tables[rows, :W], p.num_blocks)
-        pad = T_b - T
+
+        def placed(values: np.ndarray, pad: int) -> np.ndarray:
+            out = np.full(T_b, pad, np.uint32)
+            out[row] = values
+            return out
+
         fields = {
-            "ids": np.concatenate([batch.token_ids, np.zeros(pad, np.uint32)]),
-            "positions": np.concatenate([batch.positions, np.zeros(pad, np.uint32)]),
-            "seq": np.concatenate([seq.astype(np.uint32), np.full(pad, T_b, np.uint32)]),
-            "slots": np.concatenate([batch.slot_mapping,
-                                     np.full(pad, p.scratch_slot, np.uint32)]),
-            "logit_rows": np.concatenate([batch.logit_tokens, np.zeros(T_b - R, np.uint32)]),
+            "ids": placed(batch.token_ids, 0),
+            "positions": placed(batch.positions, 0),
+            "seq": placed(seq.astype(np.uint32), T_b),
+            "slots": placed(batch.slot_mapping, p.scratch_slot),
+            "logit_rows": np.concatenate([row[batch.logit_tokens].astype(np.uint32),
+                                          np.zeros(T_b - R, np.uint32)]),
             "tables": tables}
         s.write(inputs.inputs, inputs.pack(fields))
         a = self._batch_activations(T_b, R_b)
         if replay:
             t0 = time.perf_counter_ns()
-            slot = (s.serial, T_b, R_b)
+            slot = (s.serial, shape)
             key = (slot, a.arena.serial, p.buffer.serial, inputs.buffer.serial,
                    s.tracker.always)
             rec = self._batch_replays.get(slot)
             if rec is None or rec.key != key:
                 if rec is not None:
                     s.drop(rec)
-                records = self.batch_step(inputs, T_b, R_b)
+                records = self.batch_step(inputs, shape)
                 s.profiler.add("build", t0)
                 rec = self._batch_replays[slot] = s.capture(records, readback=inputs.argmax,
                                                             key=key)
@@ -359,7 +410,7 @@ class PagedBatch:
             argmax = readback.get()[:R].copy() if R else np.zeros(0, np.uint32)
         else:
             t0 = time.perf_counter_ns()
-            records = self.batch_step(inputs, T_b, R_b)
+            records = self.batch_step(inputs, shape)
             s.profiler.add("build", t0)
             s.record(records, flush_every=config.PREFILL_FLUSH.value if T_b > 1 else 0)
             argmax = s.read(inputs.argmax.rows(0, R)) if R else np.zeros(0, np.uint32)
@@ -369,10 +420,10 @@ class PagedBatch:
                       else np.zeros((0, self.hp.n_vocab), np.float32))
         return BatchOutput(np.asarray(argmax, np.uint32), logits)
 
-    def _inputs(self, n_tokens: int) -> StepInputs:
-        """The step inputs of a bucket (or of a recorded step of n_tokens: one kept, the
-        largest so far)."""
-        key = n_tokens if n_tokens <= MAX_REPLAY_TOKENS else "recorded"
+    def _inputs(self, n_tokens: int, replayed: bool) -> StepInputs:
+        """The step inputs of a replayed step of n_tokens rows (one per count), or of a
+        recorded one (one kept, the largest so far)."""
+        key = n_tokens if replayed else "recorded"
         cur = self._step_inputs.get(key)
         if cur is None or cur.n_tokens < n_tokens:
             if cur is not None:

@@ -3,20 +3,22 @@ of one `execute_batch` step over the paged KV cache of vkrt/models/batch.py (`Pa
 the cache, the step's device tensors, the checks, bucket capture and replay), and the RoPE
 tables it reads.
 
-`batch_step` is `Llama.step`'s arithmetic (vkrt/models/llama.py `_layer`), unfused and for
-tokens of several sequences: embedding (scaled by hp.embed_scale), per layer RMSNorm, Q/K/V
-products (+ biases), the per-head Q/K norms (qk_norm), RoPE at each token's position
-(`rope_positions` over the paged RoPE tables: `rope` for positions below max_positions,
-`rope_swa` for sliding layers, hp.rope_theta_swa), K and V written by slot mapping
-(`kv_write`), `attention_paged` (the layer's window), the output product and residual (or
-the post-norm, Gemma), RMSNorm, gate/up products, SiLU (or GELU) times up, the down product
+`batch_step` is `Llama.step`'s arithmetic (vkrt/models/llama.py `_layer`), mostly unfused and
+for tokens of several sequences: embedding (scaled by hp.embed_scale), per layer RMSNorm,
+Q/K/V products (+ biases), the per-head Q/K norms (qk_norm), RoPE of Q and K at each token's
+position with K and V written by slot mapping, in one dispatch (`rope_kv_write`, over the
+paged RoPE tables: `rope` for positions below max_positions, `rope_swa` for sliding layers,
+hp.rope_theta_swa), `attention_paged` (the layer's window), the output product and residual
+(or the post-norm, Gemma), RMSNorm, gate/up products, SiLU (or GELU) times up, the down product
 and residual; then the logit rows gathered from x, the final RMSNorm, the output product
-(slice by slice when the table is split) and `argmax_rows`. Every product through
-`linear(..., matmul=True)` (batch invariance: vkrt/models/batch.py).
+(slice by slice when the table is split) and `argmax_rows`. Every product over the step's
+tokens through `PagedBatch._batch_linear` (each token's row on its role's kernel), the output
+product over the logit rows through `linear(..., batched="decode")` (batch invariance:
+vkrt/models/batch.py).
 """
 from __future__ import annotations
 
-from vkrt.models.batch import PagedBatch, StepInputs
+from vkrt.models.batch import PagedBatch, StepInputs, StepShape
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.tensor import Tensor
 
@@ -52,17 +54,19 @@ class LlamaBatch(PagedBatch):
             rows = max(rows, 2)
         return self.activations(T, rows)
 
-    def batch_step(self, inputs: StepInputs, T: int, R: int) -> list[Dispatch]:
-        """The dispatches of one batched step of T tokens (the bucket) and R logit rows, reading
-        `inputs`' device tensors; nothing is recorded. Logits of the R rows land in
-        `acts.logits` rows 0 .. R - 1 and their argmax in `inputs.argmax`."""
+    def batch_step(self, inputs: StepInputs, shape: StepShape) -> list[Dispatch]:
+        """The dispatches of one batched step of `shape` (T tokens, generated tokens' rows
+        first, and R logit rows), reading `inputs`' device tensors; nothing is recorded.
+        Logits of the R rows land in `acts.logits` rows 0 .. R - 1 and their argmax in
+        `inputs.argmax`."""
         hp, k, w = self.hp, self.k, self.w
+        T, R = shape.tokens, shape.logits
         a = self._batch_activations(T, R)
         out = self._embed(inputs.ids, a, T)
         if hp.embed_scale != 1.0:
             out.append(k.scale(a.x, T * hp.n_embd, hp.embed_scale, name="token_embd_scale"))
         for i in range(hp.n_layer):
-            out += self._batch_layer(i, a, inputs, T)
+            out += self._batch_layer(i, a, inputs, shape)
         if R == 0:
             return out
         # The logit rows of x, gathered (an f32 "embedding" lookup of x's rows) into proj.
@@ -71,11 +75,12 @@ class LlamaBatch(PagedBatch):
                              "output_norm"))
         name = self._output_name()
         if name not in self.slices:
-            out.append(k.linear(a.xn, w[name], a.logits, R, name="output", matmul=True))
+            out.append(k.linear(a.xn, w[name], a.logits, R, name="output",
+                                batched="decode"))
         else:
             for row0, wt in self.slices[name]:
                 n = wt.shape[0]
-                out += [k.linear(a.xn, wt, a.head, R, name="output", matmul=True),
+                out += [k.linear(a.xn, wt, a.head, R, name="output", batched="decode"),
                         k.copy_block(a.head, a.logits, R, n, row0, name="output.copy")]
         out.append(k.argmax_rows(a.logits, inputs.argmax, hp.n_vocab, R, name="argmax"))
         return out
@@ -89,41 +94,41 @@ class LlamaBatch(PagedBatch):
         return [k.rmsnorm_add(a.proj, w[blk + post_norm + ".weight"], a.x, T, hp.rms_eps,
                               blk + post_norm)]
 
-    def _batch_layer(self, i: int, a, inputs: StepInputs, T: int) -> list[Dispatch]:
+    def _batch_layer(self, i: int, a, inputs: StepInputs,
+                     shape: StepShape) -> list[Dispatch]:
         """Layer i of a batched step: `Llama._layer`'s arithmetic, unfused, with RoPE at each
         token's position, K/V into the paged cache by slot mapping and paged attention."""
         hp, k, w, p, blk = self.hp, self.k, self.w, self._paged, f"blk.{i}."
+        T = shape.tokens
         out = [k.rmsnorm(a.x, w[blk + "attn_norm.weight"], a.xn, T, hp.rms_eps,
                          blk + "attn_norm"),
-               *self._batch_linear(a.xn, blk + "attn_q", a.q, T),
-               *self._batch_linear(a.xn, blk + "attn_k", a.k, T),
-               *self._batch_linear(a.xn, blk + "attn_v", a.v, T)]
-        q, kk, k_roped = a.q, a.k, a.kn
+               *self._batch_linear(a.xn, blk + "attn_q", a.q, shape),
+               *self._batch_linear(a.xn, blk + "attn_k", a.k, shape),
+               *self._batch_linear(a.xn, blk + "attn_v", a.v, shape)]
+        q, kk = a.q, a.k
         if hp.qk_norm:
             out += [k.rmsnorm(a.q, w[blk + "attn_q_norm.weight"], a.attn, T * hp.n_head,
                               hp.rms_eps, blk + "attn_q_norm"),
                     k.rmsnorm(a.k, w[blk + "attn_k_norm.weight"], a.kn, T * hp.n_head_kv,
                               hp.rms_eps, blk + "attn_k_norm")]
-            q, kk, k_roped = a.attn, a.kn, a.k
+            q, kk = a.attn, a.kn
         rope = p.tables["rope_swa"] if hp.swa_layers[i] else p.tables["rope"]
         out += [
-            k.rope_positions(q, rope, a.q_rope, inputs.positions, T, hp.n_head, hp.head_dim,
-                             name=blk + "rope_q", neox=hp.rope_neox),
-            k.rope_positions(kk, rope, k_roped, inputs.positions, T, hp.n_head_kv, hp.head_dim,
-                             name=blk + "rope_k", neox=hp.rope_neox),
-            k.kv_write(k_roped, a.v, inputs.slots, p.k[i], p.v[i], T, name=blk + "kv_write"),
+            k.rope_kv_write(q, kk, a.v, rope, inputs.positions, inputs.slots, a.q_rope, p.k[i],
+                            p.v[i], T, hp.n_head, hp.n_head_kv, hp.head_dim,
+                            name=blk + "rope_kv_write", neox=hp.rope_neox),
             k.attention_paged(a.q_rope, p.k[i], p.v[i], a.attn, inputs.positions, inputs.seq,
                               inputs.tables, T, hp.n_head, hp.n_head_kv, hp.head_dim,
                               p.block_size, self.attn_scale, name=blk + "attn",
                               window=hp.layer_window(i)),
-            *self._batch_linear(a.attn, blk + "attn_output", a.proj, T),
+            *self._batch_linear(a.attn, blk + "attn_output", a.proj, shape),
             *self._batch_residual(i, a, T, "post_attention_norm", "attn_residual"),
             k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps, blk + "ffn_norm"),
-            *self._batch_linear(a.xn, blk + "ffn_gate", a.gate, T),
-            *self._batch_linear(a.xn, blk + "ffn_up", a.up, T),
+            *self._batch_linear(a.xn, blk + "ffn_gate", a.gate, shape),
+            *self._batch_linear(a.xn, blk + "ffn_up", a.up, shape),
             k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul",
                        gelu=hp.gelu),
-            *self._batch_linear(a.act, blk + "ffn_down", a.proj, T),
+            *self._batch_linear(a.act, blk + "ffn_down", a.proj, shape),
             *self._batch_residual(i, a, T, "post_ffw_norm", "ffn_residual"),
         ]
         return out

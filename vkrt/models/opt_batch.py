@@ -18,14 +18,15 @@ several sequences, each at its own position p:
 - the logit rows gathered from x, final_layer_norm (when the model has it), project_out
   (when word_embed_proj_dim != hidden_size), the logits over lm_head's slices (tied to
   embed_tokens) and `argmax_rows`.
-Every product through `linear(..., matmul=True)`, LayerNorm one row per workgroup (batch
-invariance: vkrt/models/batch.py). Dispatches are named after transformers' parameters, as
+Every product over the step's tokens through `PagedBatch._batch_linear` (each token's row on
+its role's kernel), every product over the logit rows through `linear(..., batched="decode")`,
+LayerNorm one row per workgroup (batch invariance: vkrt/models/batch.py). Dispatches are named after transformers' parameters, as
 `OPT.step`'s. Positions run below min(max_position_embeddings, num_blocks * block_size):
 `validate_batch` refuses a position at or past it.
 """
 from __future__ import annotations
 
-from vkrt.models.batch import PagedBatch, StepInputs
+from vkrt.models.batch import PagedBatch, StepInputs, StepShape
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.tensor import Tensor
 
@@ -58,9 +59,9 @@ class OPTBatch(PagedBatch):
             rows = max(rows, 2)
         return self.activations(T, rows)
 
-    def _batch_embed(self, inputs: StepInputs, a, T: int) -> list[Dispatch]:
+    def _batch_embed(self, inputs: StepInputs, a, shape: StepShape) -> list[Dispatch]:
         """x = project_in(embed_tokens[ids]) + the learned position of each token."""
-        hp, k, p = self.hp, self.k, self._paged
+        hp, k, p, T = self.hp, self.k, self._paged, shape.tokens
         dst = a.emb if hp.n_proj != hp.n_embd else a.x
         if len(self.embed) == 1:
             out = [k.embed(self.embed[0][1], inputs.ids, dst, T, name="decoder.embed_tokens")]
@@ -68,23 +69,25 @@ class OPTBatch(PagedBatch):
             out = [k.embed_range(table, row0, inputs.ids, dst, T, name="decoder.embed_tokens")
                    for row0, table in self.embed]
         if hp.n_proj != hp.n_embd:
-            out.append(k.linear(a.emb, self.w["decoder.project_in.weight"], a.x, T,
-                                name="decoder.project_in", matmul=True))
+            out += self._batch_linear(a.emb, "decoder.project_in", a.x, shape)
         out += [k.embed(p.tables["positions"], inputs.positions, a.proj, T,
                         name="decoder.embed_positions"),
                 k.add(a.x, a.proj, T * hp.n_embd, name="decoder.embed_positions.add")]
         return out
 
-    def batch_step(self, inputs: StepInputs, T: int, R: int) -> list[Dispatch]:
-        """The dispatches of one batched step of T tokens (the bucket) and R logit rows, reading
-        `inputs`' device tensors; nothing is recorded. Logits of the R rows land in
-        `acts.logits` rows 0 .. R - 1 and their argmax in `inputs.argmax`."""
+    def batch_step(self, inputs: StepInputs, shape: StepShape) -> list[Dispatch]:
+        """The dispatches of one batched step of `shape` (T tokens, generated tokens' rows
+        first, and R logit rows), reading `inputs`' device tensors; nothing is recorded.
+        Logits of the R rows land in `acts.logits` rows 0 .. R - 1 and their argmax in
+        `inputs.argmax`."""
         hp, k, w = self.hp, self.k, self.w
+        T, R = shape.tokens, shape.logits
         a = self._batch_activations(T, R)
-        out = self._batch_embed(inputs, a, T)
+        out = self._batch_embed(inputs, a, shape)
         for i in range(hp.n_layer):
-            out += self._batch_attention(i, a, inputs, T)
-            out += self._mlp_block(i, a, T, linear=self._batch_linear)
+            out += self._batch_attention(i, a, inputs, shape)
+            out += self._mlp_block(
+                i, a, T, linear=lambda x, name, y, _T: self._batch_linear(x, name, y, shape))
         if R == 0:
             return out
         # The logit rows of x, gathered (an f32 "embedding" lookup of x's rows) into proj.
@@ -95,34 +98,36 @@ class OPTBatch(PagedBatch):
             h = a.xn
         if hp.n_proj != hp.n_embd:
             out.append(k.linear(h, w["decoder.project_out.weight"], a.emb, R,
-                                name="decoder.project_out", matmul=True))
+                                name="decoder.project_out", batched="decode"))
             h = a.emb
         if len(self.head) == 1:
-            out.append(k.linear(h, self.head[0][1], a.logits, R, name="lm_head", matmul=True))
+            out.append(k.linear(h, self.head[0][1], a.logits, R, name="lm_head",
+                                batched="decode"))
         else:
             for row0, wt in self.head:
-                out += [k.linear(h, wt, a.head, R, name="lm_head", matmul=True),
+                out += [k.linear(h, wt, a.head, R, name="lm_head", batched="decode"),
                         k.copy_block(a.head, a.logits, R, wt.shape[0], row0,
                                      name="lm_head.copy")]
         out.append(k.argmax_rows(a.logits, inputs.argmax, hp.n_vocab, R, name="argmax"))
         return out
 
-    def _batch_attention(self, i: int, a, inputs: StepInputs, T: int) -> list[Dispatch]:
+    def _batch_attention(self, i: int, a, inputs: StepInputs,
+                         shape: StepShape) -> list[Dispatch]:
         """`OPT._attention_block` for T tokens: K/V into the paged cache by slot mapping,
         paged attention at each token's position."""
-        hp, k, p = self.hp, self.k, self._paged
+        hp, k, p, T = self.hp, self.k, self._paged, shape.tokens
         blk = f"decoder.layers.{i}."
         att = blk + "self_attn."
         h = a.xn if hp.pre_norm else a.x
         out = [self._norm(a.x, blk + "self_attn_layer_norm", a.xn, T)] if hp.pre_norm else []
-        out += [*self._batch_linear(h, att + "q_proj", a.q, T),
-                *self._batch_linear(h, att + "k_proj", a.k, T),
-                *self._batch_linear(h, att + "v_proj", a.v, T),
+        out += [*self._batch_linear(h, att + "q_proj", a.q, shape),
+                *self._batch_linear(h, att + "k_proj", a.k, shape),
+                *self._batch_linear(h, att + "v_proj", a.v, shape),
                 k.kv_write(a.k, a.v, inputs.slots, p.k[i], p.v[i], T, name=att + "kv_write"),
                 k.attention_paged(a.q, p.k[i], p.v[i], a.attn, inputs.positions, inputs.seq,
                                   inputs.tables, T, hp.n_head, hp.n_head, hp.head_dim,
                                   p.block_size, self.attn_scale, name=att + "attn"),
-                *self._batch_linear(a.attn, att + "out_proj", a.proj, T),
+                *self._batch_linear(a.attn, att + "out_proj", a.proj, shape),
                 k.add(a.x, a.proj, T * hp.n_embd, name=blk + "attn_residual")]
         if not hp.pre_norm:
             out += self._post_norm(a, blk + "self_attn_layer_norm", T)

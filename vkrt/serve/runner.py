@@ -90,7 +90,9 @@ class BatchRunner:
         block_tables), slot_mapping [T] (block_tables[s][pos // block_size] * block_size +
         pos % block_size), block_tables [S, max blocks of any of them] (rows padded with
         0, never read past a sequence's own positions), logit_tokens [R] (index in T of
-        the last token of each sampling sequence)."""
+        the last token of each sampling sequence); prompt (bool [T]): the token's position
+        lies inside its sequence's prompt (a generated token recomputed after a preemption
+        stays a generated one: its role, and so its product's kernel, is its own)."""
         from vkrt.models.batch import BatchInput
 
         bs = self.kv.block_size
@@ -110,12 +112,14 @@ class BatchRunner:
                 sampling.append(s)
         positions = np.concatenate(positions)
         seq_of_token = np.concatenate(rows)
+        prompt_len = np.array([s.seq.num_prompt_tokens for s in scheduled], np.int64)
+        prompt = positions < prompt_len[seq_of_token]
         slot_mapping = (block_tables[seq_of_token, positions // bs] * bs
                         + positions % bs).astype(np.uint32)
         batch = BatchInput(token_ids=np.concatenate(ids), positions=positions,
                            seq_of_token=seq_of_token, slot_mapping=slot_mapping,
                            block_tables=block_tables,
-                           logit_tokens=np.asarray(logit_tokens, np.uint32))
+                           logit_tokens=np.asarray(logit_tokens, np.uint32), prompt=prompt)
         return batch, sampling
 
     def execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[int, str | None]]:

@@ -1,0 +1,127 @@
+"""GPU time of the batched runner's products (`Kernels.linear(batched="decode")`: matmul.comp
+for the generated tokens of a serving step) per matrix shape, weight type, token count and
+`matmul` tile (rows per workgroup x tokens per tile, vkrt/tuning.py `BatchTile`), side by side
+in one process: the measurement behind the GPU table's `batch_tiles`.
+
+    python bench/batched_products.py [--shapes 1536x576,8192x2048,14336x4096]
+        [--types q4_1] [--tokens 1,8,32,64] [--tiles 1x8,4x8,4x16,2x32]
+        [--coop-tiles 16x64:1x2,64x128:2x4] [--repeat 20] [--rounds 3] [--out FILE.json]
+
+A shape RxC is a weight of R output rows and C input columns (the 7B ffn_gate's 14336x4096);
+its bytes are random (they change the values, not what the kernel reads). `--coop-tiles
+BMxBN:SG_MxSG_N,...` adds arms on `matmul_coop` (f16 operands, where the device lists a
+cooperative-matrix shape; vkrt/tuning.py `BatchCoopTile`), named `coop:BMxBN:SG_MxSG_N`. Per (shape, type,
+tokens, tile), `--repeat` products are recorded back to back in one submission, each writing
+the same output (the tracker's WAW barrier orders them), timed by timestamp queries; the
+report gives the median product's µs, the weight bytes over it (GB/s: each weight is read at
+least once per product) and the multiply-adds over it (GFLOP/s, 2 per weight per token). The
+arms alternate round by round (`--rounds`) so drift affects them alike. Prints one JSON
+object; absolute figures only from a real GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vkrt.kernels import Kernels
+    from vkrt.runtime.device import Device
+    from vkrt.runtime.memory import Buffer
+    from vkrt.runtime.pipeline import PipelineCache
+    from vkrt.runtime.stream import Stream
+    from vkrt.runtime.tensor import Tensor
+    from vkrt.tuning import BatchCoopTile, BatchTile
+    from vkrt.weight_types import TYPES
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="1536x576,8192x2048,14336x4096")
+    ap.add_argument("--types", default="q4_1")
+    ap.add_argument("--tokens", default="1,8,32,64")
+    ap.add_argument("--tiles", default="1x8,4x8,4x16,2x32", help="RxT,...: rows per "
+                    "workgroup x tokens per tile")
+    ap.add_argument("--coop-tiles", default="", help="BMxBN:SG_MxSG_N,...: matmul_coop "
+                    "tiles (tokens x rows over subgroups)")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    types = {t.dtype: t for t in TYPES}
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    counts = [int(n) for n in args.tokens.split(",")]
+    tiles = [tuple(int(v) for v in c.split("x")) for c in args.tiles.split(",") if c]
+    coop_tiles = [c for c in args.coop_tiles.split(",") if c]
+    rng = np.random.default_rng(0)
+    report = {"repeat": args.repeat, "rounds": args.rounds, "runs": []}
+    with Device() as dev:
+        stream = Stream(dev, timestamps=True)
+        if not stream.timing:
+            print("batched_products: this device has no timestamps", file=sys.stderr)
+            return 1
+        report["device"] = f"{dev.name} ({dev.driver_name} {dev.driver_info})"
+        cache = PipelineCache(dev)
+        base = Kernels(cache)
+        kernels = {f"{tile[0]}x{tile[1]}": Kernels(cache, tuning=dataclasses.replace(
+            base.tuning, batch_products={"decode": "matmul", "prompt": "matmul"},
+            batch_tiles=(BatchTile(None, *tile, "bench"),))) for tile in tiles}
+        if coop_tiles and base.coop is None:
+            print("batched_products: this device has no cooperative-matrix shape",
+                  file=sys.stderr)
+            return 1
+        for c in coop_tiles:
+            bm, bn, sg_m, sg_n = (int(v) for v in c.replace(":", "x").split("x"))
+            kernels[f"coop:{c}"] = Kernels(cache, tuning=dataclasses.replace(
+                base.tuning, batch_products={"decode": "matmul_coop", "prompt": "matmul_coop"},
+                batch_coop_tiles=(BatchCoopTile(None, bm, bn, sg_m, sg_n, "bench"),)))
+        T = max(counts)
+        for rows, cols in shapes:
+            x = stream.upload(rng.standard_normal((T, cols)).astype(np.float32), "x")
+            y = stream.upload(np.zeros((T, rows), np.float32), "y")
+            weights = {}
+            for name in args.types.split(","):
+                t = types[name]
+                nbytes = rows * cols // t.block * t.block_bytes
+                nbytes += -nbytes % 4
+                w = Tensor(Buffer(dev, nbytes, name=name), 0, nbytes, name, (rows, cols), name)
+                stream.write(Tensor(w.buffer, 0, nbytes, "uint8", (nbytes,)),
+                             rng.integers(0, 256, nbytes, dtype=np.uint8))
+                weights[name] = w
+            stream.synchronize()
+            arms = [(name, n, tile) for name in weights for n in counts for tile in kernels]
+            times: dict = {a: [] for a in arms}
+            for _ in range(args.rounds):
+                for name, n, tile in arms:
+                    label = f"{name}.{n}.{tile}"
+                    stream.profiler.gpu_ns.clear()
+                    stream.profiler.gpu_count.clear()
+                    d = kernels[tile].linear(x, weights[name], y, n, name=label,
+                                             batched="decode")
+                    stream.record([d] * args.repeat)
+                    stream.synchronize()
+                    times[name, n, tile].append(stream.profiler.gpu_ns[label]
+                                                / stream.profiler.gpu_count[label])
+            for (name, n, tile), ts in times.items():
+                us = statistics.median(ts) / 1e3
+                report["runs"].append({
+                    "shape": f"{rows}x{cols}", "type": name, "tokens": n,
+                    "tile": tile, "us": round(us, 2),
+                    "weight_gb_s": round(weights[name].nbytes / us / 1e3, 1),
+                    "gflop_s": round(2 * rows * cols * n / us / 1e3, 1)})
+            for t in (*weights.values(), x, y):
+                t.buffer.close()
+        stream.close()
+    text = json.dumps(report, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
