@@ -175,13 +175,14 @@ GPU = Table(
     },
     argmax_threads=1024, attention_threads=1024, attention_dim_splits=4, prefill_tiled=True,
     norm_subgroups=8, batch_products={"decode": "matmul", "prompt": "matmul_tiled"},
-    # matmul for the batched products: 4 rows per workgroup up to 2 tokens (T = 1: 122.3 us
-    # against 126.6 for 1 row; [14336, 4096] 1213 against 927 GB/s), 2 rows up to 4 (164.5
-    # against 174.2), then one row and tiles of 8 tokens (8-64 tokens: 264-1661 us against
-    # 403-2582 for 2 rows, 264-3152 for tiles of 32).
-    batch_tiles=(BatchTile(2, 4, 8, _PRODUCTS + ": T <= 2 4x4 122.3, 1x8 126.6 us"),
-                 BatchTile(4, 2, 8, _PRODUCTS + ": T = 4 2x8 164.5, 1x8 174.2 us"),
-                 BatchTile(None, 1, 8, _PRODUCTS + ": T = 8-64 1x8 264-1661, 2x8 403-2582 us")),
+    # matmul for the batched products (unrolled loops), the tile of least time summed over
+    # six shapes per token count (bench/README.md has each figure).
+    batch_tiles=(BatchTile(2, 4, 4, _PRODUCTS + ": T <= 2 rows 4, tiles of 4"),
+                 BatchTile(4, 2, 8, _PRODUCTS + ": T = 4 rows 2, tiles of 8"),
+                 BatchTile(8, 2, 16, _PRODUCTS + ": T = 8 rows 2, tiles of 16"),
+                 BatchTile(16, 2, 8, _PRODUCTS + ": T = 16 rows 2, tiles of 8"),
+                 BatchTile(32, 2, 16, _PRODUCTS + ": T = 32 rows 2, tiles of 16"),
+                 BatchTile(None, 4, 8, _PRODUCTS + ": T = 64 rows 4, tiles of 8")),
     # matmul_coop where a table names it for the batched products (the GPU's does not: its
     # best tile, 32 tokens x 128 rows over 2 x 4 subgroups, took 1036-1164 us summed up to
     # 32 tokens against matmul's 122-882; only at 64 tokens 1242 against 1661).

@@ -18,7 +18,6 @@
 // y and z (grid.glsl)). Push constants: n_heads, n_kv_heads, block_size, table_width (u32),
 // scale (f32). Specialization constant 1 WINDOW as attention.comp's. Infinities as there.
 #extension GL_GOOGLE_include_directive : require
-#extension GL_EXT_control_flow_attributes : require
 #include "grid.glsl"
 #include "reduce.glsl"
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
@@ -64,7 +63,7 @@ void main() {
         if (p <= last && p >= first) {
             uint k0 = (slot_s[d] * row + kvh * B) / 4;
             s = 0.0;
-            [[unroll]] for (uint i = 0; i < B / 4; ++i) s += dot(q_s[i], k_cache[k0 + i]);
+            for (uint i = 0; i < B / 4; ++i) s += dot(q_s[i], k_cache[k0 + i]);
         }
         float block_max = max(m, workgroup_max(s));
         float e = weight(s, block_max);
@@ -74,8 +73,7 @@ void main() {
         acc *= correction;
         barrier();
         uint v0 = kvh * B + d;
-        // Unrolled (B is a constant): the loads of every position are in flight together.
-        [[unroll]] for (uint i = 0; i < B; ++i) acc += w_s[i] * v_cache[slot_s[i] * row + v0];
+        for (uint i = 0; i < B; ++i) acc += w_s[i] * v_cache[slot_s[i] * row + v0];
         m = block_max;
         barrier();
     }
