@@ -507,31 +507,15 @@ class Kernels:
         return self._copy_rows(src, dst, grid=grid, name=name, need=need, width=width,
                                dst_row=dst_row)
 
-    def rope_positions(self, src: Tensor, cos_sin: Tensor, dst: Tensor, positions: Tensor,
-                       n_tokens: int, n_heads: int, head_dim: int, name: str = "",
-                       neox: bool = False) -> Dispatch:
-        """dst[t] = src[t] rotated by the angles of position positions[t] for t < n_tokens
-        (`rope_positions`: pairs as `rope`); src, dst [tokens, n_heads * head_dim] f32,
-        positions [tokens] u32 (a device tensor the batched runner writes each step), cos_sin
-        [n_positions, head_dim / 2, 2] f32. The caller keeps every position below
-        n_positions (vkrt/models/batch.py checks them on the host)."""
-        width = n_heads * head_dim
-        grid = (_groups(width // 2, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
-        op = self._batch_op("rope_positions", {0: ELEMENTWISE_BLOCK, 1: int(neox)},
-                            (F32, F32, F32, U32))
-        return op(
-            src, cos_sin, dst, positions, grid=grid, name=name,
-            need=(n_tokens * width, head_dim, n_tokens * width, n_tokens), n_heads=n_heads,
-            head_dim=head_dim, pos0=0, dst_row=0)
-
     def rope_kv_write(self, q: Tensor, k: Tensor, v: Tensor, cos_sin: Tensor, positions: Tensor,
                       slots: Tensor, q_out: Tensor, k_cache: Tensor, v_cache: Tensor,
                       n_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int,
                       name: str = "", neox: bool = False) -> Dispatch:
         """For t < n_tokens: q_out[t] = rope(q[t], positions[t]), k_cache[slots[t]] =
-        rope(k[t], positions[t]), v_cache[slots[t]] = v[t] (`rope_kv_write`: `rope_positions`
-        of Q and K and `kv_write` in one dispatch, the same arithmetic); q, q_out [tokens,
-        n_heads * head_dim], k, v [tokens, n_kv_heads * head_dim] f32, cos_sin [n_positions,
+        rope(k[t], positions[t]), v_cache[slots[t]] = v[t] (`rope_kv_write`: rope.comp's
+        `rope_positions` variant of Q and K and `kv_write` in one dispatch, the same
+        arithmetic); q, q_out [tokens, n_heads * head_dim], k, v [tokens, n_kv_heads *
+        head_dim] f32, cos_sin [n_positions,
         head_dim / 2, 2] f32, positions and slots [tokens] u32, caches [n_slots, n_kv_heads *
         head_dim] f32. The caller keeps every position below n_positions and every slot below
         n_slots (vkrt/models/batch.py checks them on the host)."""
