@@ -1053,7 +1053,8 @@ MUTATIONS = [
      '"logit_rows": np.concatenate([batch.logit_tokens,', BATCH_TESTS),
     ("batch: prompt tokens placed right after the generated ones, inside the decode bucket",
      "vkrt/models/batch.py", "row[prompt] = D_b + np.arange(T - D)",
-     "row[prompt] = D + np.arange(T - D)", BATCH_TESTS),
+     "row[prompt] = D + np.arange(T - D)",
+     ["tests/test_batch.py::test_batch_places_tokens_in_their_roles_rows"]),
     ("batch: the logits' product on the prompt tokens' kernel", "vkrt/models/llama_batch.py",
      '            out.append(k.linear(a.xn, w[name], a.logits, R, name="output",\n'
      '                                batched="decode"))\n',

@@ -244,6 +244,30 @@ def test_batch_products_take_their_roles_kernels(llama, monkeypatch):
         assert products("output") == [(decode, 3, 0)]
 
 
+def test_batch_places_tokens_in_their_roles_rows(llama):
+    """execute_batch puts the generated tokens in device rows 0 .. D-1 and the prompt tokens
+    from the decode bucket's end (row D_b) on, so each runs on its role's kernel
+    (test_batch_products_take_their_roles_kernels) however few generated tokens there are;
+    the padded rows between are scratch tokens writing the scratch slot. A mixed step of 3
+    generated tokens (bucket 4) and 2 prompt tokens, read back from the step's inputs."""
+    pages = Pages(NUM_BLOCKS, BLOCK_SIZE)
+    llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
+    for s, n in (("a", 5), ("b", 6), ("c", 7)):      # their prompts: K/V in the cache
+        llama.execute_batch(pages.step([(s, [7] * n, 0, True)], all_logits=False)[0])
+    parts = [("a", [11], 5, True), ("p", [21, 22], 0, True), ("b", [12], 6, True),
+             ("c", [13], 7, True)]
+    b, _ = pages.step(parts, all_logits=False, prompt_len={"a": 5, "b": 6, "c": 7, "p": 9})
+    assert b.prompt.tolist() == [False, True, True, False, False]
+    llama.execute_batch(b)
+    inputs = llama._step_inputs[batch_mod.bucket(3) + batch_mod.bucket(2)]   # replayed: 4 + 2
+    ids, positions = llama.stream.read(inputs.ids), llama.stream.read(inputs.positions)
+    slots = llama.stream.read(inputs.slots)
+    assert ids.tolist() == [11, 12, 13, 0, 21, 22]
+    assert positions.tolist() == [5, 6, 7, 0, 0, 1]
+    assert slots[3] == llama._paged.scratch_slot
+    assert slots[[0, 1, 2, 4, 5]].tolist() == b.slot_mapping[[0, 3, 4, 1, 2]].tolist()
+
+
 def test_batch_input_errors_name_the_field(llama):
     llama.setup_paged_cache(8, BLOCK_SIZE)
     assert llama.paged_cache_info == (8, BLOCK_SIZE)
