@@ -1118,6 +1118,29 @@ MUTATIONS = [
      "def __init__(self, message: str, status: int = 500,",
      ["tests/test_serve.py::test_bad_field_is_400_naming_it"]),
     # -- serving: continuous batching (kv_cache.py, scheduler.py, runner.py) ---------------
+    ("serve batch: the KV cache allocated at the first step (a server that starts, then fails "
+     "every request)", "vkrt/serve/engine.py",
+     "            try:   # now, so that a cache that does not fit fails here, not every request\n"
+     "                self.runner.setup_cache()\n",
+     "            try:\n                pass\n",
+     ["tests/test_serve_batch.py::test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made"]),
+    ("serve batch: the default KV cache not capped to what the device holds",
+     "vkrt/serve/engine.py",
+     "                    kv_blocks = min(default_kv_blocks(model.hparams.n_ctx, self.max_batch,\n"
+     "                                                      block_size), fit)\n",
+     "                    kv_blocks = default_kv_blocks(model.hparams.n_ctx, self.max_batch,\n"
+     "                                                  block_size)\n",
+     ["tests/test_serve_batch.py::test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made"]),
+    ("batch: the device's KV budget counts the paged cache of before as held",
+     "vkrt/models/batch.py",
+     "held = d.bytes_in_use - (0 if self._paged is None else self._paged.nbytes)",
+     "held = d.bytes_in_use", ["tests/test_batch.py::test_paged_cache_fits_the_device"]),
+    ("batch: the device's KV budget without maxStorageBufferRange",
+     "vkrt/models/batch.py", "n = max(0, min(by_range, budget // per_block))",
+     "n = max(0, budget // per_block)", ["tests/test_batch.py::test_paged_cache_fits_the_device"]),
+    ("batch: the K/V buffer kept when the tables fail (half-allocated cache)",
+     "vkrt/models/batch.py", "            buffer.close()      # nothing half-allocated stays\n",
+     "", ["tests/test_batch.py::test_paged_cache_fits_the_device"]),
     ("serve batch: the KV manager hands the same block to two block tables",
      "vkrt/serve/kv_cache.py", "table.append(self._free.popleft())",
      "table.append(self._free[0])",

@@ -76,12 +76,22 @@ class FakePagedLM:
     """The paged model. Counters: `steps` (execute_batch calls), `tokens_per_step` and
     `seqs_per_step` (T and S of each call), `setups`."""
 
+    max_slots = 1 << 20
+
     def __init__(self):
         self.kv_tokens = self.kv_pos = self.kv_prompt = None
         self.steps, self.tokens_per_step, self.seqs_per_step, self.setups = 0, [], [], 0
         self.delay_s = 0.0
 
+    def max_paged_blocks(self, block_size: int) -> int:
+        """As a device with room for `max_slots` token slots (a class attribute tests set)."""
+        return self.max_slots // block_size
+
     def setup_paged_cache(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks * block_size > self.max_slots:
+            from vkrt.errors import DeviceMemoryError
+            raise DeviceMemoryError(f"allocating {num_blocks * block_size} slots on the fake "
+                                    f"device: {self.max_slots} fit")
         self.block_size = block_size
         self.kv_tokens = np.zeros(num_blocks * block_size, np.int64)
         self.kv_pos = np.full(num_blocks * block_size, -1, np.int64)    # -1: never written

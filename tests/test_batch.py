@@ -268,6 +268,45 @@ def test_batch_places_tokens_in_their_roles_rows(llama):
     assert slots[[0, 1, 2, 4, 5]].tolist() == b.slot_mapping[[0, 3, 4, 1, 2]].tolist()
 
 
+def test_paged_cache_fits_the_device(llama, monkeypatch):
+    """max_paged_blocks is the most blocks whose K/V buffer (paged_cache_bytes, the bytes
+    setup_paged_cache allocates) fits KV_MEMORY_FRACTION of the device-local heap less what
+    vkrt holds (a paged cache of before not counted), and whose one layer's K fits
+    maxStorageBufferRange; a cache refused leaves the one before as it was, and one whose
+    allocation fails half-way leaves no paged cache and no bytes behind."""
+    from vkrt.errors import DeviceMemoryError
+
+    d = llama.device
+    llama.setup_paged_cache(8, BLOCK_SIZE)
+    held = d.bytes_in_use - llama._paged.nbytes
+    monkeypatch.setattr(d, "device_local_bytes", int((held + (100 << 20)) / 0.9) + 1)
+    budget = int(batch_mod.KV_MEMORY_FRACTION * d.device_local_bytes) - held
+    n = llama.max_paged_blocks(BLOCK_SIZE)
+    assert llama.paged_cache_bytes(n, BLOCK_SIZE) <= budget
+    assert llama.paged_cache_bytes(n + 1, BLOCK_SIZE) > budget
+    llama.setup_paged_cache(n, BLOCK_SIZE)
+    assert d.bytes_in_use - held >= llama.paged_cache_bytes(n, BLOCK_SIZE)
+    assert llama.max_paged_blocks(BLOCK_SIZE) == n     # its own cache not counted as held
+    monkeypatch.setattr(d, "device_local_bytes", 1 << 50)
+    monkeypatch.setattr(d, "max_memory_allocation_size", 1 << 50)
+    n = llama.max_paged_blocks(BLOCK_SIZE)
+    row = llama._paged_kv_width() * 4
+    assert (n * BLOCK_SIZE + 1) * row <= d.max_storage_buffer_range
+    assert ((n + 1) * BLOCK_SIZE + 1) * row > d.max_storage_buffer_range
+    llama.setup_paged_cache(8, BLOCK_SIZE)
+    before = d.bytes_in_use
+    with pytest.raises(ValueError, match="maxStorageBufferRange"):
+        llama.setup_paged_cache(n + 1, BLOCK_SIZE)
+    assert llama.paged_cache_info == (8, BLOCK_SIZE) and d.bytes_in_use == before
+
+    def no_memory(max_positions):
+        raise DeviceMemoryError("allocating the tables: out of memory")
+    monkeypatch.setattr(llama, "_paged_tables", no_memory)
+    with pytest.raises(DeviceMemoryError):
+        llama.setup_paged_cache(16, BLOCK_SIZE)
+    assert llama.paged_cache_info is None and d.bytes_in_use == held
+
+
 def test_batch_input_errors_name_the_field(llama):
     llama.setup_paged_cache(8, BLOCK_SIZE)
     assert llama.paged_cache_info == (8, BLOCK_SIZE)

@@ -295,6 +295,33 @@ def test_engine_options_and_their_defaults():
             Engine(FakeModel(), **kw)
 
 
+def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monkeypatch):
+    """The default KV cache takes what the device holds where that is less than the default
+    room (vLLM sizes its cache to the memory the same way); the cache is allocated when the
+    engine is made, so one that does not fit is a VkrtError naming --kv-blocks then, never a
+    server that starts and fails every request. (The fake's device: 40 token slots.)"""
+    from paged_fake import FakePagedLM
+
+    monkeypatch.setattr(FakePagedLM, "max_slots", 40)
+    model = FakeModel(n_ctx=256)
+    engine = Engine(model, max_batch=3, block_size=8)          # room wanted: 96 blocks
+    assert engine.kv.num_blocks == 5 and model.lm.setups == 1   # before any request
+    engine.start(thread=False)
+    a = Collect()
+    engine.add_request([5] * 20, SamplingParams(max_tokens=8), a)
+    while engine.scheduler.has_unfinished():
+        engine.step()
+    assert a.tokens[0] == reference([5] * 20, 8)
+    with pytest.raises(VkrtError, match="KV blocks of 8 tokens; the whole cache holds 5"):
+        engine.add_request([5] * 40, SamplingParams(max_tokens=2), a)
+    with pytest.raises(VkrtError, match=r"--kv-blocks 6 of 8 token slots: .*40 fit\); "
+                                        "at most 5 blocks fit on this device"):
+        Engine(FakeModel(n_ctx=256), max_batch=3, block_size=8, kv_blocks=6)
+    monkeypatch.setattr(FakePagedLM, "max_slots", 7)
+    with pytest.raises(VkrtError, match="no KV block of 8 token slots fits"):
+        Engine(FakeModel(n_ctx=256), block_size=8)
+
+
 def test_a_failing_step_fails_its_requests_and_frees_their_blocks():
     engine = engine_of(max_batch=2, block_size=4)
     a = Collect()

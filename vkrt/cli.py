@@ -221,6 +221,7 @@ def _serve(args) -> int:
     from vkrt.models.registry import open_checkpoint
     from vkrt.serve.app import build_app, server as draining_server
     from vkrt.serve.engine import Engine
+    from vkrt.serve.runner import batched_model
 
     if not 0 <= args.port <= 65535:
         raise VkrtError(f"--port must be from 0 to 65535, got {args.port}")
@@ -252,9 +253,12 @@ def _serve(args) -> int:
         if engine.kv is None:
             batching = "one sequence at a time"
         else:
+            kv, lm = engine.kv, batched_model(model)
+            mib = lm.paged_cache_bytes(kv.num_blocks, kv.block_size) / 2 ** 20
             batching = (f"batches of up to {engine.max_batch} sequences, "
                         f"{engine.scheduler.max_num_batched_tokens} tokens a step, KV cache "
-                        f"{engine.kv.num_blocks} blocks of {engine.kv.block_size}")
+                        f"{kv.num_blocks} blocks of {kv.block_size} "
+                        f"({kv.num_blocks * kv.block_size} positions, {mib:.0f} MiB)")
         print(f"vkrt: serving {name} ({model.family}, context {model.hparams.n_ctx} tokens, "
               f"{batching}, --max-queue {args.max_queue}) on "
               f"http://{host}:{port}/v1", file=sys.stderr, flush=True)
@@ -493,7 +497,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-blocks", type=_positive_int, default=None,
                    help="blocks of the paged KV cache (default: room for --max-batch "
                         f"sequences of min(context, {DEFAULT_KV_TOKENS_PER_SEQ}) tokens and "
-                        "for one of the whole context); a request that cannot fit the whole "
+                        "for one of the whole context, or what fits in 90%% of the "
+                        "device's memory where less); a request that cannot fit the whole "
                         "cache gets HTTP 400, others wait or are preempted and recomputed")
     p.add_argument("--block-size", type=_positive_int, default=None,
                    help=f"token slots per KV block (default {DEFAULT_BLOCK_SIZE})")

@@ -57,11 +57,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkrt import config
-from vkrt.models.scratch import arena, kv_cache
+from vkrt.models.scratch import arena, kv_cache, kv_cache_bytes
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.tensor import Tensor
 
 MAX_REPLAY_TOKENS = 64    # the largest bucket: more tokens per step are recorded, unpadded
+# The share of the device-local heap that vkrt's buffers (weights, activations, the paged KV
+# cache) may take when the KV cache is sized for the device (`max_paged_blocks`): vLLM's
+# default gpu_memory_utilization, 0.9 (vllm/config/cache.py).
+KV_MEMORY_FRACTION = 0.9
 
 
 def bucket(n: int) -> int:
@@ -121,6 +125,11 @@ class PagedCache:
     @property
     def scratch_slot(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes held: the K/V buffer and the tables' buffers."""
+        return self.buffer.nbytes + sum(t.buffer.nbytes for t in self.tables.values())
 
     def close(self) -> None:
         self.buffer.close()
@@ -207,13 +216,39 @@ class PagedBatch:
         return out
 
     # -- the KV cache --------------------------------------------------------------------
+    def paged_cache_bytes(self, num_blocks: int, block_size: int) -> int:
+        """Device bytes `setup_paged_cache(num_blocks, block_size)` allocates for K and V
+        (the family's per-position tables and the step inputs not counted)."""
+        return kv_cache_bytes(self.device, self.hp.n_layer, num_blocks * block_size + 1,
+                              self._paged_kv_width())
+
+    def max_paged_blocks(self, block_size: int,
+                         memory_fraction: float = KV_MEMORY_FRACTION) -> int:
+        """The most blocks of `block_size` slots a paged KV cache may have on this device:
+        one layer's K (or V) within maxStorageBufferRange, the one K/V buffer within
+        maxMemoryAllocationSize and within `memory_fraction` of the device-local heap less
+        the bytes vkrt's buffers hold already (the weights, the activations so far; not a
+        paged cache of before, which `setup_paged_cache` frees). 0 when not one block
+        fits."""
+        d, slot = self.device, self._paged_kv_width() * 4
+        by_range = (d.max_storage_buffer_range // slot - 1) // block_size
+        held = d.bytes_in_use - (0 if self._paged is None else self._paged.nbytes)
+        budget = min(d.max_memory_allocation_size,
+                     int(memory_fraction * d.device_local_bytes) - held)
+        per_block = 2 * self.hp.n_layer * block_size * slot
+        n = max(0, min(by_range, budget // per_block))
+        while n > 0 and self.paged_cache_bytes(n, block_size) > budget:   # the alignment
+            n -= 1
+        return n
+
     def setup_paged_cache(self, num_blocks: int, block_size: int) -> None:
         """Allocate the paged KV cache: `num_blocks` blocks of `block_size` slots per layer
         for K and V (f32, like `setup_caches`' cache) and one scratch slot, and the family's
         tables for positions below min(n_ctx, num_blocks * block_size); frees a previous
         paged cache (its recorded steps are captured again).
         Raises: ValueError for num_blocks or block_size < 1, or when one layer's K (or V)
-        cache passes the device's maxStorageBufferRange."""
+        cache passes the device's maxStorageBufferRange; DeviceMemoryError when the device
+        cannot hold it (then no paged cache is left, the old one freed too)."""
         if not (isinstance(num_blocks, (int, np.integer)) and num_blocks >= 1
                 and isinstance(block_size, (int, np.integer)) and block_size >= 1):
             raise ValueError(f"setup_paged_cache: num_blocks {num_blocks!r} and block_size "
@@ -228,9 +263,13 @@ class PagedBatch:
                              f"device's maxStorageBufferRange of {limit} bytes")
         self._close_paged()
         max_positions = min(hp.n_ctx, num_blocks * block_size)
-        tables = self._paged_tables(max_positions)
         buffer, k, v = kv_cache(self.device, hp.n_layer, n_slots, width,
                                 self._paged_kv_name)
+        try:
+            tables = self._paged_tables(max_positions)
+        except BaseException:
+            buffer.close()      # nothing half-allocated stays
+            raise
         self._paged = PagedCache(int(num_blocks), int(block_size), buffer, k, v, tables,
                                  max_positions, -(-max_positions // block_size))
 

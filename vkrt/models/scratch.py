@@ -41,13 +41,20 @@ def kv_cache(device, n_layer: int, max_seq: int, width: int,
     `name(i, "k_cache")` and `name(i, "v_cache")`; returns (buffer, k views, v views)."""
     nbytes = max_seq * width * 4
     stride = aligned(nbytes, device.min_storage_buffer_offset_alignment)
-    kv = Buffer(device, 2 * n_layer * stride, name="kv_cache")
+    kv = Buffer(device, kv_cache_bytes(device, n_layer, max_seq, width), name="kv_cache")
 
     def view(j: int, what: str) -> Tensor:
         return Tensor(kv, j * stride, nbytes, "float32", (max_seq, width), name(j // 2, what))
 
     return (kv, [view(2 * i, "k_cache") for i in range(n_layer)],
             [view(2 * i + 1, "v_cache") for i in range(n_layer)])
+
+
+def kv_cache_bytes(device, n_layer: int, max_seq: int, width: int) -> int:
+    """Bytes of `kv_cache(device, n_layer, max_seq, width, ...)`'s buffer: 2 * n_layer views
+    of max_seq * width f32, each starting at an aligned offset."""
+    return 2 * n_layer * aligned(max_seq * width * 4,
+                                 device.min_storage_buffer_offset_alignment)
 
 
 def grow(current, n_tokens: int, logit_rows: int, ring: int,

@@ -220,7 +220,9 @@ class Device:
     Attributes beside the handles: `features` (the optional features enabled, by Vulkan
     name: shaderFloat16, vulkanMemoryModel, cooperativeMatrix, ...), `coop_shapes` (every
     cooperative-matrix shape the device lists, `CoopShape`; () without
-    VK_KHR_cooperative_matrix) and `coop_shape()` (the one matmul_coop runs on, or None).
+    VK_KHR_cooperative_matrix) and `coop_shape()` (the one matmul_coop runs on, or None),
+    `bytes_in_use` (device memory vkrt's buffers hold) and `device_local_bytes` (the largest
+    device-local heap, bytes), beside the limits the kernels check.
     Raises: NoVulkanDriverError, VkrtError (bad index, missing validation layer).
     Use as a context manager, or call `close()`: Vulkan objects are released explicitly,
     not by the garbage collector.
@@ -296,6 +298,12 @@ class Device:
                                                  [f.queueFlags for f in families])
         self.timestamp_valid_bits = families[self.queue_family].timestampValidBits
         self.memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        mp = self.memory_properties
+        # The largest heap with VK_MEMORY_HEAP_DEVICE_LOCAL_BIT (Vulkan spec 11.2.1): a
+        # discrete GPU's video memory, lavapipe's share of system memory (2 GiB).
+        self.device_local_bytes = max(
+            (mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount)
+             if mp.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT), default=0)
         self._create_device()
 
     def _install_messenger(self) -> None:

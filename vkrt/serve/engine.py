@@ -36,7 +36,7 @@ import time
 import uuid
 from typing import Any, Callable, Iterator
 
-from vkrt.errors import VkrtError
+from vkrt.errors import DeviceMemoryError, VkrtError
 from vkrt.models.generate import check_context
 from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KVCacheManager,
                                  blocks_for)
@@ -115,9 +115,12 @@ class Engine:
     chunks, >= max_batch; None: DEFAULT_MAX_BATCHED_TOKENS or max_batch if larger), a paged
     KV cache of kv_blocks blocks of block_size token slots (None: `default_kv_blocks`, room
     for max_batch sequences of min(n_ctx, DEFAULT_KV_TOKENS_PER_SEQ) positions and for one
-    of the whole context; DEFAULT_BLOCK_SIZE). Without one it runs one sequence
-    at a time (`runner.SingleSequenceRunner`); max_batch must then be None or 1 and the
-    other three None. Raises VkrtError for a value out of range."""
+    of the whole context, or as many blocks as the device holds where fewer:
+    `max_paged_blocks` of the model; DEFAULT_BLOCK_SIZE), allocated here, so a cache that
+    does not fit raises VkrtError now rather than failing every request. Without one it
+    runs one sequence at a time (`runner.SingleSequenceRunner`); max_batch must then be None or 1 and the
+    other three None. Raises VkrtError for a value out of range or a KV cache that cannot
+    be allocated."""
 
     def __init__(self, model, max_queue: int = 16, max_batch: int | None = None,
                  kv_blocks: int | None = None, block_size: int | None = None,
@@ -140,8 +143,15 @@ class Engine:
             if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
                 raise VkrtError(f"--max-batch must be an integer >= 1, got {max_batch!r}")
             block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-            if kv_blocks is None and isinstance(block_size, int) and block_size >= 1:
-                kv_blocks = default_kv_blocks(model.hparams.n_ctx, self.max_batch, block_size)
+            fit = None
+            if isinstance(block_size, int) and block_size >= 1:
+                fit = lm.max_paged_blocks(block_size)
+                if kv_blocks is None:
+                    if fit < 1:
+                        raise VkrtError(f"no KV block of {block_size} token slots fits in the "
+                                        "device memory the weights leave (--block-size)")
+                    kv_blocks = min(default_kv_blocks(model.hparams.n_ctx, self.max_batch,
+                                                      block_size), fit)
             self.kv = KVCacheManager(kv_blocks, block_size)
             if max_batched_tokens is None:
                 max_batched_tokens = max(DEFAULT_MAX_BATCHED_TOKENS, self.max_batch)
@@ -152,6 +162,12 @@ class Engine:
                                 f"decode each step; got {max_batched_tokens!r}")
             self.scheduler = Scheduler(max_queue, self.max_batch, max_batched_tokens, self.kv)
             self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids)
+            try:   # now, so that a cache that does not fit fails here, not every request
+                self.runner.setup_cache()
+            except (ValueError, DeviceMemoryError) as e:
+                raise VkrtError(f"--kv-blocks {kv_blocks} of {block_size} token slots: the "
+                                f"paged KV cache cannot be allocated ({e}); at most {fit} "
+                                "blocks fit on this device") from None
         self._cond = threading.Condition()
         # The tokenizer is one `tokenizers.Tokenizer` shared by the threads that encode
         # prompts and the engine thread that detokenizes; `Tokenizer.encode` flips its

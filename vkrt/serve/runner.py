@@ -59,9 +59,10 @@ def _finish_reason(seq: Sequence, token: int, stop_ids: frozenset) -> str | None
 class BatchRunner:
     """One `execute_batch` per step over a paged KV cache.
 
-    lm: has `setup_paged_cache(num_blocks, block_size)` (called once, at the first step, on
-    the engine thread) and `execute_batch(BatchInput, want_logits) -> BatchOutput`
-    (vkrt.models.batch). kv: the block manager whose tables the slots come from. stop_ids:
+    lm: has `setup_paged_cache(num_blocks, block_size)` (called once, by `setup_cache`:
+    the engine calls it when it is made, before its thread starts) and
+    `execute_batch(BatchInput, want_logits) -> BatchOutput` (vkrt.models.batch). kv: the
+    block manager whose tables the slots come from. stop_ids:
     end-of-generation ids (`Tokenizer.eog_ids`). Counters: `steps`, `batched_tokens`
     (tokens over every step), `max_seqs_in_step`."""
 
@@ -71,6 +72,13 @@ class BatchRunner:
         self._rngs: dict[Sequence, tuple[Sampling, np.random.Generator | None]] = {}
         self._cache_ready = False
         self.steps = self.batched_tokens = self.max_seqs_in_step = 0
+
+    def setup_cache(self) -> None:
+        """Allocate the model's paged KV cache for `kv`'s blocks (once). Raises what
+        `setup_paged_cache` raises (ValueError, DeviceMemoryError)."""
+        if not self._cache_ready:
+            self.lm.setup_paged_cache(self.kv.num_blocks, self.kv.block_size)
+            self._cache_ready = True
 
     def start(self, seq: Sequence) -> None:
         s = _sampling_of(seq)
@@ -128,9 +136,7 @@ class BatchRunner:
         Raises whatever the model raises (the engine fails the step's requests)."""
         if not plan.scheduled:
             return {}
-        if not self._cache_ready:
-            self.lm.setup_paged_cache(self.kv.num_blocks, self.kv.block_size)
-            self._cache_ready = True
+        self.setup_cache()
         batch, sampling = self.prepare(plan.scheduled)
         want_logits = any(self._rngs[s.seq][1] is not None for s in sampling)
         out = self.lm.execute_batch(batch, want_logits=want_logits)
