@@ -307,6 +307,37 @@ def test_paged_cache_fits_the_device(llama, monkeypatch):
     assert llama.paged_cache_info is None and d.bytes_in_use == held
 
 
+@pytest.fixture
+def qwen2(device, tmp_path):
+    """A random qwen2 file's model (F32, tests/family_files.py)."""
+    model = Llama.from_gguf(device, load_gguf(write_gguf(tmp_path / "qwen2.gguf",
+                                                         hf_model("qwen2"), "qwen2", "F32")))
+    yield model
+    model.close()
+
+
+def test_paged_cache_spread_over_buffers_gives_the_same_bits(qwen2, monkeypatch):
+    """A K/V cache larger than maxMemoryAllocationSize lives in several buffers (consecutive
+    views per buffer, vkrt/models/scratch.py kv_cache): a step's logits are the bits of the
+    cache in one buffer; the budget does not stop at one allocation's size."""
+    llama = qwen2
+    pages = Pages(NUM_BLOCKS, BLOCK_SIZE)
+    b, _ = pages.step([("a", [1, 2, 3, 4, 5], 0, True), ("b", [6, 7], 0, True)])
+    llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
+    assert len(llama._paged.buffer.buffers) == 1
+    want = llama.execute_batch(b, want_logits=True).logits
+    view = llama._paged.k[0].nbytes
+    monkeypatch.setattr(llama.device, "max_memory_allocation_size", 3 * view)
+    llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
+    n_views = 2 * llama.hp.n_layer
+    assert n_views > 3 and len(llama._paged.buffer.buffers) == -(-n_views // 3)
+    assert {t.buffer for t in llama._paged.k + llama._paged.v} == set(
+        llama._paged.buffer.buffers)
+    assert np.array_equal(llama.execute_batch(b, want_logits=True).logits, want)
+    monkeypatch.setattr(llama.device, "device_local_bytes", 1 << 40)
+    assert llama.paged_cache_bytes(llama.max_paged_blocks(BLOCK_SIZE), BLOCK_SIZE) > 3 * view
+
+
 def test_batch_input_errors_name_the_field(llama):
     llama.setup_paged_cache(8, BLOCK_SIZE)
     assert llama.paged_cache_info == (8, BLOCK_SIZE)

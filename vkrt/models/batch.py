@@ -109,10 +109,10 @@ class BatchOutput:
 @dataclass
 class PagedCache:
     """The paged KV cache of every layer: `k[i]`, `v[i]` views of `[n_slots, kv_width]` f32
-    (n_slots = num_blocks * block_size + 1, the last the scratch slot) in one buffer, the
-    family's per-position tables for positions 0 .. max_positions - 1 (`tables`, name ->
-    tensor: `_paged_tables`), and the block-table width the device tensors hold
-    (`table_width` blocks: enough for max_positions)."""
+    (n_slots = num_blocks * block_size + 1, the last the scratch slot) in `buffer`
+    (`KVBuffers`), the family's per-position tables for positions 0 .. max_positions - 1
+    (`tables`, name -> tensor: `_paged_tables`), and the block-table width the device
+    tensors hold (`table_width` blocks: enough for max_positions)."""
     num_blocks: int
     block_size: int
     buffer: object
@@ -225,16 +225,16 @@ class PagedBatch:
     def max_paged_blocks(self, block_size: int,
                          memory_fraction: float = KV_MEMORY_FRACTION) -> int:
         """The most blocks of `block_size` slots a paged KV cache may have on this device:
-        one layer's K (or V) within maxStorageBufferRange, the one K/V buffer within
-        maxMemoryAllocationSize and within `memory_fraction` of the device-local heap less
-        the bytes vkrt's buffers hold already (the weights, the activations so far; not a
-        paged cache of before, which `setup_paged_cache` frees). 0 when not one block
-        fits."""
+        one layer's K (or V) within maxStorageBufferRange and maxMemoryAllocationSize (the
+        views are spread over buffers of at most that: `kv_cache`), all of them within
+        `memory_fraction` of the device-local heap less the bytes vkrt's buffers hold
+        already (the weights, the activations so far; not a paged cache of before, which
+        `setup_paged_cache` frees). 0 when not one block fits."""
         d, slot = self.device, self._paged_kv_width() * 4
-        by_range = (d.max_storage_buffer_range // slot - 1) // block_size
+        view_limit = min(d.max_storage_buffer_range, d.max_memory_allocation_size)
+        by_range = (view_limit // slot - 1) // block_size
         held = d.bytes_in_use - (0 if self._paged is None else self._paged.nbytes)
-        budget = min(d.max_memory_allocation_size,
-                     int(memory_fraction * d.device_local_bytes) - held)
+        budget = int(memory_fraction * d.device_local_bytes) - held
         per_block = 2 * self.hp.n_layer * block_size * slot
         n = max(0, min(by_range, budget // per_block))
         while n > 0 and self.paged_cache_bytes(n, block_size) > budget:   # the alignment

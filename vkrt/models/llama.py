@@ -29,7 +29,7 @@ from vkrt.models.decoder import Decoder
 from vkrt.models.arch import QKV_LAYERS, Arch
 from vkrt.models.gguf import GGUFFile
 from vkrt.models.llama_batch import LlamaBatch
-from vkrt.models.scratch import aligned, arena, grow, kv_cache
+from vkrt.models.scratch import KVBuffers, aligned, arena, grow, kv_cache
 from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.memory import Buffer
@@ -209,7 +209,7 @@ class Llama(LlamaBatch, Decoder):
         self.rope_freqs = rope_freqs  # rope_freqs.weight, f32 [head_dim / 2], or None
         self.stream, self.pipelines = stream, pipelines
         self.acts: Activations | None = None
-        self.kv: Buffer | None = None
+        self.kv: KVBuffers | None = None
         self.k_cache: list[Tensor] = []
         self.v_cache: list[Tensor] = []
         self.rope: Tensor | None = None   # rope_table for positions 0 .. max_seq - 1

@@ -36,7 +36,7 @@ from vkrt.kernels import Kernels, attention_partials
 from vkrt.models.decoder import Decoder
 from vkrt.models.hf_folder import DTYPES, HFFolder
 from vkrt.models.opt_batch import OPTBatch
-from vkrt.models.scratch import arena, grow, kv_cache
+from vkrt.models.scratch import KVBuffers, arena, grow, kv_cache
 from vkrt.runtime.device import Device
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.memory import Buffer
@@ -216,7 +216,7 @@ class OPT(OPTBatch, Decoder):
         self.device, self.hp, self.w, self.embed, self.head = device, hp, weights, embed, head
         self.stream, self.pipelines = stream, pipelines
         self.acts: Activations | None = None
-        self.kv: Buffer | None = None
+        self.kv: KVBuffers | None = None
         self.k_cache: list[Tensor] = []
         self.v_cache: list[Tensor] = []
         self.max_seq = 0

@@ -1,6 +1,6 @@
 """Device buffers a forward works in, shared by the model families: one buffer of disjoint
-activation views (`arena`), the KV cache (`kv_cache`), and the rule that reallocates the
-activations only when a forward needs more than they hold (`grow`).
+activation views (`arena`), the KV cache (`kv_cache`, `KVBuffers`), and the rule that
+reallocates the activations only when a forward needs more than they hold (`grow`).
 
 Every view starts at a multiple of the device's minStorageBufferOffsetAlignment (a descriptor
 binds exactly the view, Vulkan spec VUID-VkWriteDescriptorSet-descriptorType-00328).
@@ -35,23 +35,54 @@ def arena(device, layout: dict[str, tuple[str, tuple[int, ...]]],
     return buffer, views
 
 
+class KVBuffers:
+    """The buffers one KV cache's views live in (`kv_cache`): `buffers` in layer order,
+    each within the device's maxMemoryAllocationSize where one view fits it (Vulkan spec
+    VkPhysicalDeviceMaintenance3Properties: a larger allocation may fail, as on lavapipe).
+    `serial`: the first buffer's (they are made and freed together, so a recording keyed by
+    it is captured again after a reallocation); `nbytes`: their sum."""
+
+    def __init__(self, buffers: list[Buffer]):
+        self.buffers = buffers
+        self.serial = buffers[0].serial
+        self.nbytes = sum(b.nbytes for b in buffers)
+
+    def close(self) -> None:
+        for b in self.buffers:
+            b.close()
+
+
 def kv_cache(device, n_layer: int, max_seq: int, width: int,
-             name: Callable[[int, str], str]) -> tuple[Buffer, list[Tensor], list[Tensor]]:
-    """One buffer holding, per layer i, K and V views of `[max_seq, width]` f32 named
-    `name(i, "k_cache")` and `name(i, "v_cache")`; returns (buffer, k views, v views)."""
+             name: Callable[[int, str], str]) -> tuple[KVBuffers, list[Tensor], list[Tensor]]:
+    """Per layer i, K and V views of `[max_seq, width]` f32 named `name(i, "k_cache")` and
+    `name(i, "v_cache")`, each at an aligned offset, in as few buffers as
+    maxMemoryAllocationSize allows (consecutive views share one); returns (the buffers, k
+    views, v views). Raises DeviceMemoryError (nothing left allocated) when one does not
+    fit."""
     nbytes = max_seq * width * 4
     stride = aligned(nbytes, device.min_storage_buffer_offset_alignment)
-    kv = Buffer(device, kv_cache_bytes(device, n_layer, max_seq, width), name="kv_cache")
+    n_views = 2 * n_layer
+    per_buffer = max(1, min(n_views, device.max_memory_allocation_size // stride))
+    buffers: list[Buffer] = []
+    try:
+        for first in range(0, n_views, per_buffer):
+            count = min(per_buffer, n_views - first)
+            buffers.append(Buffer(device, count * stride, name="kv_cache"))
+    except BaseException:
+        for b in buffers:
+            b.close()
+        raise
 
     def view(j: int, what: str) -> Tensor:
-        return Tensor(kv, j * stride, nbytes, "float32", (max_seq, width), name(j // 2, what))
+        return Tensor(buffers[j // per_buffer], j % per_buffer * stride, nbytes, "float32",
+                      (max_seq, width), name(j // 2, what))
 
-    return (kv, [view(2 * i, "k_cache") for i in range(n_layer)],
+    return (KVBuffers(buffers), [view(2 * i, "k_cache") for i in range(n_layer)],
             [view(2 * i + 1, "v_cache") for i in range(n_layer)])
 
 
 def kv_cache_bytes(device, n_layer: int, max_seq: int, width: int) -> int:
-    """Bytes of `kv_cache(device, n_layer, max_seq, width, ...)`'s buffer: 2 * n_layer views
+    """Bytes of `kv_cache(device, n_layer, max_seq, width, ...)`'s buffers: 2 * n_layer views
     of max_seq * width f32, each starting at an aligned offset."""
     return 2 * n_layer * aligned(max_seq * width * 4,
                                  device.min_storage_buffer_offset_alignment)
