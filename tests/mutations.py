@@ -1124,6 +1124,9 @@ MUTATIONS = [
      "                self.runner.setup_cache()\n",
      "            try:\n                pass\n",
      ["tests/test_serve_batch.py::test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made"]),
+    ("serve batch: an engine made on a model another engine runs reallocates its KV cache",
+     "vkrt/serve/runner.py", "if self.lm.paged_cache_info != want:", "if True:",
+     ["tests/test_serve_batch.py::test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made"]),
     ("serve batch: the default KV cache not capped to what the device holds",
      "vkrt/serve/engine.py",
      "                    kv_blocks = min(default_kv_blocks(model.hparams.n_ctx, self.max_batch,\n"

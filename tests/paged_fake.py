@@ -83,6 +83,11 @@ class FakePagedLM:
         self.steps, self.tokens_per_step, self.seqs_per_step, self.setups = 0, [], [], 0
         self.delay_s = 0.0
 
+    @property
+    def paged_cache_info(self):
+        return None if self.kv_tokens is None else (len(self.kv_tokens) // self.block_size,
+                                                    self.block_size)
+
     def max_paged_blocks(self, block_size: int) -> int:
         """As a device with room for `max_slots` token slots (a class attribute tests set)."""
         return self.max_slots // block_size

@@ -305,7 +305,9 @@ def test_queue_full_is_429(srv, served):
 
 def test_engine_not_running_is_503(served):
     model, _, _ = served
+    cache = model.lm._paged.buffer
     stopped = Engine(model)            # never started: refuses requests, touches nothing
+    assert model.lm._paged.buffer is cache     # the running engine's KV cache kept
     server = Server(stopped, NAME)
     try:
         with pytest.raises(openai.InternalServerError) as e:

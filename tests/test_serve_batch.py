@@ -306,6 +306,8 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
     model = FakeModel(n_ctx=256)
     engine = Engine(model, max_batch=3, block_size=8)          # room wanted: 96 blocks
     assert engine.kv.num_blocks == 5 and model.lm.setups == 1   # before any request
+    Engine(model, max_batch=3, block_size=8)     # the same blocks: the model left alone
+    assert model.lm.setups == 1
     engine.start(thread=False)
     a = Collect()
     engine.add_request([5] * 20, SamplingParams(max_tokens=8), a)

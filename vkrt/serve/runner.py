@@ -60,7 +60,7 @@ class BatchRunner:
     """One `execute_batch` per step over a paged KV cache.
 
     lm: has `setup_paged_cache(num_blocks, block_size)` (called once, by `setup_cache`:
-    the engine calls it when it is made, before its thread starts) and
+    the engine calls it when it is made, before its thread starts), `paged_cache_info` and
     `execute_batch(BatchInput, want_logits) -> BatchOutput` (vkrt.models.batch). kv: the
     block manager whose tables the slots come from. stop_ids:
     end-of-generation ids (`Tokenizer.eog_ids`). Counters: `steps`, `batched_tokens`
@@ -74,10 +74,14 @@ class BatchRunner:
         self.steps = self.batched_tokens = self.max_seqs_in_step = 0
 
     def setup_cache(self) -> None:
-        """Allocate the model's paged KV cache for `kv`'s blocks (once). Raises what
-        `setup_paged_cache` raises (ValueError, DeviceMemoryError)."""
+        """Allocate the model's paged KV cache for `kv`'s blocks (once), or keep the one the
+        model has when it has those blocks already (another engine's, made before: the
+        model is not touched then, so an engine made while another runs the model leaves it
+        alone). Raises what `setup_paged_cache` raises (ValueError, DeviceMemoryError)."""
         if not self._cache_ready:
-            self.lm.setup_paged_cache(self.kv.num_blocks, self.kv.block_size)
+            want = (self.kv.num_blocks, self.kv.block_size)
+            if self.lm.paged_cache_info != want:
+                self.lm.setup_paged_cache(*want)
             self._cache_ready = True
 
     def start(self, seq: Sequence) -> None:
