@@ -118,8 +118,8 @@ class Engine:
     of the whole context, or as many blocks as the device holds where fewer:
     `max_paged_blocks` of the model; DEFAULT_BLOCK_SIZE), allocated here, so a cache that
     does not fit raises VkrtError now rather than failing every request. Without one it
-    runs one sequence at a time (`runner.SingleSequenceRunner`); max_batch must then be None or 1 and the
-    other three None. Raises VkrtError for a value out of range or a KV cache that cannot
+    runs one sequence at a time (`runner.SingleSequenceRunner`); max_batch must then be
+    None or 1 and the other three None. Raises VkrtError for a value out of range or a KV cache that cannot
     be allocated."""
 
     def __init__(self, model, max_queue: int = 16, max_batch: int | None = None,
