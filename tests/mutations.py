@@ -47,6 +47,9 @@ BATCH_TESTS = ["tests/test_batch.py::test_batch_family_matches_transformers_and_
 OPT_BATCH_TESTS = [
     "tests/test_opt_batch.py::test_opt_batch_matches_transformers_and_is_batch_invariant",
     "tests/test_opt_batch.py::test_engine_batches_opt_and_each_request_equals_its_batch1_run"]
+# The serving engine's KV cache, sized to the device and allocated when the engine is made.
+KV_SIZING = [
+    "tests/test_serve_batch.py::test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made"]
 # The block-level reader's (weights.glsl unit_part, glsl/unit_x.glsl): decode products of every
 # block type at odd sizes, split and staged.
 UNITS = ["tests/test_kernels.py::test_matvec_units_odd_sizes"]
@@ -1123,17 +1126,17 @@ MUTATIONS = [
      "            try:   # now, so that a cache that does not fit fails here, not every request\n"
      "                self.runner.setup_cache()\n",
      "            try:\n                pass\n",
-     ["tests/test_serve_batch.py::test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made"]),
+     KV_SIZING),
     ("serve batch: an engine made on a model another engine runs reallocates its KV cache",
      "vkrt/serve/runner.py", "if self.lm.paged_cache_info != want:", "if True:",
-     ["tests/test_serve_batch.py::test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made"]),
+     KV_SIZING),
     ("serve batch: the default KV cache not capped to what the device holds",
      "vkrt/serve/engine.py",
      "                    kv_blocks = min(default_kv_blocks(model.hparams.n_ctx, self.max_batch,\n"
      "                                                      block_size), fit)\n",
      "                    kv_blocks = default_kv_blocks(model.hparams.n_ctx, self.max_batch,\n"
      "                                                  block_size)\n",
-     ["tests/test_serve_batch.py::test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made"]),
+     KV_SIZING),
     ("batch: the device's KV budget counts the paged cache of before as held",
      "vkrt/models/batch.py",
      "held = d.bytes_in_use - (0 if self._paged is None else self._paged.nbytes)",

@@ -119,8 +119,8 @@ class Engine:
     `max_paged_blocks` of the model; DEFAULT_BLOCK_SIZE), allocated here, so a cache that
     does not fit raises VkrtError now rather than failing every request. Without one it
     runs one sequence at a time (`runner.SingleSequenceRunner`); max_batch must then be
-    None or 1 and the other three None. Raises VkrtError for a value out of range or a KV cache that cannot
-    be allocated."""
+    None or 1 and the other three None. Raises VkrtError for a value out of range or a KV
+    cache that cannot be allocated."""
 
     def __init__(self, model, max_queue: int = 16, max_batch: int | None = None,
                  kv_blocks: int | None = None, block_size: int | None = None,
