@@ -4,7 +4,7 @@ sequences (continuous batching over the paged KV cache), the figure llama.cpp's
 its batch-1 run.
 
     python bench/batched.py [--model M] [--seqs 1,8,32,64] [--prompt-tokens 128]
-        [--tokens 128] [--max-batched-tokens 512] [--device N]
+        [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
 
 For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py), N greedy requests
 submitted at once, each of its own `--prompt-tokens` random ids (PCG64 seeded with the
@@ -45,9 +45,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
-        first_index: int = 0) -> tuple[dict, list]:
+        first_index: int = 0, kv_cache_dtype: str = "f32") -> tuple[dict, list]:
     """N = `n` greedy sequences at once, prompts `bench_prompt(n_vocab, p, first_index + i)`,
-    `tokens` tokens each: (the report row: tok/s, TTFT and TPOT in ms, the token lists of the
+    `tokens` tokens each, the engine's KV cache of `kv_cache_dtype`: (the report row: tok/s, TTFT and TPOT in ms, the token lists of the
     n sequences). Raises SystemExit when a request fails or the family cannot batch n."""
     from vkrt.bench import bench_prompt
     from vkrt.serve.engine import Engine
@@ -61,7 +61,8 @@ def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
     last: dict[int, float] = {}
     stats = []
     if batched_model(model) is not None:
-        batching = {"max_batch": n, "max_batched_tokens": max(max_batched_tokens, n)}
+        batching = {"max_batch": n, "max_batched_tokens": max(max_batched_tokens, n),
+                    "kv_cache_dtype": kv_cache_dtype}
     elif n == 1:
         batching = {}   # a family without a batched forward runs one sequence at a time
     else:
@@ -165,6 +166,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--max-batched-tokens", type=int, default=512)
+    ap.add_argument("--kv-cache-dtype", choices=["f32", "f16"], default="f32",
+                    help="the engine's paged KV cache (vkrt serve's option)")
     ap.add_argument("--llama-batched-bench", default=None, help="llama.cpp's tool, for S_TG")
     ap.add_argument("--kernels", action="store_true",
                     help="GPU µs per decode step by kernel (timestamps) for each N")
@@ -175,13 +178,14 @@ def main() -> None:
 
     seqs = [int(s) for s in args.seqs.split(",")]
     report = {"model": args.model, "prompt_tokens": args.prompt_tokens,
-              "tokens": args.tokens, "runs": []}
+              "tokens": args.tokens, "kv_cache_dtype": args.kv_cache_dtype, "runs": []}
     with vkrt.load(args.model, device=args.device) as model:
         report["device"] = model.device.name
-        alone = [run(model, 1, args.prompt_tokens, args.tokens, args.max_batched_tokens, i)[1][0]
-                 for i in range(args.check)]
+        alone = [run(model, 1, args.prompt_tokens, args.tokens, args.max_batched_tokens, i,
+                     args.kv_cache_dtype)[1][0] for i in range(args.check)]
         for n in seqs:
-            row, toks = run(model, n, args.prompt_tokens, args.tokens, args.max_batched_tokens)
+            row, toks = run(model, n, args.prompt_tokens, args.tokens, args.max_batched_tokens,
+                            kv_cache_dtype=args.kv_cache_dtype)
             k = min(n, args.check)
             row["batch_1_identical"] = f"{sum(toks[i] == alone[i] for i in range(k))}/{k}"
             if args.kernels:

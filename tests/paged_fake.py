@@ -88,11 +88,13 @@ class FakePagedLM:
         return None if self.kv_tokens is None else (len(self.kv_tokens) // self.block_size,
                                                     self.block_size)
 
-    def max_paged_blocks(self, block_size: int) -> int:
+    def max_paged_blocks(self, block_size: int, kv_dtype: str = "float32") -> int:
         """As a device with room for `max_slots` token slots (a class attribute tests set)."""
         return self.max_slots // block_size
 
-    def setup_paged_cache(self, num_blocks: int, block_size: int) -> None:
+    def setup_paged_cache(self, num_blocks: int, block_size: int,
+                          kv_dtype: str = "float32") -> None:
+        self.paged_kv_dtype = kv_dtype
         if num_blocks * block_size > self.max_slots:
             from vkrt.errors import DeviceMemoryError
             raise DeviceMemoryError(f"allocating {num_blocks * block_size} slots on the fake "

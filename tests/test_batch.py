@@ -75,15 +75,15 @@ class Pages:
 
 
 def run_schedule(model, schedule, prompts: dict[str, list[int]], n_new: int, seed: int = 0,
-                 all_logits: bool = True):
+                 all_logits: bool = True, kv_dtype: str = "float32"):
     """Run sequences through steps as `schedule(state)` groups them, greedy, the logits of
     every token kept (`all_logits`; else those of the sampled tokens only): returns
     ({(seq, pos): logits row}, {seq: generated tokens}). `schedule(done, tokens, generated,
     n_new)` gets, per sequence, how many of its tokens are in the KV cache, its tokens so far
     and its generated ones, and returns the parts of the next step ((seq, count) pairs: the
-    next `count` tokens of seq)."""
+    next `count` tokens of seq). `kv_dtype`: the paged cache's."""
     pages = Pages(NUM_BLOCKS, BLOCK_SIZE, seed)
-    model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
+    model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE, kv_dtype)
     tokens = {s: list(p) for s, p in prompts.items()}
     done = {s: 0 for s in prompts}        # tokens of s whose K/V are in the cache
     logits, generated = {}, {s: [] for s in prompts}
@@ -125,35 +125,50 @@ def mixed(chunk: int):
     return schedule
 
 
-def check_prefill_logits(model, ids: list[int], ref, label: str) -> None:
+def check_prefill_logits(model, ids: list[int], ref, label: str,
+                         kv_dtype: str = "float32") -> None:
     """The batched step's teacher-forced logits of one sequence's prefill (`ids` alone, in
     chunks of 1) against the oracle's `ref.logits(ids)`: within 1e-4, the small configs'
-    fp32 tolerance of tests/test_opt.py (logits within +-12.4, measured ~4e-6 there)."""
-    lg, _ = run_schedule(model, alone("a"), {"a": ids}, 1)
+    fp32 tolerance of tests/test_opt.py (logits within +-12.4, measured ~4e-6 there). An f16
+    KV cache: within F16_KV_LOGIT_REL of the largest |logit|."""
+    lg, _ = run_schedule(model, alone("a"), {"a": ids}, 1, kv_dtype=kv_dtype)
     got = np.array([lg[("a", p)] for p in range(len(ids))])
-    err = np.abs(got - ref.logits(ids)).max()
-    assert err < 1e-4, f"{label}: max |logit diff| {err:.2e}"
+    want = ref.logits(ids)
+    err = np.abs(got - want).max()
+    bound = 1e-4 if kv_dtype == "float32" else F16_KV_LOGIT_REL * np.abs(want).max()
+    assert err < bound, f"{label}: max |logit diff| {err:.2e} (bound {bound:.2e})"
 
 
-def check_invariance(model, prompts, n_new, chunks=(3, 5)):
+# An f16 paged KV cache (setup_paged_cache(..., "float16")): K and V rounded to f16 as they
+# are stored, a relative error of at most 2^-11 each, all arithmetic f32 (the kernels'
+# tests hold them to that rounding exactly). The logits' error scales with their magnitude,
+# so the bound is relative, the one tests/test_families.py states for f16 operands
+# (COOP_LOGIT_REL: 1e-3 of the largest |logit|); measured on lavapipe, 2026-12-03, against
+# the f32 cache: 2.6e-4 (qwen2) and 9.3e-5 (gemma3) of it.
+F16_KV_LOGIT_REL = 1e-3
+
+
+def check_invariance(model, prompts, n_new, chunks=(3, 5), kv_dtype="float32"):
     """Each sequence alone (the logits of its sampled tokens: R < T in its prefill step),
     then all mixed with prefill chunks of each size (every token's logits with the first,
     the sampled ones with the others), and last all recorded (no replay): every logits row
     the alone runs have bit-identical, the same greedy tokens. Returns the alone runs'
-    tokens."""
+    tokens. `kv_dtype`: the paged cache's, in every run."""
     ref_logits, ref_tokens = {}, {}
     for s in prompts:
         lg, toks = run_schedule(model, alone(s), {s: prompts[s]}, n_new, seed=len(s),
-                                all_logits=False)
+                                all_logits=False, kv_dtype=kv_dtype)
         ref_logits.update(lg)
         ref_tokens.update(toks)
     runs = [(f"chunks of {c}", lambda c=c: run_schedule(model, mixed(c), prompts, n_new,
-                                                        all_logits=c == chunks[0]))
+                                                        all_logits=c == chunks[0],
+                                                        kv_dtype=kv_dtype))
             for c in chunks]
 
     def recorded():
         with config.REPLAY.override("0"):
-            return run_schedule(model, mixed(chunks[0]), prompts, n_new, seed=7)
+            return run_schedule(model, mixed(chunks[0]), prompts, n_new, seed=7,
+                                kv_dtype=kv_dtype)
     runs.append(("recorded", recorded))
     for what, run in runs:
         lg, toks = run()
@@ -183,8 +198,13 @@ def tok(default_gguf):
     return Tokenizer.from_metadata(default_gguf.metadata)
 
 
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
-def test_batch_family_matches_transformers_and_is_batch_invariant(arch, device, tmp_path):
+def test_batch_family_matches_transformers_and_is_batch_invariant(arch, kv_dtype, device,
+                                                                  tmp_path):
+    """Greedy tokens equal transformers' and every sequence's logits are bit-identical alone
+    and in any batch, with an f32 or an f16 paged KV cache; teacher-forced logits within
+    check_prefill_logits' bound for the cache's dtype."""
     path = write_gguf(tmp_path / f"{arch}.gguf", hf_model(arch), arch, "F32")
     ref = TransformersReference(str(path), **ORACLE_CONFIG.get(arch, {}))
     rng = np.random.default_rng(3)
@@ -194,10 +214,11 @@ def test_batch_family_matches_transformers_and_is_batch_invariant(arch, device, 
     assert lengths["a"] > GEMMA3_WINDOW
     model = Llama.from_gguf(device, load_gguf(path))
     try:
-        tokens = check_invariance(model, prompts, n_new)
+        tokens = check_invariance(model, prompts, n_new, kv_dtype=kv_dtype)
+        assert model.paged_kv_dtype == kv_dtype
         for s, ids in prompts.items():
             assert tokens[s] == ref.greedy(ids, n_new), s
-        check_prefill_logits(model, prompts["a"], ref, arch)
+        check_prefill_logits(model, prompts["a"], ref, arch, kv_dtype)
     finally:
         model.close()
 
@@ -284,6 +305,13 @@ def test_paged_cache_fits_the_device(llama, monkeypatch):
     n = llama.max_paged_blocks(BLOCK_SIZE)
     assert llama.paged_cache_bytes(n, BLOCK_SIZE) <= budget
     assert llama.paged_cache_bytes(n + 1, BLOCK_SIZE) > budget
+    n16 = llama.max_paged_blocks(BLOCK_SIZE, "float16")          # f16: half the bytes a block
+    assert llama.paged_cache_bytes(n16, BLOCK_SIZE, "float16") <= budget
+    assert llama.paged_cache_bytes(n16 + 1, BLOCK_SIZE, "float16") > budget
+    assert 2 * n <= n16 <= 2 * n + 2
+    with pytest.raises(ValueError, match="kv_dtype 'bfloat16'; the kernels read float32 or "
+                                         "float16"):
+        llama.setup_paged_cache(8, BLOCK_SIZE, "bfloat16")
     llama.setup_paged_cache(n, BLOCK_SIZE)
     assert d.bytes_in_use - held >= llama.paged_cache_bytes(n, BLOCK_SIZE)
     assert llama.max_paged_blocks(BLOCK_SIZE) == n     # its own cache not counted as held

@@ -1498,25 +1498,37 @@ def test_rope_positions_per_token(gpu):
                                           gpu.read(out).reshape(n_heads, head_dim))
 
 
-def test_kv_write_by_slot_mapping(gpu):
+# The paged KV cache's dtypes: (numpy dtype, the variant suffix, a sentinel it holds exactly).
+KV = {"f32": (np.float32, "", SENTINEL), "f16": (np.float16, "_kvf16", np.float16(-1000.0))}
+
+
+@pytest.mark.parametrize("kv", list(KV))
+def test_kv_write_by_slot_mapping(gpu, kv):
+    """K and V rows into their slots; an f16 cache holds each value rounded to nearest even
+    (numpy's float16 rounding), every other slot untouched."""
+    dtype, suffix, sentinel = KV[kv]
     r, width, n_slots = rng(41), 24, 13
     slots = np.array([9, 0, 12, 4], np.uint32)
     k, v = randn(r, len(slots), width), randn(r, len(slots), width)
     bk, bv, bs = gpu.upload(k), gpu.upload(v), gpu.upload(slots)
-    kc, vc = gpu.filled(n_slots * width), gpu.filled(n_slots * width)
-    gpu.run("kv_write", {0: ELEMENTWISE}, (bk, bv, bs, kc, vc),
+    kc, vc = gpu.filled(n_slots * width, sentinel, dtype), gpu.filled(n_slots * width, sentinel,
+                                                                       dtype)
+    gpu.run("kv_write" + suffix, {0: ELEMENTWISE}, (bk, bv, bs, kc, vc),
             (groups(width, ELEMENTWISE), len(slots), 1), push(width))
     for cache, src in ((kc, k), (vc, v)):
-        want = np.full((n_slots, width), SENTINEL)
-        want[slots] = src
-        np.testing.assert_array_equal(gpu.read(cache).reshape(n_slots, width), want)
+        want = np.full((n_slots, width), sentinel, dtype)
+        want[slots] = src.astype(dtype)
+        np.testing.assert_array_equal(gpu.read(cache, dtype).reshape(n_slots, width), want)
 
 
-def test_rope_kv_write_is_rope_positions_and_kv_write(gpu):
+@pytest.mark.parametrize("kv", list(KV))
+def test_rope_kv_write_is_rope_positions_and_kv_write(gpu, kv):
     """rope_kv_write (the batched step's fused RoPE and KV-cache write): Q rotated at each
     token's position into q_out, K rotated and V copied into the slots of the slot mapping
     (grouped-query: K/V rows of half Q's width), both pair layouts; the same bits as
-    rope_positions and kv_write, every other slot untouched."""
+    rope_positions and kv_write (an f16 cache: those f32 bits rounded as numpy's float16),
+    every other slot untouched."""
+    dtype, suffix, sentinel = KV[kv]
     r, n_heads, n_kv_heads, head_dim, n_slots = rng(45), 4, 2, 16, 13
     positions = np.array([7, 0, 31, 12], np.uint32)
     slots = np.array([9, 0, 12, 4], np.uint32)
@@ -1526,8 +1538,9 @@ def test_rope_kv_write_is_rope_positions_and_kv_write(gpu):
     bq, bk, bv, bf = gpu.upload(q), gpu.upload(k), gpu.upload(v), gpu.upload(table)
     bp, bs = gpu.upload(positions), gpu.upload(slots)
     for neox in (0, 1):
-        q_out, kc, vc = gpu.filled(T * qw + 3), gpu.filled(n_slots * kw), gpu.filled(n_slots * kw)
-        gpu.run("rope_kv_write", {0: ELEMENTWISE, 1: neox},
+        q_out = gpu.filled(T * qw + 3)
+        kc, vc = (gpu.filled(n_slots * kw, sentinel, dtype) for _ in "kv")
+        gpu.run("rope_kv_write" + suffix, {0: ELEMENTWISE, 1: neox},
                 (bq, bk, bv, bf, bp, bs, q_out, kc, vc),
                 (groups(qw // 2, ELEMENTWISE), T, 1), push(n_heads, n_kv_heads, head_dim))
         want_q, want_k = gpu.filled(T * qw), gpu.filled(T * kw)
@@ -1539,19 +1552,23 @@ def test_rope_kv_write_is_rope_positions_and_kv_write(gpu):
         np.testing.assert_array_equal(got_q[-3:], SENTINEL)
         np.testing.assert_array_equal(got_q[:-3], gpu.read(want_q))
         for cache, rows in ((kc, gpu.read(want_k).reshape(T, kw)), (vc, v)):
-            want = np.full((n_slots, kw), SENTINEL)
-            want[slots] = rows
-            np.testing.assert_array_equal(gpu.read(cache).reshape(n_slots, kw), want)
+            want = np.full((n_slots, kw), sentinel, dtype)
+            want[slots] = rows.astype(dtype)
+            np.testing.assert_array_equal(gpu.read(cache, dtype).reshape(n_slots, kw), want)
 
 
+@pytest.mark.parametrize("kv", list(KV))
 @pytest.mark.parametrize("window", [0, 5], ids=["causal", "window-5"])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_attention_paged_reads_each_sequence_through_its_block_table(gpu, window, block_size):
+def test_attention_paged_reads_each_sequence_through_its_block_table(gpu, window, block_size,
+                                                                     kv):
     """Three sequences' keys in shuffled physical blocks (every other slot NaN, so a slot read
     outside a token's own sequence and window poisons its output); tokens of all three
     interleaved. Each token equals float64 attention over its own sequence, and is
     bit-identical to attention.comp over that sequence's contiguous cache (batch
-    invariance: the same reduction order)."""
+    invariance: the same reduction order). An f16 cache is read exactly: the float64
+    reference and attention.comp (f32) take the f16 values."""
+    dtype, suffix, _ = KV[kv]
     r, head_dim, n_heads, n_kv_heads = rng(42), 16, 4, 2
     lengths = [37, 5, 20]
     queries = [(1, 4), (0, 30), (2, 19), (0, 31), (0, 36), (2, 3)]   # (sequence, position)
@@ -1564,8 +1581,8 @@ def test_attention_paged_reads_each_sequence_through_its_block_table(gpu, window
     ks, vs = [], []
     for s, n in enumerate(lengths):
         tables[s, :need[s]] = [order.pop(0) for _ in range(need[s])]
-        ks.append(randn(r, n, n_kv_heads, head_dim))
-        vs.append(randn(r, n, n_kv_heads, head_dim))
+        ks.append(randn(r, n, n_kv_heads, head_dim).astype(dtype).astype(np.float32))
+        vs.append(randn(r, n, n_kv_heads, head_dim).astype(dtype).astype(np.float32))
         for j in range(n):
             slot = tables[s, j // block_size] * block_size + j % block_size
             k_cache[slot], v_cache[slot] = ks[s][j], vs[s][j]
@@ -1573,11 +1590,11 @@ def test_attention_paged_reads_each_sequence_through_its_block_table(gpu, window
     seq = np.array([s for s, _ in queries], np.uint32)
     positions = np.array([p for _, p in queries], np.uint32)
     scale = float(np.float32(1 / np.sqrt(head_dim)))
-    bufs = [gpu.upload(a) for a in (q, k_cache, v_cache)]
+    bufs = [gpu.upload(a) for a in (q, k_cache.astype(dtype), v_cache.astype(dtype))]
     bo = gpu.filled(q.size + 3)
     bufs += [bo] + [gpu.upload(a) for a in (positions, seq, tables)]
     spec = {0: head_dim, 1: window} if window else {0: head_dim}
-    gpu.run("attention_paged", spec, bufs, (n_heads, len(queries), 1),
+    gpu.run("attention_paged" + suffix, spec, bufs, (n_heads, len(queries), 1),
             push(n_heads, n_kv_heads, block_size, tables.shape[1], scale))
     got = gpu.read(bo)
     np.testing.assert_array_equal(got[-3:], SENTINEL)

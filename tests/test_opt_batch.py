@@ -38,19 +38,22 @@ def prompts_of(seed: int) -> dict[str, list[int]]:
             for s, n in LENGTHS.items()}
 
 
-@pytest.mark.parametrize("case", ["f32", "post_ln"])
+@pytest.mark.parametrize("case, kv_dtype", [("f32", "float32"), ("post_ln", "float32"),
+                                            ("f32", "float16")])
 def test_opt_batch_matches_transformers_and_is_batch_invariant(checkpoints, device,  # noqa: F811
-                                                               case):
+                                                               case, kv_dtype):
+    """Greedy tokens equal transformers' and logits bit-identical alone and batched, with
+    an f32 (pre- and post-LN) or an f16 paged KV cache (tests/test_batch.py's bounds)."""
     path = checkpoints[case]
     ref = oracle(path)
     prompts = prompts_of(5)
     model = OPT.from_folder(device, path)
     try:
-        tokens = check_invariance(model, prompts, N_NEW)
+        tokens = check_invariance(model, prompts, N_NEW, kv_dtype=kv_dtype)
         for s, ids in prompts.items():
             assert tokens[s] == ref.greedy(ids, N_NEW), (case, s)
         assert len({t for toks in tokens.values() for t in toks}) > 3   # no collapse
-        check_prefill_logits(model, prompts["a"], ref, case)
+        check_prefill_logits(model, prompts["a"], ref, case, kv_dtype)
     finally:
         model.close()
 
@@ -159,3 +162,18 @@ def test_engine_batches_opt_and_each_request_equals_its_batch1_run(opt_folder, d
         assert engine.runner.max_seqs_in_step == 4
         assert [got[i] for i in range(len(cases))] == want
         assert engine.kv.num_free_blocks == engine.kv.num_blocks
+        # An f16 KV cache (--kv-cache-dtype f16): the same requests batched as above, and
+        # each alone (max_batch 1), token for token; the model's cache now holds f16.
+        runs = []
+        for max_batch in (4, 1):
+            engine = Engine(model, max_batch=max_batch, block_size=4, max_batched_tokens=8,
+                            max_queue=16, kv_cache_dtype="f16").start(thread=False)
+            assert model.lm.paged_kv_dtype == "float16"
+            got = {}
+            for i, (prompt, m) in enumerate(cases):
+                engine.add_request(prompt, SamplingParams(max_tokens=m, ignore_eos=True),
+                                   lambda out, i=i: got.setdefault(i, []).extend(out.token_ids))
+            while engine.scheduler.has_unfinished():
+                engine.step()
+            runs.append([got[i] for i in range(len(cases))])
+        assert runs[0] == runs[1] and [len(t) for t in runs[0]] == [m for _, m in cases]

@@ -316,9 +316,16 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
     assert a.tokens[0] == reference([5] * 20, 8)
     with pytest.raises(VkrtError, match="KV blocks of 8 tokens; the whole cache holds 5"):
         engine.add_request([5] * 40, SamplingParams(max_tokens=2), a)
-    with pytest.raises(VkrtError, match=r"--kv-blocks 6 of 8 token slots: .*40 fit\); "
-                                        "at most 5 blocks fit on this device"):
+    with pytest.raises(VkrtError, match=r"--kv-blocks 6 of 8 token slots \(f32\): .*40 "
+                                        r"fit\); at most 5 blocks fit on this device"):
         Engine(FakeModel(n_ctx=256), max_batch=3, block_size=8, kv_blocks=6)
+    f16 = Engine(model, max_batch=3, block_size=8, kv_cache_dtype="f16")   # another dtype:
+    assert model.lm.setups == 2 and model.lm.paged_kv_dtype == "float16"   # allocated anew
+    assert f16.kv_cache_dtype == "f16"
+    with pytest.raises(VkrtError, match="--kv-cache-dtype must be one of f32, f16, got 'f8'"):
+        Engine(model, kv_cache_dtype="f8")
+    with pytest.raises(VkrtError, match="--kv-cache-dtype are not used"):
+        Engine(FakeModel(batched=False), kv_cache_dtype="f16")
     monkeypatch.setattr(FakePagedLM, "max_slots", 7)
     with pytest.raises(VkrtError, match="no KV block of 8 token slots fits"):
         Engine(FakeModel(n_ctx=256), block_size=8)

@@ -241,7 +241,7 @@ def _serve(args) -> int:
     got: list[int] = []
     try:
         engine = Engine(model, args.max_queue, args.max_batch, args.kv_blocks, args.block_size,
-                        args.max_batched_tokens)
+                        args.max_batched_tokens, args.kv_cache_dtype)
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         log = logging.getLogger("vkrt.serve")
@@ -254,11 +254,12 @@ def _serve(args) -> int:
             batching = "one sequence at a time"
         else:
             kv, lm = engine.kv, batched_model(model)
-            mib = lm.paged_cache_bytes(kv.num_blocks, kv.block_size) / 2 ** 20
+            mib = lm.paged_cache_bytes(kv.num_blocks, kv.block_size, lm.paged_kv_dtype) / 2 ** 20
             batching = (f"batches of up to {engine.max_batch} sequences, "
                         f"{engine.scheduler.max_num_batched_tokens} tokens a step, KV cache "
                         f"{kv.num_blocks} blocks of {kv.block_size} "
-                        f"({kv.num_blocks * kv.block_size} positions, {mib:.0f} MiB)")
+                        f"({kv.num_blocks * kv.block_size} positions, "
+                        f"{engine.kv_cache_dtype}, {mib:.0f} MiB)")
         print(f"vkrt: serving {name} ({model.family}, context {model.hparams.n_ctx} tokens, "
               f"{batching}, --max-queue {args.max_queue}) on "
               f"http://{host}:{port}/v1", file=sys.stderr, flush=True)
@@ -500,6 +501,11 @@ def _parser() -> argparse.ArgumentParser:
                         "for one of the whole context, or what fits in 90%% of the "
                         "device's memory where less); a request that cannot fit the whole "
                         "cache gets HTTP 400, others wait or are preempted and recomputed")
+    p.add_argument("--kv-cache-dtype", choices=["f32", "f16"], default="f32",
+                   help="the paged KV cache's elements: f32 (the default; batched output "
+                        "equals `vkrt generate`'s) or f16 (half the memory, so twice the "
+                        "positions; K and V rounded to f16 as stored, logits within 1e-3 of "
+                        "their largest magnitude, every request still batch-invariant)")
     p.add_argument("--block-size", type=_positive_int, default=None,
                    help=f"token slots per KV block (default {DEFAULT_BLOCK_SIZE})")
     p.add_argument("--max-batched-tokens", type=_positive_int, default=None,

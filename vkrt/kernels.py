@@ -68,6 +68,10 @@ def attention_partials(n_heads: int, head_dim: int) -> int:
 # blocks (32 elements, 256 for the K-quants and IQ4_XS).
 WEIGHTS = weight_types.WEIGHTS
 
+# The paged KV cache's element dtype -> the suffix of the variants that write or read it
+# (kv_write, rope_kv_write, attention_paged; vkrt/glsl/kv.glsl).
+KV_DTYPES = {"float32": "", "float16": "_kvf16"}
+
 # Decode products (matvec, matvec_add, matvec_glu, qkv_rope): their workgroup size and rows
 # per workgroup come from the device class's table, vkrt/tuning.py (`Kernels.decode_launch`).
 
@@ -223,6 +227,17 @@ class Kernels:
         if op is None:
             op = self._batch_ops[key] = Op(self._pipelines.get_pipeline(module, spec), dtypes)
         return op
+
+    @staticmethod
+    def _kv_variant(module: str, k_cache: Tensor, v_cache: Tensor) -> tuple[str, str]:
+        """(the variant of `module` for a KV cache of k_cache's dtype, that dtype). Raises
+        ShaderInterfaceError when K and V differ in dtype or no variant reads it."""
+        if k_cache.dtype != v_cache.dtype or k_cache.dtype not in KV_DTYPES:
+            raise ShaderInterfaceError(
+                f"{module}: a KV cache of {k_cache.dtype} K ({k_cache.name!r}) and "
+                f"{v_cache.dtype} V ({v_cache.name!r}); the kernels read "
+                f"{' or '.join(KV_DTYPES)}, K and V alike")
+        return module + KV_DTYPES[k_cache.dtype], k_cache.dtype
 
     def decode_launch(self, kernel: str, weight: Tensor, n_rows: int) -> tuple[int, int, dict]:
         """(workgroup size, rows per workgroup, other specialization constants) of decode
@@ -515,14 +530,16 @@ class Kernels:
         rope(k[t], positions[t]), v_cache[slots[t]] = v[t] (`rope_kv_write`: rope.comp's
         `rope_positions` variant of Q and K and `kv_write` in one dispatch, the same
         arithmetic); q, q_out [tokens, n_heads * head_dim], k, v [tokens, n_kv_heads *
-        head_dim] f32, cos_sin [n_positions,
-        head_dim / 2, 2] f32, positions and slots [tokens] u32, caches [n_slots, n_kv_heads *
-        head_dim] f32. The caller keeps every position below n_positions and every slot below
-        n_slots (vkrt/models/batch.py checks them on the host)."""
+        head_dim] f32, cos_sin [n_positions, head_dim / 2, 2] f32, positions and slots
+        [tokens] u32, caches [n_slots, n_kv_heads * head_dim] f32 or f16 (`KV_DTYPES`: K and
+        V rounded to f16 as they are stored). The caller keeps every position below
+        n_positions and every slot below n_slots (vkrt/models/batch.py checks them on the
+        host)."""
         qw, kw = n_heads * head_dim, n_kv_heads * head_dim
         grid = (_groups(qw // 2, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
-        op = self._batch_op("rope_kv_write", {0: ELEMENTWISE_BLOCK, 1: int(neox)},
-                            (F32, F32, F32, F32, U32, U32, F32, F32, F32))
+        module, kv = self._kv_variant("rope_kv_write", k_cache, v_cache)
+        op = self._batch_op(module, {0: ELEMENTWISE_BLOCK, 1: int(neox)},
+                            (F32, F32, F32, F32, U32, U32, F32, kv, kv))
         return op(q, k, v, cos_sin, positions, slots, q_out, k_cache, v_cache, grid=grid,
                   name=name, need=(n_tokens * qw, n_tokens * kw, n_tokens * kw, head_dim,
                                    n_tokens, n_tokens, n_tokens * qw, kw, kw),
@@ -532,11 +549,13 @@ class Kernels:
                  n_tokens: int, name: str = "") -> Dispatch:
         """k_cache[slots[t]] = k[t], v_cache[slots[t]] = v[t] for t < n_tokens: this step's K
         (after RoPE) and V into a paged KV cache by slot mapping (`kv_write`); k, v [tokens,
-        width] f32, slots [tokens] u32, caches [n_slots, width] f32. The caller keeps every
-        slot below n_slots (vkrt/models/batch.py checks the slot mapping on the host)."""
+        width] f32, slots [tokens] u32, caches [n_slots, width] f32 or f16 (`KV_DTYPES`:
+        rounded to f16 as stored). The caller keeps every slot below n_slots
+        (vkrt/models/batch.py checks the slot mapping on the host)."""
         width = k_cache.shape[-1]
         grid = (_groups(width, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
-        op = self._batch_op("kv_write", {0: ELEMENTWISE_BLOCK}, (F32, F32, U32, F32, F32))
+        module, kv = self._kv_variant("kv_write", k_cache, v_cache)
+        op = self._batch_op(module, {0: ELEMENTWISE_BLOCK}, (F32, F32, U32, kv, kv))
         return op(k, v, slots, k_cache, v_cache, grid=grid, name=name,
                   need=(n_tokens * width, n_tokens * width, n_tokens, width, width), width=width)
 
@@ -550,15 +569,16 @@ class Kernels:
         positions 0 ..= positions[t] (the last `window` of them when window > 0) of sequence
         seq_of_token[t], position j at slot block_tables[seq, j // block_size] * block_size +
         j % block_size. q, out [tokens, n_heads * head_dim] f32; caches [n_slots, n_kv_heads *
-        head_dim] f32; positions, seq_of_token [tokens] u32; block_tables [rows, table_width]
+        head_dim] f32 or f16 (`KV_DTYPES`, read as f32); positions, seq_of_token [tokens] u32; block_tables [rows, table_width]
         u32 (device tensors the batched runner writes each step; it checks every slot a token
         reaches on the host). A token's result depends only on its position and its
         sequence's keys (the reduction order of attention.comp)."""
         if head_dim % 4:
             raise ShaderInterfaceError(f"attention_paged: head_dim {head_dim} is not a multiple "
                                        "of 4 (vec4 loads)")
-        op = self._batch_op("attention_paged", {0: head_dim, 1: window} if window else
-                            {0: head_dim}, (F32, F32, F32, F32, U32, U32, U32))
+        module, kv = self._kv_variant("attention_paged", k_cache, v_cache)
+        op = self._batch_op(module, {0: head_dim, 1: window} if window else {0: head_dim},
+                            (F32, kv, kv, F32, U32, U32, U32))
         qn = n_tokens * n_heads * head_dim
         kvw = n_kv_heads * head_dim
         return op(q, k_cache, v_cache, out, positions, seq_of_token, block_tables,

@@ -11,7 +11,7 @@
 // own position and its sequence's keys: never on the other tokens of the batch or on their
 // number (batch invariance).
 // q: [n_tokens, n_heads, head_dim] f32 (after RoPE); k_cache, v_cache: [n_slots, n_kv_heads,
-// head_dim] f32; out: [n_tokens, n_heads, head_dim] f32; positions, seq_of_token: [n_tokens]
+// head_dim] f32 (f16 in the `_kvf16` variant: kv.glsl, read as f32); out: [n_tokens, n_heads, head_dim] f32; positions, seq_of_token: [n_tokens]
 // u32; block_tables: [rows, table_width] u32 physical block ids. The host checks every slot
 // a token can reach against n_slots before the step.
 // local_size_x must equal head_dim, a multiple of 4. Dispatch: (n_heads, tokens spread over
@@ -20,9 +20,10 @@
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
 #include "reduce.glsl"
+#include "kv.glsl"
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
-layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
-layout(set = 0, binding = 2) readonly buffer V { float v_cache[]; };
+layout(set = 0, binding = 1) readonly buffer K { KV_T4 k_cache[]; };
+layout(set = 0, binding = 2) readonly buffer V { KV_T v_cache[]; };
 layout(set = 0, binding = 3) writeonly buffer Out { float dst[]; };
 layout(set = 0, binding = 4) readonly buffer Positions { uint positions[]; };
 layout(set = 0, binding = 5) readonly buffer SeqOfToken { uint seq_of_token[]; };
@@ -63,7 +64,7 @@ void main() {
         if (p <= last && p >= first) {
             uint k0 = (slot_s[d] * row + kvh * B) / 4;
             s = 0.0;
-            for (uint i = 0; i < B / 4; ++i) s += dot(q_s[i], k_cache[k0 + i]);
+            for (uint i = 0; i < B / 4; ++i) s += dot(q_s[i], vec4(k_cache[k0 + i]));
         }
         float block_max = max(m, workgroup_max(s));
         float e = weight(s, block_max);
@@ -73,7 +74,7 @@ void main() {
         acc *= correction;
         barrier();
         uint v0 = kvh * B + d;
-        for (uint i = 0; i < B; ++i) acc += w_s[i] * v_cache[slot_s[i] * row + v0];
+        for (uint i = 0; i < B; ++i) acc += w_s[i] * float(v_cache[slot_s[i] * row + v0]);
         m = block_max;
         barrier();
     }

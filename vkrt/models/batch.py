@@ -57,6 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkrt import config
+from vkrt.kernels import KV_DTYPES
 from vkrt.models.scratch import arena, kv_cache, kv_cache_bytes
 from vkrt.runtime.dispatch import Dispatch
 from vkrt.runtime.tensor import Tensor
@@ -171,8 +172,8 @@ class StepInputs:
 class PagedBatch:
     """The batched runner of a family's model (mixed in): `setup_paged_cache`,
     `execute_batch`, `paged_cache_info`. Uses the model's `hp` (n_vocab, n_ctx, n_layer),
-    device, stream and activations. The family defines `_paged_kv_width()` (f32 per K or V
-    row), `_paged_tables(max_positions)` (its per-position tables, uploaded: name -> Tensor),
+    device, stream and activations. The family defines `_paged_kv_width()` (elements per K
+    or V row), `_paged_tables(max_positions)` (its per-position tables, uploaded: name -> Tensor),
     `_batch_activations(T, R)` and `batch_step(inputs, T, R)` (the step's dispatches)."""
 
     _paged: PagedCache | None = None
@@ -181,7 +182,7 @@ class PagedBatch:
 
     # -- what the family supplies (vkrt/models/llama_batch.py, vkrt/models/opt_batch.py) ---
     def _paged_kv_width(self) -> int:
-        """f32 per K (or V) row of one layer's cache."""
+        """Elements per K (or V) row of one layer's cache."""
         raise NotImplementedError
 
     def _paged_tables(self, max_positions: int) -> dict[str, Tensor]:
@@ -216,13 +217,14 @@ class PagedBatch:
         return out
 
     # -- the KV cache --------------------------------------------------------------------
-    def paged_cache_bytes(self, num_blocks: int, block_size: int) -> int:
-        """Device bytes `setup_paged_cache(num_blocks, block_size)` allocates for K and V
-        (the family's per-position tables and the step inputs not counted)."""
+    def paged_cache_bytes(self, num_blocks: int, block_size: int,
+                          kv_dtype: str = "float32") -> int:
+        """Device bytes `setup_paged_cache(num_blocks, block_size, kv_dtype)` allocates for K
+        and V (the family's per-position tables and the step inputs not counted)."""
         return kv_cache_bytes(self.device, self.hp.n_layer, num_blocks * block_size + 1,
-                              self._paged_kv_width())
+                              self._paged_kv_width(), kv_dtype)
 
-    def max_paged_blocks(self, block_size: int,
+    def max_paged_blocks(self, block_size: int, kv_dtype: str = "float32",
                          memory_fraction: float = KV_MEMORY_FRACTION) -> int:
         """The most blocks of `block_size` slots a paged KV cache may have on this device:
         one layer's K (or V) within maxStorageBufferRange and maxMemoryAllocationSize (the
@@ -230,41 +232,51 @@ class PagedBatch:
         `memory_fraction` of the device-local heap less the bytes vkrt's buffers hold
         already (the weights, the activations so far; not a paged cache of before, which
         `setup_paged_cache` frees). 0 when not one block fits."""
-        d, slot = self.device, self._paged_kv_width() * 4
+        d, slot = self.device, self._paged_kv_width() * np.dtype(kv_dtype).itemsize
         view_limit = min(d.max_storage_buffer_range, d.max_memory_allocation_size)
         by_range = (view_limit // slot - 1) // block_size
         held = d.bytes_in_use - (0 if self._paged is None else self._paged.nbytes)
         budget = int(memory_fraction * d.device_local_bytes) - held
         per_block = 2 * self.hp.n_layer * block_size * slot
         n = max(0, min(by_range, budget // per_block))
-        while n > 0 and self.paged_cache_bytes(n, block_size) > budget:   # the alignment
+        while n > 0 and self.paged_cache_bytes(n, block_size, kv_dtype) > budget:  # alignment
             n -= 1
         return n
 
-    def setup_paged_cache(self, num_blocks: int, block_size: int) -> None:
+    def setup_paged_cache(self, num_blocks: int, block_size: int,
+                          kv_dtype: str = "float32") -> None:
         """Allocate the paged KV cache: `num_blocks` blocks of `block_size` slots per layer
-        for K and V (f32, like `setup_caches`' cache) and one scratch slot, and the family's
-        tables for positions below min(n_ctx, num_blocks * block_size); frees a previous
-        paged cache (its recorded steps are captured again).
-        Raises: ValueError for num_blocks or block_size < 1, or when one layer's K (or V)
+        for K and V of `kv_dtype` (float32, like `setup_caches`' cache, or float16: K and V
+        rounded to f16 as they are stored, all arithmetic f32; vkrt/glsl/kv.glsl) and one
+        scratch slot, and the family's tables for positions below min(n_ctx, num_blocks *
+        block_size); frees a previous paged cache (its recorded steps are captured again).
+        Raises: ValueError for num_blocks or block_size < 1, a kv_dtype no kernel reads or
+        float16 on a device without storageBuffer16BitAccess, or when one layer's K (or V)
         cache passes the device's maxStorageBufferRange; DeviceMemoryError when the device
         cannot hold it (then no paged cache is left, the old one freed too)."""
         if not (isinstance(num_blocks, (int, np.integer)) and num_blocks >= 1
                 and isinstance(block_size, (int, np.integer)) and block_size >= 1):
             raise ValueError(f"setup_paged_cache: num_blocks {num_blocks!r} and block_size "
                              f"{block_size!r} must be integers >= 1")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"setup_paged_cache: kv_dtype {kv_dtype!r}; the kernels read "
+                             f"{' or '.join(KV_DTYPES)}")
+        if kv_dtype == "float16" and not self.device.features.get("storageBuffer16BitAccess"):
+            raise ValueError(f"setup_paged_cache: a float16 KV cache needs the device feature "
+                             f"storageBuffer16BitAccess, which {self.device.name} lacks")
         hp = self.hp
         width = self._paged_kv_width()
         n_slots = num_blocks * block_size + 1
         limit = self.device.max_storage_buffer_range
-        if n_slots * width * 4 > limit:
+        row = width * np.dtype(kv_dtype).itemsize
+        if n_slots * row > limit:
             raise ValueError(f"setup_paged_cache: {num_blocks} blocks of {block_size} slots are "
-                             f"{n_slots * width * 4} bytes of K per layer, more than the "
+                             f"{n_slots * row} bytes of K per layer, more than the "
                              f"device's maxStorageBufferRange of {limit} bytes")
         self._close_paged()
         max_positions = min(hp.n_ctx, num_blocks * block_size)
         buffer, k, v = kv_cache(self.device, hp.n_layer, n_slots, width,
-                                self._paged_kv_name)
+                                self._paged_kv_name, kv_dtype)
         try:
             tables = self._paged_tables(max_positions)
         except BaseException:
@@ -282,6 +294,12 @@ class PagedBatch:
         """(num_blocks, block_size) of the paged KV cache, or None before `setup_paged_cache`."""
         p = self._paged
         return None if p is None else (p.num_blocks, p.block_size)
+
+    @property
+    def paged_kv_dtype(self) -> str | None:
+        """The paged KV cache's element dtype (float32 or float16), or None before
+        `setup_paged_cache`."""
+        return None if self._paged is None else self._paged.k[0].dtype
 
     def _close_paged(self) -> None:
         if self._batch_replays:

@@ -52,14 +52,14 @@ class KVBuffers:
             b.close()
 
 
-def kv_cache(device, n_layer: int, max_seq: int, width: int,
-             name: Callable[[int, str], str]) -> tuple[KVBuffers, list[Tensor], list[Tensor]]:
-    """Per layer i, K and V views of `[max_seq, width]` f32 named `name(i, "k_cache")` and
-    `name(i, "v_cache")`, each at an aligned offset, in as few buffers as
-    maxMemoryAllocationSize allows (consecutive views share one); returns (the buffers, k
-    views, v views). Raises DeviceMemoryError (nothing left allocated) when one does not
-    fit."""
-    nbytes = max_seq * width * 4
+def kv_cache(device, n_layer: int, max_seq: int, width: int, name: Callable[[int, str], str],
+             dtype: str = "float32") -> tuple[KVBuffers, list[Tensor], list[Tensor]]:
+    """Per layer i, K and V views of `[max_seq, width]` `dtype` (float32 or float16) named
+    `name(i, "k_cache")` and `name(i, "v_cache")`, each at an aligned offset, in as few
+    buffers as maxMemoryAllocationSize allows (consecutive views share one); returns (the
+    buffers, k views, v views). Raises DeviceMemoryError (nothing left allocated) when one
+    does not fit."""
+    nbytes = max_seq * width * np.dtype(dtype).itemsize
     stride = aligned(nbytes, device.min_storage_buffer_offset_alignment)
     n_views = 2 * n_layer
     per_buffer = max(1, min(n_views, device.max_memory_allocation_size // stride))
@@ -74,17 +74,18 @@ def kv_cache(device, n_layer: int, max_seq: int, width: int,
         raise
 
     def view(j: int, what: str) -> Tensor:
-        return Tensor(buffers[j // per_buffer], j % per_buffer * stride, nbytes, "float32",
+        return Tensor(buffers[j // per_buffer], j % per_buffer * stride, nbytes, dtype,
                       (max_seq, width), name(j // 2, what))
 
     return (KVBuffers(buffers), [view(2 * i, "k_cache") for i in range(n_layer)],
             [view(2 * i + 1, "v_cache") for i in range(n_layer)])
 
 
-def kv_cache_bytes(device, n_layer: int, max_seq: int, width: int) -> int:
-    """Bytes of `kv_cache(device, n_layer, max_seq, width, ...)`'s buffers: 2 * n_layer views
-    of max_seq * width f32, each starting at an aligned offset."""
-    return 2 * n_layer * aligned(max_seq * width * 4,
+def kv_cache_bytes(device, n_layer: int, max_seq: int, width: int,
+                   dtype: str = "float32") -> int:
+    """Bytes of `kv_cache(device, n_layer, max_seq, width, ..., dtype)`'s buffers: 2 *
+    n_layer views of max_seq * width elements, each starting at an aligned offset."""
+    return 2 * n_layer * aligned(max_seq * width * np.dtype(dtype).itemsize,
                                  device.min_storage_buffer_offset_alignment)
 
 

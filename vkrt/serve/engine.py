@@ -55,6 +55,10 @@ __all__ = ["Engine", "EngineStoppedError", "QueueFullError", "SamplingParams", "
 
 
 
+# --kv-cache-dtype -> the paged KV cache's element dtype (`setup_paged_cache`'s kv_dtype).
+KV_CACHE_DTYPES = {"f32": "float32", "f16": "float16"}
+
+
 def default_kv_blocks(n_ctx: int, max_batch: int, block_size: int) -> int:
     """KV blocks of the default paged cache: max(n_ctx, max_batch * min(n_ctx,
     DEFAULT_KV_TOKENS_PER_SEQ)) positions, in blocks of block_size (so one sequence can
@@ -116,25 +120,28 @@ class Engine:
     KV cache of kv_blocks blocks of block_size token slots (None: `default_kv_blocks`, room
     for max_batch sequences of min(n_ctx, DEFAULT_KV_TOKENS_PER_SEQ) positions and for one
     of the whole context, or as many blocks as the device holds where fewer:
-    `max_paged_blocks` of the model; DEFAULT_BLOCK_SIZE), allocated here, so a cache that
-    does not fit raises VkrtError now rather than failing every request. Without one it
+    `max_paged_blocks` of the model; DEFAULT_BLOCK_SIZE) of kv_cache_dtype elements ("f32",
+    or "f16": K and V rounded to f16 as they are stored, half the bytes; `KV_CACHE_DTYPES`),
+    allocated here, so a cache that does not fit raises VkrtError now rather than failing
+    every request. Without one it
     runs one sequence at a time (`runner.SingleSequenceRunner`); max_batch must then be
     None or 1 and the other three None. Raises VkrtError for a value out of range or a KV
     cache that cannot be allocated."""
 
     def __init__(self, model, max_queue: int = 16, max_batch: int | None = None,
                  kv_blocks: int | None = None, block_size: int | None = None,
-                 max_batched_tokens: int | None = None):
+                 max_batched_tokens: int | None = None, kv_cache_dtype: str = "f32"):
         self.model = model
         lm = batched_model(model)
         self.kv: KVCacheManager | None = None
+        self.kv_cache_dtype = kv_cache_dtype
         if lm is None:
             if (max_batch not in (None, 1) or kv_blocks is not None or block_size is not None
-                    or max_batched_tokens is not None):
+                    or max_batched_tokens is not None or kv_cache_dtype != "f32"):
                 raise VkrtError(f"the {getattr(model, 'family', 'model')} family has no "
                                 "batched forward (execute_batch): it runs one sequence at a "
-                                "time, so --max-batch must be 1 and --kv-blocks, --block-size "
-                                "and --max-batched-tokens are not used")
+                                "time, so --max-batch must be 1 and --kv-blocks, --block-size, "
+                                "--max-batched-tokens and --kv-cache-dtype are not used")
             self.max_batch = 1
             self.scheduler = Scheduler(max_queue)
             self.runner = SingleSequenceRunner(model)
@@ -143,9 +150,13 @@ class Engine:
             if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
                 raise VkrtError(f"--max-batch must be an integer >= 1, got {max_batch!r}")
             block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+            if kv_cache_dtype not in KV_CACHE_DTYPES:
+                raise VkrtError(f"--kv-cache-dtype must be one of "
+                                f"{', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+            kv_dtype = KV_CACHE_DTYPES[kv_cache_dtype]
             fit = None
             if isinstance(block_size, int) and block_size >= 1:
-                fit = lm.max_paged_blocks(block_size)
+                fit = lm.max_paged_blocks(block_size, kv_dtype)
                 if kv_blocks is None:
                     if fit < 1:
                         raise VkrtError(f"no KV block of {block_size} token slots fits in the "
@@ -161,13 +172,13 @@ class Engine:
                                 f"({self.max_batch}), so that every running sequence can "
                                 f"decode each step; got {max_batched_tokens!r}")
             self.scheduler = Scheduler(max_queue, self.max_batch, max_batched_tokens, self.kv)
-            self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids)
+            self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids, kv_dtype)
             try:   # now, so that a cache that does not fit fails here, not every request
                 self.runner.setup_cache()
             except (ValueError, DeviceMemoryError) as e:
-                raise VkrtError(f"--kv-blocks {kv_blocks} of {block_size} token slots: the "
-                                f"paged KV cache cannot be allocated ({e}); at most {fit} "
-                                "blocks fit on this device") from None
+                raise VkrtError(f"--kv-blocks {kv_blocks} of {block_size} token slots "
+                                f"({kv_cache_dtype}): the paged KV cache cannot be allocated "
+                                f"({e}); at most {fit} blocks fit on this device") from None
         self._cond = threading.Condition()
         # The tokenizer is one `tokenizers.Tokenizer` shared by the threads that encode
         # prompts and the engine thread that detokenizes; `Tokenizer.encode` flips its

@@ -62,26 +62,27 @@ class BatchRunner:
     lm: has `setup_paged_cache(num_blocks, block_size)` (called once, by `setup_cache`:
     the engine calls it when it is made, before its thread starts), `paged_cache_info` and
     `execute_batch(BatchInput, want_logits) -> BatchOutput` (vkrt.models.batch). kv: the
-    block manager whose tables the slots come from. stop_ids:
+    block manager whose tables the slots come from; kv_dtype: its K/V elements' (float32 or
+    float16). stop_ids:
     end-of-generation ids (`Tokenizer.eog_ids`). Counters: `steps`, `batched_tokens`
     (tokens over every step), `max_seqs_in_step`."""
 
-    def __init__(self, lm, kv: KVCacheManager, stop_ids=()):
-        self.lm, self.kv = lm, kv
+    def __init__(self, lm, kv: KVCacheManager, stop_ids=(), kv_dtype: str = "float32"):
+        self.lm, self.kv, self.kv_dtype = lm, kv, kv_dtype
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self._rngs: dict[Sequence, tuple[Sampling, np.random.Generator | None]] = {}
         self._cache_ready = False
         self.steps = self.batched_tokens = self.max_seqs_in_step = 0
 
     def setup_cache(self) -> None:
-        """Allocate the model's paged KV cache for `kv`'s blocks (once), or keep the one the
-        model has when it has those blocks already (another engine's, made before: the
-        model is not touched then, so an engine made while another runs the model leaves it
-        alone). Raises what `setup_paged_cache` raises (ValueError, DeviceMemoryError)."""
+        """Allocate the model's paged KV cache for `kv`'s blocks of `kv_dtype` (once), or keep
+        the one the model has when it has those blocks of that dtype already (another
+        engine's, made before: the model is not touched then, so an engine made while another
+        runs the model leaves it alone). Raises what `setup_paged_cache` raises (ValueError, DeviceMemoryError)."""
         if not self._cache_ready:
             want = (self.kv.num_blocks, self.kv.block_size)
-            if self.lm.paged_cache_info != want:
-                self.lm.setup_paged_cache(*want)
+            if self.lm.paged_cache_info != want or self.lm.paged_kv_dtype != self.kv_dtype:
+                self.lm.setup_paged_cache(*want, self.kv_dtype)
             self._cache_ready = True
 
     def start(self, seq: Sequence) -> None:
