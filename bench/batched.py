@@ -47,8 +47,9 @@ def pct(values: list[float], q: float) -> float:
 def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
         first_index: int = 0, kv_cache_dtype: str = "f32") -> tuple[dict, list]:
     """N = `n` greedy sequences at once, prompts `bench_prompt(n_vocab, p, first_index + i)`,
-    `tokens` tokens each, the engine's KV cache of `kv_cache_dtype`: (the report row: tok/s, TTFT and TPOT in ms, the token lists of the
-    n sequences). Raises SystemExit when a request fails or the family cannot batch n."""
+    `tokens` tokens each, the engine's KV cache of `kv_cache_dtype`: (the report row: tok/s,
+    TTFT and TPOT in ms, the token lists of the n sequences). Raises SystemExit when a
+    request fails or the family cannot batch n."""
     from vkrt.bench import bench_prompt
     from vkrt.serve.engine import Engine
     from vkrt.serve.request import SamplingParams
@@ -159,6 +160,8 @@ def llama_batched_bench(path: str, model: str, seqs: list[int], p: int, n: int) 
 
 
 def main() -> None:
+    from vkrt.serve.kv_cache import KV_CACHE_DTYPES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", type=int, default=None)
@@ -166,7 +169,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--max-batched-tokens", type=int, default=512)
-    ap.add_argument("--kv-cache-dtype", choices=["f32", "f16"], default="f32",
+    ap.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="f32",
                     help="the engine's paged KV cache (vkrt serve's option)")
     ap.add_argument("--llama-batched-bench", default=None, help="llama.cpp's tool, for S_TG")
     ap.add_argument("--kernels", action="store_true",

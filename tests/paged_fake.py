@@ -79,7 +79,7 @@ class FakePagedLM:
     max_slots = 1 << 20
 
     def __init__(self):
-        self.kv_tokens = self.kv_pos = self.kv_prompt = None
+        self.kv_tokens = self.kv_pos = self.kv_prompt = self.paged_kv_dtype = None
         self.steps, self.tokens_per_step, self.seqs_per_step, self.setups = 0, [], [], 0
         self.delay_s = 0.0
 

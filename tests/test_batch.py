@@ -279,7 +279,8 @@ def test_batch_places_tokens_in_their_roles_rows(llama):
              ("c", [13], 7, True)]
     b, _ = pages.step(parts, all_logits=False, prompt_len={"a": 5, "b": 6, "c": 7, "p": 9})
     assert b.prompt.tolist() == [False, True, True, False, False]
-    llama.execute_batch(b)
+    with config.REPLAY.override("1"):          # padded to buckets: replayed
+        llama.execute_batch(b)
     inputs = llama._step_inputs[batch_mod.bucket(3) + batch_mod.bucket(2)]   # replayed: 4 + 2
     ids, positions = llama.stream.read(inputs.ids), llama.stream.read(inputs.positions)
     slots = llama.stream.read(inputs.slots)
@@ -299,7 +300,7 @@ def test_paged_cache_fits_the_device(llama, monkeypatch):
 
     d = llama.device
     llama.setup_paged_cache(8, BLOCK_SIZE)
-    held = d.bytes_in_use - llama._paged.nbytes
+    held = d.bytes_in_use - llama._paged.nbytes - d.staging_bytes_in_use   # no step inputs yet
     monkeypatch.setattr(d, "device_local_bytes", int((held + (100 << 20)) / 0.9) + 1)
     budget = int(batch_mod.KV_MEMORY_FRACTION * d.device_local_bytes) - held
     n = llama.max_paged_blocks(BLOCK_SIZE)
@@ -309,9 +310,12 @@ def test_paged_cache_fits_the_device(llama, monkeypatch):
     assert llama.paged_cache_bytes(n16, BLOCK_SIZE, "float16") <= budget
     assert llama.paged_cache_bytes(n16 + 1, BLOCK_SIZE, "float16") > budget
     assert 2 * n <= n16 <= 2 * n + 2
-    with pytest.raises(ValueError, match="kv_dtype 'bfloat16'; the kernels read float32 or "
-                                         "float16"):
-        llama.setup_paged_cache(8, BLOCK_SIZE, "bfloat16")
+    for bad in (lambda: llama.setup_paged_cache(8, BLOCK_SIZE, "bfloat16"),
+                lambda: llama.max_paged_blocks(BLOCK_SIZE, "bfloat16"),
+                lambda: llama.paged_cache_bytes(8, BLOCK_SIZE, "bfloat16")):
+        with pytest.raises(ValueError, match="kv_dtype 'bfloat16': the kernels read float32 "
+                                             "or float16"):
+            bad()
     llama.setup_paged_cache(n, BLOCK_SIZE)
     assert d.bytes_in_use - held >= llama.paged_cache_bytes(n, BLOCK_SIZE)
     assert llama.max_paged_blocks(BLOCK_SIZE) == n     # its own cache not counted as held
@@ -332,7 +336,8 @@ def test_paged_cache_fits_the_device(llama, monkeypatch):
     monkeypatch.setattr(llama, "_paged_tables", no_memory)
     with pytest.raises(DeviceMemoryError):
         llama.setup_paged_cache(16, BLOCK_SIZE)
-    assert llama.paged_cache_info is None and d.bytes_in_use == held
+    assert llama.paged_cache_info is None
+    assert d.bytes_in_use - d.staging_bytes_in_use == held
 
 
 @pytest.fixture

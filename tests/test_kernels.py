@@ -1502,11 +1502,18 @@ def test_rope_positions_per_token(gpu):
 KV = {"f32": (np.float32, "", SENTINEL), "f16": (np.float16, "_kvf16", np.float16(-1000.0))}
 
 
+def kv_dtype_of(gpu, kv: str):
+    """KV[kv], skipping an f16 cache on a device without storageBuffer16BitAccess."""
+    if kv == "f16" and not gpu.device.features.get("storageBuffer16BitAccess"):
+        pytest.skip(f"{gpu.device.name} has no storageBuffer16BitAccess (f16 KV cache)")
+    return KV[kv]
+
+
 @pytest.mark.parametrize("kv", list(KV))
 def test_kv_write_by_slot_mapping(gpu, kv):
     """K and V rows into their slots; an f16 cache holds each value rounded to nearest even
     (numpy's float16 rounding), every other slot untouched."""
-    dtype, suffix, sentinel = KV[kv]
+    dtype, suffix, sentinel = kv_dtype_of(gpu, kv)
     r, width, n_slots = rng(41), 24, 13
     slots = np.array([9, 0, 12, 4], np.uint32)
     k, v = randn(r, len(slots), width), randn(r, len(slots), width)
@@ -1528,7 +1535,7 @@ def test_rope_kv_write_is_rope_positions_and_kv_write(gpu, kv):
     (grouped-query: K/V rows of half Q's width), both pair layouts; the same bits as
     rope_positions and kv_write (an f16 cache: those f32 bits rounded as numpy's float16),
     every other slot untouched."""
-    dtype, suffix, sentinel = KV[kv]
+    dtype, suffix, sentinel = kv_dtype_of(gpu, kv)
     r, n_heads, n_kv_heads, head_dim, n_slots = rng(45), 4, 2, 16, 13
     positions = np.array([7, 0, 31, 12], np.uint32)
     slots = np.array([9, 0, 12, 4], np.uint32)
@@ -1568,7 +1575,7 @@ def test_attention_paged_reads_each_sequence_through_its_block_table(gpu, window
     bit-identical to attention.comp over that sequence's contiguous cache (batch
     invariance: the same reduction order). An f16 cache is read exactly: the float64
     reference and attention.comp (f32) take the f16 values."""
-    dtype, suffix, _ = KV[kv]
+    dtype, suffix, _ = kv_dtype_of(gpu, kv)
     r, head_dim, n_heads, n_kv_heads = rng(42), 16, 4, 2
     lengths = [37, 5, 20]
     queries = [(1, 4), (0, 30), (2, 19), (0, 31), (0, 36), (2, 3)]   # (sequence, position)

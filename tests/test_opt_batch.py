@@ -162,6 +162,7 @@ def test_engine_batches_opt_and_each_request_equals_its_batch1_run(opt_folder, d
         assert engine.runner.max_seqs_in_step == 4
         assert [got[i] for i in range(len(cases))] == want
         assert engine.kv.num_free_blocks == engine.kv.num_blocks
+        engine.shutdown()
         # An f16 KV cache (--kv-cache-dtype f16): the same requests batched as above, and
         # each alone (max_batch 1), token for token; the model's cache now holds f16.
         runs = []
@@ -175,5 +176,6 @@ def test_engine_batches_opt_and_each_request_equals_its_batch1_run(opt_folder, d
                                    lambda out, i=i: got.setdefault(i, []).extend(out.token_ids))
             while engine.scheduler.has_unfinished():
                 engine.step()
+            engine.shutdown()
             runs.append([got[i] for i in range(len(cases))])
         assert runs[0] == runs[1] and [len(t) for t in runs[0]] == [m for _, m in cases]

@@ -452,8 +452,9 @@ def test_cli_sigterm_cancels_a_running_stream_and_exits_0(chat_folder):
     (["--model", "/nonexistent/model.gguf"], ["/nonexistent/model.gguf"]),
     (["--host", "256.1.1.1"], ["256.1.1.1"]),
     (["--max-batch", "4", "--max-batched-tokens", "2"], ["--max-batched-tokens", "(4)"]),
-    (["--kv-blocks", "100000000"], ["--kv-blocks 100000000 of 16 token slots",
-                                    "maxStorageBufferRange", "blocks fit on this device"]),
+    (["--kv-blocks", "100000000"], ["100000000 blocks of 16 token slots, f32",
+                                    "maxStorageBufferRange", "blocks fit on this device",
+                                    "(--kv-blocks)"]),
 ])
 def test_cli_bad_options_are_one_line(chat_folder, flags, words):
     p = subprocess.run([sys.executable, "-m", "vkrt.cli", "serve", "--model", chat_folder,

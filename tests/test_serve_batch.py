@@ -316,12 +316,31 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
     assert a.tokens[0] == reference([5] * 20, 8)
     with pytest.raises(VkrtError, match="KV blocks of 8 tokens; the whole cache holds 5"):
         engine.add_request([5] * 40, SamplingParams(max_tokens=2), a)
-    with pytest.raises(VkrtError, match=r"--kv-blocks 6 of 8 token slots \(f32\): .*40 "
-                                        r"fit\); at most 5 blocks fit on this device"):
+    with pytest.raises(VkrtError, match=r"the paged KV cache \(6 blocks of 8 token slots, "
+                                        r"f32\) cannot be allocated: .*40 fit; at most 5 "
+                                        r"blocks fit on this device \(--kv-blocks\)"):
         Engine(FakeModel(n_ctx=256), max_batch=3, block_size=8, kv_blocks=6)
+    # One engine runs a model at a time: while the first runs, another cache is refused
+    # (the model untouched), and a second engine cannot start.
+    with pytest.raises(VkrtError, match=r"the model runs in another engine, whose KV cache "
+                                        r"has 5 blocks of 8 \(float32\): shut it down"):
+        Engine(model, max_batch=3, block_size=8, kv_cache_dtype="f16")
+    same = Engine(model, max_batch=3, block_size=8)
+    with pytest.raises(VkrtError, match="already runs in another engine"):
+        same.start(thread=False)
+    assert model.lm.setups == 1
+    engine.shutdown()
     f16 = Engine(model, max_batch=3, block_size=8, kv_cache_dtype="f16")   # another dtype:
     assert model.lm.setups == 2 and model.lm.paged_kv_dtype == "float16"   # allocated anew
     assert f16.kv_cache_dtype == "f16"
+    same.start(thread=False)                 # f16's never started: same takes the model back
+    assert model.lm.setups == 3 and model.lm.paged_kv_dtype == "float32"
+    model.lm.setup_paged_cache(4, 8)         # replaced under the running engine, by hand:
+    b = Collect()                            # its step fails, naming it, no garbage
+    same.add_request([5] * 3, SamplingParams(max_tokens=2), b)
+    same.step()
+    assert b.done and "KV cache was replaced" in b.outs[-1].error
+    same.shutdown()
     with pytest.raises(VkrtError, match="--kv-cache-dtype must be one of f32, f16, got 'f8'"):
         Engine(model, kv_cache_dtype="f8")
     with pytest.raises(VkrtError, match="--kv-cache-dtype are not used"):

@@ -221,7 +221,6 @@ def _serve(args) -> int:
     from vkrt.models.registry import open_checkpoint
     from vkrt.serve.app import build_app, server as draining_server
     from vkrt.serve.engine import Engine
-    from vkrt.serve.runner import batched_model
 
     if not 0 <= args.port <= 65535:
         raise VkrtError(f"--port must be from 0 to 65535, got {args.port}")
@@ -253,7 +252,7 @@ def _serve(args) -> int:
         if engine.kv is None:
             batching = "one sequence at a time"
         else:
-            kv, lm = engine.kv, batched_model(model)
+            kv, lm = engine.kv, engine.runner.lm
             mib = lm.paged_cache_bytes(kv.num_blocks, kv.block_size, lm.paged_kv_dtype) / 2 ** 20
             batching = (f"batches of up to {engine.max_batch} sequences, "
                         f"{engine.scheduler.max_num_batched_tokens} tokens a step, KV cache "
@@ -469,7 +468,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object, with the device, driver and git commit")
     p.set_defaults(run=_bench)
-    from vkrt.serve.kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ
+    from vkrt.serve.kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KV_CACHE_DTYPES
     from vkrt.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCHED_TOKENS
 
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
@@ -501,11 +500,11 @@ def _parser() -> argparse.ArgumentParser:
                         "for one of the whole context, or what fits in 90%% of the "
                         "device's memory where less); a request that cannot fit the whole "
                         "cache gets HTTP 400, others wait or are preempted and recomputed")
-    p.add_argument("--kv-cache-dtype", choices=["f32", "f16"], default="f32",
+    p.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="f32",
                    help="the paged KV cache's elements: f32 (the default; batched output "
-                        "equals `vkrt generate`'s) or f16 (half the memory, so twice the "
-                        "positions; K and V rounded to f16 as stored, logits within 1e-3 of "
-                        "their largest magnitude, every request still batch-invariant)")
+                        "equals `vkrt generate`'s) or f16 (half the bytes per position; K "
+                        "and V rounded to f16 as stored, every request still "
+                        "batch-invariant; see README)")
     p.add_argument("--block-size", type=_positive_int, default=None,
                    help=f"token slots per KV block (default {DEFAULT_BLOCK_SIZE})")
     p.add_argument("--max-batched-tokens", type=_positive_int, default=None,

@@ -569,10 +569,10 @@ class Kernels:
         positions 0 ..= positions[t] (the last `window` of them when window > 0) of sequence
         seq_of_token[t], position j at slot block_tables[seq, j // block_size] * block_size +
         j % block_size. q, out [tokens, n_heads * head_dim] f32; caches [n_slots, n_kv_heads *
-        head_dim] f32 or f16 (`KV_DTYPES`, read as f32); positions, seq_of_token [tokens] u32; block_tables [rows, table_width]
-        u32 (device tensors the batched runner writes each step; it checks every slot a token
-        reaches on the host). A token's result depends only on its position and its
-        sequence's keys (the reduction order of attention.comp)."""
+        head_dim] f32 or f16 (`KV_DTYPES`, read as f32); positions, seq_of_token [tokens] u32;
+        block_tables [rows, table_width] u32 (device tensors the batched runner writes each
+        step; it checks every slot a token reaches on the host). A token's result depends only
+        on its position and its sequence's keys (the reduction order of attention.comp)."""
         if head_dim % 4:
             raise ShaderInterfaceError(f"attention_paged: head_dim {head_dim} is not a multiple "
                                        "of 4 (vec4 loads)")

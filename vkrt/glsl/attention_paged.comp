@@ -11,9 +11,10 @@
 // own position and its sequence's keys: never on the other tokens of the batch or on their
 // number (batch invariance).
 // q: [n_tokens, n_heads, head_dim] f32 (after RoPE); k_cache, v_cache: [n_slots, n_kv_heads,
-// head_dim] f32 (f16 in the `_kvf16` variant: kv.glsl, read as f32); out: [n_tokens, n_heads, head_dim] f32; positions, seq_of_token: [n_tokens]
-// u32; block_tables: [rows, table_width] u32 physical block ids. The host checks every slot
-// a token can reach against n_slots before the step.
+// head_dim] f32 (f16 in the `_kvf16` variant: kv.glsl, read as f32); out: [n_tokens, n_heads,
+// head_dim] f32; positions, seq_of_token: [n_tokens] u32; block_tables: [rows, table_width]
+// u32 physical block ids. The host checks every slot a token can reach against n_slots
+// before the step.
 // local_size_x must equal head_dim, a multiple of 4. Dispatch: (n_heads, tokens spread over
 // y and z (grid.glsl)). Push constants: n_heads, n_kv_heads, block_size, table_width (u32),
 // scale (f32). Specialization constant 1 WINDOW as attention.comp's. Infinities as there.

@@ -9,14 +9,14 @@ dispatches and its per-position tables:
   each token's position);
 - OPT: vkrt/models/opt_batch.py (`OPTBatch`: learned positions at each token's position + 2).
 
-KV cache (`setup_paged_cache(num_blocks, block_size)`): per layer, K and V of
-`[num_blocks * block_size + 1, kv width]` f32 (`_paged_kv_width`: Llama's n_head_kv *
+KV cache (`setup_paged_cache(num_blocks, block_size, kv_dtype)`): per layer, K and V of
+`[num_blocks * block_size + 1, kv width]` f32 or f16 (`_paged_kv_width`: Llama's n_head_kv *
 head_dim, OPT's n_embd), slot = block * block_size + offset; the last slot is reserved
-scratch (padded tokens write it, no real token reads it). A block table row lists a sequence's physical block ids in
-order: position j of sequence s is slot `block_tables[s][j // block_size] * block_size +
-j % block_size`. Positions run below max_positions = min(n_ctx, num_blocks * block_size)
-(n_ctx: the family's context, OPT's max_position_embeddings); the family's tables
-(`_paged_tables(max_positions)`) cover them.
+scratch (padded tokens write it, no real token reads it). A block table row lists a
+sequence's physical block ids in order: position j of sequence s is slot
+`block_tables[s][j // block_size] * block_size + j % block_size`. Positions run below
+max_positions = min(n_ctx, num_blocks * block_size) (n_ctx: the family's context, OPT's
+max_position_embeddings); the family's tables (`_paged_tables(max_positions)`) cover them.
 
 One step (`execute_batch`): the token ids, positions, sequence rows, slot mapping, block table
 rows and logit rows are written into device tensors (u32, `StepInputs`), generated tokens'
@@ -109,8 +109,8 @@ class BatchOutput:
 
 @dataclass
 class PagedCache:
-    """The paged KV cache of every layer: `k[i]`, `v[i]` views of `[n_slots, kv_width]` f32
-    (n_slots = num_blocks * block_size + 1, the last the scratch slot) in `buffer`
+    """The paged KV cache of every layer: `k[i]`, `v[i]` views of `[n_slots, kv_width]` f32 or
+    f16 (n_slots = num_blocks * block_size + 1, the last the scratch slot) in `buffer`
     (`KVBuffers`), the family's per-position tables for positions 0 .. max_positions - 1
     (`tables`, name -> tensor: `_paged_tables`), and the block-table width the device
     tensors hold (`table_width` blocks: enough for max_positions)."""
@@ -129,8 +129,10 @@ class PagedCache:
 
     @property
     def nbytes(self) -> int:
-        """Device bytes held: the K/V buffer and the tables' buffers."""
-        return self.buffer.nbytes + sum(t.buffer.nbytes for t in self.tables.values())
+        """Bytes held (allocation sizes, as `Device.bytes_in_use` counts them): the K/V
+        buffers and the tables' buffers."""
+        return (self.buffer.allocation_bytes
+                + sum(t.buffer.allocation_bytes for t in self.tables.values()))
 
     def close(self) -> None:
         self.buffer.close()
@@ -217,10 +219,26 @@ class PagedBatch:
         return out
 
     # -- the KV cache --------------------------------------------------------------------
+    @staticmethod
+    def _check_kv_dtype(kv_dtype: str) -> int:
+        """Bytes per element of a `KV_DTYPES` dtype. Raises ValueError for any other."""
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype {kv_dtype!r}: the kernels read "
+                             f"{' or '.join(KV_DTYPES)}")
+        return np.dtype(kv_dtype).itemsize
+
+    def _kv_view_limit(self) -> int:
+        """The most bytes of one layer's K (or V) view: maxStorageBufferRange (one binding)
+        and maxMemoryAllocationSize (the buffer it lives in, `kv_cache`)."""
+        d = self.device
+        return min(d.max_storage_buffer_range, d.max_memory_allocation_size)
+
     def paged_cache_bytes(self, num_blocks: int, block_size: int,
                           kv_dtype: str = "float32") -> int:
         """Device bytes `setup_paged_cache(num_blocks, block_size, kv_dtype)` allocates for K
-        and V (the family's per-position tables and the step inputs not counted)."""
+        and V (the family's per-position tables and the step inputs not counted). Raises
+        ValueError for a kv_dtype outside `KV_DTYPES`."""
+        self._check_kv_dtype(kv_dtype)
         return kv_cache_bytes(self.device, self.hp.n_layer, num_blocks * block_size + 1,
                               self._paged_kv_width(), kv_dtype)
 
@@ -229,13 +247,17 @@ class PagedBatch:
         """The most blocks of `block_size` slots a paged KV cache may have on this device:
         one layer's K (or V) within maxStorageBufferRange and maxMemoryAllocationSize (the
         views are spread over buffers of at most that: `kv_cache`), all of them within
-        `memory_fraction` of the device-local heap less the bytes vkrt's buffers hold
-        already (the weights, the activations so far; not a paged cache of before, which
-        `setup_paged_cache` frees). 0 when not one block fits."""
-        d, slot = self.device, self._paged_kv_width() * np.dtype(kv_dtype).itemsize
-        view_limit = min(d.max_storage_buffer_range, d.max_memory_allocation_size)
-        by_range = (view_limit // slot - 1) // block_size
+        `memory_fraction` of the device-local heap less the bytes vkrt's device buffers hold
+        already (the weights, the activations so far; not the staging buffers, which are host
+        memory on a discrete GPU, nor a paged cache of before and its step inputs, which
+        `setup_paged_cache` frees). 0 when not one block fits. Raises ValueError for a
+        kv_dtype outside `KV_DTYPES`."""
+        d = self.device
+        slot = self._paged_kv_width() * self._check_kv_dtype(kv_dtype)
+        by_range = (self._kv_view_limit() // slot - 1) // block_size
+        freed = sum(i.buffer.allocation_bytes for i in (self._step_inputs or {}).values())
         held = d.bytes_in_use - (0 if self._paged is None else self._paged.nbytes)
+        held -= d.staging_bytes_in_use + freed
         budget = int(memory_fraction * d.device_local_bytes) - held
         per_block = 2 * self.hp.n_layer * block_size * slot
         n = max(0, min(by_range, budget // per_block))
@@ -258,21 +280,19 @@ class PagedBatch:
                 and isinstance(block_size, (int, np.integer)) and block_size >= 1):
             raise ValueError(f"setup_paged_cache: num_blocks {num_blocks!r} and block_size "
                              f"{block_size!r} must be integers >= 1")
-        if kv_dtype not in KV_DTYPES:
-            raise ValueError(f"setup_paged_cache: kv_dtype {kv_dtype!r}; the kernels read "
-                             f"{' or '.join(KV_DTYPES)}")
+        itemsize = self._check_kv_dtype(kv_dtype)
         if kv_dtype == "float16" and not self.device.features.get("storageBuffer16BitAccess"):
             raise ValueError(f"setup_paged_cache: a float16 KV cache needs the device feature "
                              f"storageBuffer16BitAccess, which {self.device.name} lacks")
         hp = self.hp
         width = self._paged_kv_width()
         n_slots = num_blocks * block_size + 1
-        limit = self.device.max_storage_buffer_range
-        row = width * np.dtype(kv_dtype).itemsize
-        if n_slots * row > limit:
+        limit = self._kv_view_limit()
+        if n_slots * width * itemsize > limit:
             raise ValueError(f"setup_paged_cache: {num_blocks} blocks of {block_size} slots are "
-                             f"{n_slots * row} bytes of K per layer, more than the "
-                             f"device's maxStorageBufferRange of {limit} bytes")
+                             f"{n_slots * width * itemsize} bytes of K per layer, more than "
+                             f"the device's maxStorageBufferRange and maxMemoryAllocationSize "
+                             f"allow ({limit} bytes)")
         self._close_paged()
         max_positions = min(hp.n_ctx, num_blocks * block_size)
         buffer, k, v = kv_cache(self.device, hp.n_layer, n_slots, width,

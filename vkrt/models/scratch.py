@@ -40,12 +40,14 @@ class KVBuffers:
     each within the device's maxMemoryAllocationSize where one view fits it (Vulkan spec
     VkPhysicalDeviceMaintenance3Properties: a larger allocation may fail, as on lavapipe).
     `serial`: the first buffer's (they are made and freed together, so a recording keyed by
-    it is captured again after a reallocation); `nbytes`: their sum."""
+    it is captured again after a reallocation); `nbytes`: their sizes' sum;
+    `allocation_bytes`: their allocations' (what `Device.bytes_in_use` counts)."""
 
     def __init__(self, buffers: list[Buffer]):
         self.buffers = buffers
         self.serial = buffers[0].serial
         self.nbytes = sum(b.nbytes for b in buffers)
+        self.allocation_bytes = sum(b.allocation_bytes for b in buffers)
 
     def close(self) -> None:
         for b in self.buffers:
@@ -60,7 +62,7 @@ def kv_cache(device, n_layer: int, max_seq: int, width: int, name: Callable[[int
     buffers, k views, v views). Raises DeviceMemoryError (nothing left allocated) when one
     does not fit."""
     nbytes = max_seq * width * np.dtype(dtype).itemsize
-    stride = aligned(nbytes, device.min_storage_buffer_offset_alignment)
+    stride = _kv_stride(device, max_seq, width, dtype)
     n_views = 2 * n_layer
     per_buffer = max(1, min(n_views, device.max_memory_allocation_size // stride))
     buffers: list[Buffer] = []
@@ -85,8 +87,13 @@ def kv_cache_bytes(device, n_layer: int, max_seq: int, width: int,
                    dtype: str = "float32") -> int:
     """Bytes of `kv_cache(device, n_layer, max_seq, width, ..., dtype)`'s buffers: 2 *
     n_layer views of max_seq * width elements, each starting at an aligned offset."""
-    return 2 * n_layer * aligned(max_seq * width * np.dtype(dtype).itemsize,
-                                 device.min_storage_buffer_offset_alignment)
+    return 2 * n_layer * _kv_stride(device, max_seq, width, dtype)
+
+
+def _kv_stride(device, max_seq: int, width: int, dtype: str) -> int:
+    """Bytes from one K/V view to the next: the view's, aligned."""
+    return aligned(max_seq * width * np.dtype(dtype).itemsize,
+                   device.min_storage_buffer_offset_alignment)
 
 
 def grow(current, n_tokens: int, logit_rows: int, ring: int,

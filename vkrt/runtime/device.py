@@ -221,8 +221,10 @@ class Device:
     name: shaderFloat16, vulkanMemoryModel, cooperativeMatrix, ...), `coop_shapes` (every
     cooperative-matrix shape the device lists, `CoopShape`; () without
     VK_KHR_cooperative_matrix) and `coop_shape()` (the one matmul_coop runs on, or None),
-    `bytes_in_use` (device memory vkrt's buffers hold) and `device_local_bytes` (the largest
-    device-local heap, bytes), beside the limits the kernels check.
+    `bytes_in_use` (the memory vkrt's buffers hold, bytes), `staging_bytes_in_use` (of it,
+    the host-visible staging buffers': host memory on a discrete GPU) and
+    `device_local_bytes` (the largest device-local heap, bytes), beside the limits the
+    kernels check.
     Raises: NoVulkanDriverError, VkrtError (bad index, missing validation layer).
     Use as a context manager, or call `close()`: Vulkan objects are released explicitly,
     not by the garbage collector.
@@ -236,7 +238,8 @@ class Device:
         self._closers: list = []
         self._children: dict[int, object] = {}  # buffers, pipelines, streams: closed first
         self._queues: dict[int, object] = {}    # each stream's Submitter (`retire`)
-        self.bytes_in_use = 0  # device memory allocated by Buffer, in bytes
+        self.bytes_in_use = 0  # memory allocated by Buffer, in bytes (staging included)
+        self.staging_bytes_in_use = 0  # of it, host-visible staging buffers' (host memory)
         self.lost: str | None = None   # why VK_ERROR_DEVICE_LOST ended it (queue.py), else None
         self.instance = _create_instance(self.validation)
         try:

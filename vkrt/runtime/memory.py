@@ -83,7 +83,10 @@ class Buffer:
         check(lib.vkAllocateMemory(dev.handle, info, NULL, out), "vkAllocateMemory")
         self.memory = out[0]
         self.allocation_bytes = req.size
+        self.host_visible = host_visible
         dev.bytes_in_use += req.size
+        if host_visible:
+            dev.staging_bytes_in_use += req.size
         check(lib.vkBindBufferMemory(dev.handle, self.handle, self.memory, 0), "vkBindBufferMemory")
         flags = dev.memory_properties.memoryTypes[type_index].propertyFlags
         if flags & HOST == HOST and (host_visible or dev.direct_host_access):
@@ -119,6 +122,8 @@ class Buffer:
                 self.mapped = None
             lib.vkFreeMemory(dev.handle, self.memory, NULL)
             dev.bytes_in_use -= self.allocation_bytes
+            if self.host_visible:
+                dev.staging_bytes_in_use -= self.allocation_bytes
             self.memory = None
         if self.handle is not None:
             lib.vkDestroyBuffer(dev.handle, self.handle, NULL)

@@ -38,8 +38,8 @@ from typing import Any, Callable, Iterator
 
 from vkrt.errors import DeviceMemoryError, VkrtError
 from vkrt.models.generate import check_context
-from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KVCacheManager,
-                                 blocks_for)
+from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KV_CACHE_DTYPES,
+                                 KVCacheManager, blocks_for)
 from vkrt.serve.request import (ABORT, ERROR, STOP, Request, RequestOutput, SamplingParams,
                                 Sequence)
 from vkrt.serve.runner import BatchRunner, SingleSequenceRunner, batched_model
@@ -53,10 +53,6 @@ __all__ = ["Engine", "EngineStoppedError", "QueueFullError", "SamplingParams", "
            "DEFAULT_MAX_BATCHED_TOKENS"]
 
 
-
-
-# --kv-cache-dtype -> the paged KV cache's element dtype (`setup_paged_cache`'s kv_dtype).
-KV_CACHE_DTYPES = {"f32": "float32", "f16": "float16"}
 
 
 def default_kv_blocks(n_ctx: int, max_batch: int, block_size: int) -> int:
@@ -157,6 +153,9 @@ class Engine:
             fit = None
             if isinstance(block_size, int) and block_size >= 1:
                 fit = lm.max_paged_blocks(block_size, kv_dtype)
+                have = lm.paged_cache_info
+                if have is not None and have[1] == block_size and lm.paged_kv_dtype == kv_dtype:
+                    fit = max(fit, have[0])   # the model's cache fits: it is there
                 if kv_blocks is None:
                     if fit < 1:
                         raise VkrtError(f"no KV block of {block_size} token slots fits in the "
@@ -176,9 +175,11 @@ class Engine:
             try:   # now, so that a cache that does not fit fails here, not every request
                 self.runner.setup_cache()
             except (ValueError, DeviceMemoryError) as e:
-                raise VkrtError(f"--kv-blocks {kv_blocks} of {block_size} token slots "
-                                f"({kv_cache_dtype}): the paged KV cache cannot be allocated "
-                                f"({e}); at most {fit} blocks fit on this device") from None
+                hint = (f"; at most {fit} blocks fit on this device (--kv-blocks)"
+                        if fit is not None and kv_blocks > fit else "")
+                raise VkrtError(f"the paged KV cache ({kv_blocks} blocks of {block_size} token "
+                                f"slots, {kv_cache_dtype}) cannot be allocated: {e}"
+                                f"{hint}") from None
         self._cond = threading.Condition()
         # The tokenizer is one `tokenizers.Tokenizer` shared by the threads that encode
         # prompts and the engine thread that detokenizes; `Tokenizer.encode` flips its
@@ -307,8 +308,11 @@ class Engine:
     def start(self, thread: bool = True) -> "Engine":
         """Start the engine thread (from then on only it touches the model). thread=False:
         accept requests without a thread; the caller runs `step()` itself (tests, or an
-        outer loop that owns the model)."""
+        outer loop that owns the model). Raises VkrtError when another started engine runs
+        the same model (one at a time: `runner.BatchRunner.activate`)."""
         with self._cond:
+            if self._thread is None:
+                self.runner.activate()
             if not thread:
                 self._thread = self._thread or threading.current_thread()
             elif self._thread is None:
@@ -326,6 +330,8 @@ class Engine:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if thread is None or not thread.is_alive() or thread is threading.current_thread():
+            self.runner.deactivate()     # another engine may run the model now
 
     def cancel_all(self) -> None:
         """Refuse new requests (EngineStoppedError) and abort every waiting and running one:
@@ -350,6 +356,7 @@ class Engine:
             with self._cond:
                 while not self._has_work():
                     if self._stopping:
+                        self.runner.deactivate()
                         return
                     self._cond.wait()
             self.step()

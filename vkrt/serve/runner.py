@@ -21,10 +21,13 @@ seeded by `SamplingParams.seed_of(index)` (`vkrt.models.generate._sample`, the s
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any, Iterator
 
 import numpy as np
 
+from vkrt.errors import VkrtError
 from vkrt.models.generate import GenerationResult, Sampling, _sample, stream_tokens
 from vkrt.serve.kv_cache import KVCacheManager
 from vkrt.serve.request import LENGTH, STOP, Sequence
@@ -56,14 +59,20 @@ def _finish_reason(seq: Sequence, token: int, stop_ids: frozenset) -> str | None
     return None
 
 
+# The runner of the started (not yet shut down) engine of each model: the model's paged KV
+# cache is that engine's, and no other engine may replace it meanwhile (`BatchRunner.activate`).
+_ACTIVE: "weakref.WeakKeyDictionary[Any, BatchRunner]" = weakref.WeakKeyDictionary()
+_ACTIVE_LOCK = threading.Lock()
+
+
 class BatchRunner:
     """One `execute_batch` per step over a paged KV cache.
 
-    lm: has `setup_paged_cache(num_blocks, block_size)` (called once, by `setup_cache`:
-    the engine calls it when it is made, before its thread starts), `paged_cache_info` and
-    `execute_batch(BatchInput, want_logits) -> BatchOutput` (vkrt.models.batch). kv: the
-    block manager whose tables the slots come from; kv_dtype: its K/V elements' (float32 or
-    float16). stop_ids:
+    lm: has `setup_paged_cache(num_blocks, block_size, kv_dtype)` (by `setup_cache`: the
+    engine calls it when it is made, before its thread starts, and `activate` when it
+    starts), `paged_cache_info`, `paged_kv_dtype` and `execute_batch(BatchInput,
+    want_logits) -> BatchOutput` (vkrt.models.batch). kv: the block manager whose tables the
+    slots come from; kv_dtype: the cache's elements (float32 or float16). stop_ids:
     end-of-generation ids (`Tokenizer.eog_ids`). Counters: `steps`, `batched_tokens`
     (tokens over every step), `max_seqs_in_step`."""
 
@@ -71,19 +80,46 @@ class BatchRunner:
         self.lm, self.kv, self.kv_dtype = lm, kv, kv_dtype
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self._rngs: dict[Sequence, tuple[Sampling, np.random.Generator | None]] = {}
-        self._cache_ready = False
         self.steps = self.batched_tokens = self.max_seqs_in_step = 0
 
+    def _cache_is_mine(self) -> bool:
+        return (self.lm.paged_cache_info == (self.kv.num_blocks, self.kv.block_size)
+                and self.lm.paged_kv_dtype == self.kv_dtype)
+
     def setup_cache(self) -> None:
-        """Allocate the model's paged KV cache for `kv`'s blocks of `kv_dtype` (once), or keep
-        the one the model has when it has those blocks of that dtype already (another
-        engine's, made before: the model is not touched then, so an engine made while another
-        runs the model leaves it alone). Raises what `setup_paged_cache` raises (ValueError, DeviceMemoryError)."""
-        if not self._cache_ready:
-            want = (self.kv.num_blocks, self.kv.block_size)
-            if self.lm.paged_cache_info != want or self.lm.paged_kv_dtype != self.kv_dtype:
-                self.lm.setup_paged_cache(*want, self.kv_dtype)
-            self._cache_ready = True
+        """Allocate the model's paged KV cache for `kv`'s blocks of `kv_dtype`, or keep the one
+        the model has when it has those blocks of that dtype already (another engine's, made
+        before: the model is not touched then). Raises VkrtError when another engine that
+        runs the model (started, not shut down) holds a cache of other blocks or dtype;
+        what `setup_paged_cache` raises (ValueError, DeviceMemoryError)."""
+        if not self._cache_is_mine():
+            with _ACTIVE_LOCK:
+                busy = _ACTIVE.get(self.lm)
+            if busy is not None and busy is not self:
+                raise VkrtError(
+                    f"the model runs in another engine, whose KV cache has "
+                    f"{busy.kv.num_blocks} blocks of {busy.kv.block_size} ({busy.kv_dtype}): "
+                    f"shut it down before making one with {self.kv.num_blocks} blocks of "
+                    f"{self.kv.block_size} ({self.kv_dtype})")
+            self.lm.setup_paged_cache(self.kv.num_blocks, self.kv.block_size, self.kv_dtype)
+
+    def activate(self) -> None:
+        """The engine starts: this runner's engine runs the model from now on (its KV cache
+        allocated again if another engine, not running, replaced it since). Raises
+        VkrtError when another started engine runs the model (one at a time)."""
+        with _ACTIVE_LOCK:
+            busy = _ACTIVE.get(self.lm)
+            if busy is not None and busy is not self:
+                raise VkrtError("the model already runs in another engine: shut that one "
+                                "down first (one engine per model at a time)")
+            _ACTIVE[self.lm] = self
+        self.setup_cache()
+
+    def deactivate(self) -> None:
+        """The engine stopped running the model."""
+        with _ACTIVE_LOCK:
+            if _ACTIVE.get(self.lm) is self:
+                del _ACTIVE[self.lm]
 
     def start(self, seq: Sequence) -> None:
         s = _sampling_of(seq)
@@ -141,7 +177,9 @@ class BatchRunner:
         Raises whatever the model raises (the engine fails the step's requests)."""
         if not plan.scheduled:
             return {}
-        self.setup_cache()
+        if not self._cache_is_mine():
+            raise VkrtError("the model's paged KV cache was replaced by another engine's "
+                            "while this one ran it")
         batch, sampling = self.prepare(plan.scheduled)
         want_logits = any(self._rngs[s.seq][1] is not None for s in sampling)
         out = self.lm.execute_batch(batch, want_logits=want_logits)
@@ -191,6 +229,12 @@ class SingleSequenceRunner:
                       LENGTH if len(result.tokens) >= seq.request.max_tokens else None)
             out[seq] = (token, reason)
         return out
+
+    def activate(self) -> None:
+        """The engine starts (nothing to claim: the model's own contiguous KV cache)."""
+
+    def deactivate(self) -> None:
+        """The engine stopped."""
 
     def release(self, seq: Sequence) -> None:
         """Drop the sequence's state (steps already submitted finish on the GPU, unread)."""
