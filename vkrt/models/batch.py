@@ -175,8 +175,8 @@ class PagedBatch:
     """The batched runner of a family's model (mixed in): `setup_paged_cache`,
     `execute_batch`, `paged_cache_info`. Uses the model's `hp` (n_vocab, n_ctx, n_layer),
     device, stream and activations. The family defines `_paged_kv_width()` (elements per K
-    or V row), `_paged_tables(max_positions)` (its per-position tables, uploaded: name -> Tensor),
-    `_batch_activations(T, R)` and `batch_step(inputs, T, R)` (the step's dispatches)."""
+    or V row), `_paged_tables(max_positions)` (its per-position tables, uploaded: name ->
+    Tensor), `_batch_activations(T, R)` and `batch_step(inputs, T, R)` (the step's dispatches)."""
 
     _paged: PagedCache | None = None
     _step_inputs: dict | None = None      # bucket (or recorded T) -> StepInputs

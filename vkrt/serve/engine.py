@@ -119,9 +119,9 @@ class Engine:
     `max_paged_blocks` of the model; DEFAULT_BLOCK_SIZE) of kv_cache_dtype elements ("f32",
     or "f16": K and V rounded to f16 as they are stored, half the bytes; `KV_CACHE_DTYPES`),
     allocated here, so a cache that does not fit raises VkrtError now rather than failing
-    every request. Without one it
-    runs one sequence at a time (`runner.SingleSequenceRunner`); max_batch must then be
-    None or 1 and the other three None. Raises VkrtError for a value out of range or a KV
+    every request. Without one it runs one sequence at a time
+    (`runner.SingleSequenceRunner`); max_batch must then be None or 1, the other three None
+    and kv_cache_dtype "f32". Raises VkrtError for a value out of range or a KV
     cache that cannot be allocated."""
 
     def __init__(self, model, max_queue: int = 16, max_batch: int | None = None,
