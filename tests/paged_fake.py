@@ -94,11 +94,11 @@ class FakePagedLM:
 
     def setup_paged_cache(self, num_blocks: int, block_size: int,
                           kv_dtype: str = "float32") -> None:
-        self.paged_kv_dtype = kv_dtype
         if num_blocks * block_size > self.max_slots:
             from vkrt.errors import DeviceMemoryError
             raise DeviceMemoryError(f"allocating {num_blocks * block_size} slots on the fake "
                                     f"device: {self.max_slots} fit")
+        self.paged_kv_dtype = kv_dtype
         self.block_size = block_size
         self.kv_tokens = np.zeros(num_blocks * block_size, np.int64)
         self.kv_pos = np.full(num_blocks * block_size, -1, np.int64)    # -1: never written

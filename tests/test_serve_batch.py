@@ -299,7 +299,9 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
     """The default KV cache takes what the device holds where that is less than the default
     room (vLLM sizes its cache to the memory the same way); the cache is allocated when the
     engine is made, so one that does not fit is a VkrtError naming --kv-blocks then, never a
-    server that starts and fails every request. (The fake's device: 40 token slots.)"""
+    server that starts and fails every request; an engine of the same blocks keeps the
+    model's cache, one of another dtype allocates it anew. (The fake's device: 40 token
+    slots.)"""
     from paged_fake import FakePagedLM
 
     monkeypatch.setattr(FakePagedLM, "max_slots", 40)
@@ -320,27 +322,10 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
                                         r"f32\) cannot be allocated: .*40 fit; at most 5 "
                                         r"blocks fit on this device \(--kv-blocks\)"):
         Engine(FakeModel(n_ctx=256), max_batch=3, block_size=8, kv_blocks=6)
-    # One engine runs a model at a time: while the first runs, another cache is refused
-    # (the model untouched), and a second engine cannot start.
-    with pytest.raises(VkrtError, match=r"the model runs in another engine, whose KV cache "
-                                        r"has 5 blocks of 8 \(float32\): shut it down"):
-        Engine(model, max_batch=3, block_size=8, kv_cache_dtype="f16")
-    same = Engine(model, max_batch=3, block_size=8)
-    with pytest.raises(VkrtError, match="already runs in another engine"):
-        same.start(thread=False)
-    assert model.lm.setups == 1
     engine.shutdown()
     f16 = Engine(model, max_batch=3, block_size=8, kv_cache_dtype="f16")   # another dtype:
     assert model.lm.setups == 2 and model.lm.paged_kv_dtype == "float16"   # allocated anew
     assert f16.kv_cache_dtype == "f16"
-    same.start(thread=False)                 # f16's never started: same takes the model back
-    assert model.lm.setups == 3 and model.lm.paged_kv_dtype == "float32"
-    model.lm.setup_paged_cache(4, 8)         # replaced under the running engine, by hand:
-    b = Collect()                            # its step fails, naming it, no garbage
-    same.add_request([5] * 3, SamplingParams(max_tokens=2), b)
-    same.step()
-    assert b.done and "KV cache was replaced" in b.outs[-1].error
-    same.shutdown()
     with pytest.raises(VkrtError, match="--kv-cache-dtype must be one of f32, f16, got 'f8'"):
         Engine(model, kv_cache_dtype="f8")
     with pytest.raises(VkrtError, match="--kv-cache-dtype are not used"):
@@ -348,6 +333,33 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
     monkeypatch.setattr(FakePagedLM, "max_slots", 7)
     with pytest.raises(VkrtError, match="no KV block of 8 token slots fits"):
         Engine(FakeModel(n_ctx=256), block_size=8)
+
+
+def test_one_engine_runs_a_model_at_a_time():
+    """While an engine runs a model (started, not shut down), another engine with another
+    cache is refused (the model untouched) and a second engine cannot start; once it is shut
+    down, others may replace the cache; a step whose cache was replaced by hand fails its
+    requests, naming it."""
+    model = FakeModel(n_ctx=256)
+    engine = Engine(model, max_batch=3, block_size=8, kv_blocks=5).start(thread=False)
+    with pytest.raises(VkrtError, match=r"the model runs in another engine, whose KV cache "
+                                        r"has 5 blocks of 8 \(float32\): shut it down"):
+        Engine(model, max_batch=3, block_size=8, kv_cache_dtype="f16")
+    same = Engine(model, max_batch=3, block_size=8, kv_blocks=5)
+    with pytest.raises(VkrtError, match="already runs in another engine"):
+        same.start(thread=False)
+    assert model.lm.setups == 1
+    engine.shutdown()
+    Engine(model, max_batch=3, block_size=8, kv_blocks=5, kv_cache_dtype="f16")
+    assert model.lm.setups == 2 and model.lm.paged_kv_dtype == "float16"
+    same.start(thread=False)                 # the f16 one never started: same takes it back
+    assert model.lm.setups == 3 and model.lm.paged_kv_dtype == "float32"
+    model.lm.setup_paged_cache(4, 8)         # replaced under the running engine, by hand:
+    b = Collect()                            # its step fails, naming it, no garbage
+    same.add_request([5] * 3, SamplingParams(max_tokens=2), b)
+    same.step()
+    assert b.done and "KV cache was replaced" in b.outs[-1].error
+    same.shutdown()
 
 
 def test_a_failing_step_fails_its_requests_and_frees_their_blocks():
