@@ -1143,12 +1143,7 @@ MUTATIONS = [
      "vkrt/serve/runner.py", "        if not self._cache_is_mine():\n            raise",
      "        if False:\n            raise", KV_OWNER),
     ("serve batch: the default KV cache not capped to what the device holds",
-     "vkrt/serve/engine.py",
-     "                    kv_blocks = min(default_kv_blocks(model.hparams.n_ctx, self.max_batch,\n"
-     "                                                      block_size), fit)\n",
-     "                    kv_blocks = default_kv_blocks(model.hparams.n_ctx, self.max_batch,\n"
-     "                                                  block_size)\n",
-     KV_SIZING),
+     "vkrt/serve/engine.py", "kv_blocks = min(want, fit)", "kv_blocks = want", KV_SIZING),
     ("batch: the device's KV budget counts the paged cache of before as held",
      "vkrt/models/batch.py",
      "held = d.bytes_in_use - (0 if self._paged is None else self._paged.nbytes)",

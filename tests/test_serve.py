@@ -453,7 +453,8 @@ def test_cli_sigterm_cancels_a_running_stream_and_exits_0(chat_folder):
     (["--host", "256.1.1.1"], ["256.1.1.1"]),
     (["--max-batch", "4", "--max-batched-tokens", "2"], ["--max-batched-tokens", "(4)"]),
     (["--kv-blocks", "100000000"], ["100000000 blocks of 16 token slots, f32",
-                                    "maxStorageBufferRange", "blocks fit on this device",
+                                    "cannot be allocated: 100000000 blocks",
+                                    "maxStorageBufferRange", "of this device's memory",
                                     "(--kv-blocks)"]),
 ])
 def test_cli_bad_options_are_one_line(chat_folder, flags, words):

@@ -308,6 +308,7 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
     model = FakeModel(n_ctx=256)
     engine = Engine(model, max_batch=3, block_size=8)          # room wanted: 96 blocks
     assert engine.kv.num_blocks == 5 and model.lm.setups == 1   # before any request
+    assert engine.kv_capped_from == 96
     Engine(model, max_batch=3, block_size=8)     # the same blocks: the model left alone
     assert model.lm.setups == 1
     engine.start(thread=False)
@@ -319,8 +320,9 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
     with pytest.raises(VkrtError, match="KV blocks of 8 tokens; the whole cache holds 5"):
         engine.add_request([5] * 40, SamplingParams(max_tokens=2), a)
     with pytest.raises(VkrtError, match=r"the paged KV cache \(6 blocks of 8 token slots, "
-                                        r"f32\) cannot be allocated: .*40 fit; at most 5 "
-                                        r"blocks fit on this device \(--kv-blocks\)"):
+                                        r"f32\) cannot be allocated: .*40 fit; 5 blocks fit "
+                                        r"in 90% of this device's memory, the default's bound "
+                                        r"\(--kv-blocks\)"):
         Engine(FakeModel(n_ctx=256), max_batch=3, block_size=8, kv_blocks=6)
     engine.shutdown()
     f16 = Engine(model, max_batch=3, block_size=8, kv_cache_dtype="f16")   # another dtype:

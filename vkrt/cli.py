@@ -258,7 +258,11 @@ def _serve(args) -> int:
                         f"{engine.scheduler.max_num_batched_tokens} tokens a step, KV cache "
                         f"{kv.num_blocks} blocks of {kv.block_size} "
                         f"({kv.num_blocks * kv.block_size} positions, "
-                        f"{engine.kv_cache_dtype}, {mib:.0f} MiB)")
+                        f"{engine.kv_cache_dtype}, {mib:.0f} MiB")
+            if engine.kv_capped_from is not None:
+                batching += (f"; the default's {engine.kv_capped_from} blocks cut to what "
+                             "fits the device's memory")
+            batching += ")"
         print(f"vkrt: serving {name} ({model.family}, context {model.hparams.n_ctx} tokens, "
               f"{batching}, --max-queue {args.max_queue}) on "
               f"http://{host}:{port}/v1", file=sys.stderr, flush=True)
@@ -501,10 +505,10 @@ def _parser() -> argparse.ArgumentParser:
                         "device's memory where less); a request that cannot fit the whole "
                         "cache gets HTTP 400, others wait or are preempted and recomputed")
     p.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="f32",
-                   help="the paged KV cache's elements: f32 (the default; batched output "
-                        "equals `vkrt generate`'s) or f16 (half the bytes per position; K "
-                        "and V rounded to f16 as stored, every request still "
-                        "batch-invariant; see README)")
+                   help="the paged KV cache's elements: f32 (the default, as `vkrt "
+                        "generate`'s cache) or f16 (half the bytes per position; K and V "
+                        "rounded to f16 as stored, every request still batch-invariant; "
+                        "see README)")
     p.add_argument("--block-size", type=_positive_int, default=None,
                    help=f"token slots per KV block (default {DEFAULT_BLOCK_SIZE})")
     p.add_argument("--max-batched-tokens", type=_positive_int, default=None,

@@ -37,6 +37,7 @@ import uuid
 from typing import Any, Callable, Iterator
 
 from vkrt.errors import DeviceMemoryError, VkrtError
+from vkrt.models.batch import KV_MEMORY_FRACTION
 from vkrt.models.generate import check_context
 from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KV_CACHE_DTYPES,
                                  KVCacheManager, blocks_for)
@@ -131,6 +132,7 @@ class Engine:
         lm = batched_model(model)
         self.kv: KVCacheManager | None = None
         self.kv_cache_dtype = kv_cache_dtype
+        self.kv_capped_from: int | None = None   # the default's blocks, where the device held fewer
         if lm is None:
             if (max_batch not in (None, 1) or kv_blocks is not None or block_size is not None
                     or max_batched_tokens is not None or kv_cache_dtype != "f32"):
@@ -160,8 +162,10 @@ class Engine:
                     if fit < 1:
                         raise VkrtError(f"no KV block of {block_size} token slots fits in the "
                                         "device memory the weights leave (--block-size)")
-                    kv_blocks = min(default_kv_blocks(model.hparams.n_ctx, self.max_batch,
-                                                      block_size), fit)
+                    want = default_kv_blocks(model.hparams.n_ctx, self.max_batch, block_size)
+                    kv_blocks = min(want, fit)
+                    if kv_blocks < want:
+                        self.kv_capped_from = want
             self.kv = KVCacheManager(kv_blocks, block_size)
             if max_batched_tokens is None:
                 max_batched_tokens = max(DEFAULT_MAX_BATCHED_TOKENS, self.max_batch)
@@ -175,10 +179,12 @@ class Engine:
             try:   # now, so that a cache that does not fit fails here, not every request
                 self.runner.setup_cache()
             except (ValueError, DeviceMemoryError) as e:
-                hint = (f"; at most {fit} blocks fit on this device (--kv-blocks)"
+                hint = (f"; {fit} blocks fit in {KV_MEMORY_FRACTION:.0%} of this device's "
+                        "memory, the default's bound (--kv-blocks)"
                         if fit is not None and kv_blocks > fit else "")
+                why = str(e).removeprefix("setup_paged_cache: ")
                 raise VkrtError(f"the paged KV cache ({kv_blocks} blocks of {block_size} token "
-                                f"slots, {kv_cache_dtype}) cannot be allocated: {e}"
+                                f"slots, {kv_cache_dtype}) cannot be allocated: {why}"
                                 f"{hint}") from None
         self._cond = threading.Condition()
         # The tokenizer is one `tokenizers.Tokenizer` shared by the threads that encode
