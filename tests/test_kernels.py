@@ -35,7 +35,7 @@ from vkrt.runtime.memory import Buffer
 from vkrt.runtime.pipeline import PipelineCache
 from vkrt.runtime.stream import Stream
 from vkrt.runtime.tensor import Tensor, nbytes_of
-from weight_blocks import random_blocks
+from weight_blocks import quantize_units, random_blocks, unit_elements
 
 ELEMENTWISE = 64   # elementwise kernels' workgroup size, as in llama.py
 F32 = 4
@@ -983,6 +983,38 @@ def test_copy_block_into_wider_rows(gpu):
 WEIGHT_TYPES = {t.dtype: t.gguf for t in weight_types.TYPES}
 
 
+def xq_decode(kernels: Kernels, dtype: str, kernel: str = "matvec") -> bool:
+    """Decode product `kernel` of `dtype` runs its `_xq` variant (x quantized per unit,
+    glsl/unit_xq.glsl) and takes its integer path: a unit per invocation (SPLIT 1; a split
+    unit takes the float path)."""
+    t = weight_types.BY_DTYPE[dtype]
+    return (kernels.integer_x and t.integer_x
+            and kernels.tuning.decode_rule(kernel, 1, t.block, dtype).split == 1)
+
+
+def decode_x(kernels: Kernels, dtype: str, x: np.ndarray, kernel: str = "matvec") -> np.ndarray:
+    """x [..., K] as decode product `kernel` of `dtype` sees it, float64: x^ (x quantized
+    per unit, tests/weight_blocks.py quantize_units) on the `_xq` variants, else x. Their
+    products are then those of the float kernels with x^ for x, and the float kernels'
+    bounds hold (test_linear_weights_as_stored)."""
+    if xq_decode(kernels, dtype, kernel):
+        return quantize_units(x, dtype)[0]
+    return x.astype(np.float64)
+
+
+def decode_norm_x(kernels: Kernels, dtype: str, x: np.ndarray, norm_w: np.ndarray, eps: float,
+                  kernel: str) -> np.ndarray:
+    """n(x) = rmsnorm(x) * norm_w as the fused decode product `kernel` (matvec_glu,
+    qkv_rope) of `dtype` sees it: the product of the row x * norm_w (rms_in.glsl
+    x_weighted: one f32 multiply, which numpy repeats) with the weights, times the norm's
+    scale; on the `_xq` variants that row is quantized per unit (decode_x)."""
+    if not xq_decode(kernels, dtype, kernel):
+        return rms_reference(x, norm_w, eps)
+    xd = x.astype(np.float64)
+    weighted = x.astype(np.float32) * norm_w.astype(np.float32)
+    return decode_x(kernels, dtype, weighted, kernel) / np.sqrt(np.mean(xd * xd) + eps)
+
+
 def cols(dtype: str) -> int:
     """Columns of a test matrix: 3 blocks of the type (96 for scalar types)."""
     return 3 * max(32, weight_types.BY_DTYPE[dtype].block)
@@ -1046,7 +1078,8 @@ def test_linear_weights_as_stored(gpu, kernels, dtype, n_tokens, tiled):
     tx, ty = gpu.upload(x), gpu.filled(n_tokens * n_rows + 5)
     gpu.stream.record([kernels.linear(tx, tw, ty, n_tokens, x_row=x_row)])
     got = gpu.read(ty)
-    terms = x[x_row:].astype(np.float64)[:, None, :] * values[None, :, :]   # [T, N, K]
+    xs = decode_x(kernels, dtype, x[x_row:]) if n_tokens == 1 else x[x_row:].astype(np.float64)
+    terms = xs[:, None, :] * values[None, :, :]   # [T, N, K]
     # The shader dequantizes each weight exactly as gguf-py does in f32 (d * scale * q is
     # exact: an 11-bit f16 scale times integers of at most 7 + 5 bits; a min term "+ m" or
     # "- dmin * m" is one f32 rounding of exact terms, fused into an fma or not) and sums in
@@ -1235,7 +1268,7 @@ def test_matvec_rows_per_workgroup_weights_as_stored(gpu, kernels, dtype):
     gpu.stream.record([op(tw, tx, ty, grid=(groups(n_rows, rows), 1, 1), n_cols=n_cols,
                           x_offset=0, n_rows=n_rows)])
     got = gpu.read(ty)
-    terms = values * x.astype(np.float64)
+    terms = values * decode_x(kernels, dtype, x)
     assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
     np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
@@ -1310,11 +1343,51 @@ def test_matvec_units_odd_sizes(gpu, dtype, blocks, n_rows, launch):
     assert k.decode_launch("matvec", tw, n_rows)[2] == ({6: split} if split > 1 else {7: 1})
     gpu.stream.record([d])
     got = gpu.read(ty)
-    terms = values * x[1].astype(np.float64)
+    terms = values * decode_x(k, dtype, x[1])
     # As test_linear_weights_as_stored (2e-7 relative to sum|w*x|; 67 blocks: sqrt(2144)
     # * 2^-24 = 2.8e-6 in the worst case, ~2^-24 typical).
     assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
     np.testing.assert_array_equal(got[n_rows:], SENTINEL)
+
+
+XQ_TYPES = [t.dtype for t in weight_types.TYPES if t.integer_x]
+
+
+@pytest.mark.parametrize("dtype", XQ_TYPES)
+def test_matvec_xq_units_at_the_edges(gpu, kernels, dtype):
+    """The quantized x of the `_xq` decode products (glsl/unit_xq.glsl) at its edges, one
+    row of x per case, 9 rows of weights: a max |x| just below a power of two in every unit
+    (m / dx rounds to 32768, past int16: the clamp to 32767), units of tiny values (1e-35:
+    the float path, no step of 2^130) and of zeros, an infinity and a NaN in one unit each
+    (the float path: IEEE results, as the f32 kernels give them). Each row against numpy's
+    x^ (quantize_units) with the float kernels' bound; non-finite outputs exactly."""
+    assert kernels.integer_x, "lavapipe and the H200 have shaderIntegerDotProduct"
+    t = weight_types.BY_DTYPE[dtype]
+    r, n_rows, n_cols = rng(44), 9, 2 * t.block
+    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=44)
+    cases = {"below-a-power-of-two": np.clip(randn(r, n_cols), -3, 3) * np.float32(0.25),
+             "tiny-and-zero": np.zeros(n_cols, np.float32), "inf": randn(r, n_cols),
+             "nan": randn(r, n_cols)}
+    units = (np.arange(n_cols).reshape(-1, t.block)[:, unit_elements(dtype)]).reshape(-1, 32)
+    for u in units:           # each unit's max 1 - 2^-20: f 2^15 = 32767.97 rounds to 32768
+        cases["below-a-power-of-two"][u[7]] = np.float32(1 - 2.0 ** -20) * (-1) ** u[0]
+    cases["tiny-and-zero"][units[0]] = randn(r, 32) * np.float32(1e-35)
+    cases["inf"][units[-1][3]] = np.inf
+    cases["nan"][units[0][5]] = np.nan
+    for name, x in cases.items():
+        tx, ty = gpu.upload(x), gpu.filled(n_rows + 3)
+        gpu.stream.record([kernels.linear(tx, tw, ty, 1)])
+        got = gpu.read(ty)
+        xs = quantize_units(x, dtype)[0]
+        with np.errstate(invalid="ignore", over="ignore"):
+            terms = values * xs
+            want = terms.sum(1)
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(got[:n_rows][~finite], want[~finite], err_msg=name)
+        if finite.any():
+            err = rel_err(got[:n_rows][finite], want[finite], np.abs(terms[finite]).sum(1))
+            assert err < 2e-7, (name, err)
+        np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
 
 def rms_reference(x: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:
@@ -1332,7 +1405,7 @@ def test_matvec_add_accumulates_into_y(gpu, row_kernels, dtype):
     tx, ty = gpu.upload(x), gpu.upload(np.concatenate([y0, np.full(5, SENTINEL, np.float32)]))
     gpu.stream.record([row_kernels.linear(tx, tw, ty, 1, accumulate=True)])
     got = gpu.read(ty)
-    terms = values * x.astype(np.float64)[None, :]
+    terms = values * decode_x(row_kernels, dtype, x)[None, :]
     want = y0 + terms.sum(1)
     # One more f32 rounding (the add) than the product: 2^-24 |y|, inside the bound.
     assert rel_err(got[:-5], want, np.abs(terms).sum(1) + np.abs(y0)) < 2e-7
@@ -1351,7 +1424,7 @@ def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype, gelu):
     tx, tn, to = gpu.upload(x), gpu.upload(norm_w), gpu.filled(n_ff + 5)
     gpu.stream.record([row_kernels.glu(tx, tn, tg, tu, to, eps, gelu=gelu)])
     got = gpu.read(to)
-    xn = rms_reference(x, norm_w, eps)
+    xn = decode_norm_x(row_kernels, dtype, x, norm_w, eps, "matvec_glu")
     g_terms, u_terms = g_values * xn, u_values * xn
     g, u = g_terms.sum(1), u_terms.sum(1)
     if gelu:
@@ -1437,7 +1510,7 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, l
     assert ds[0].grid[0] * ds[0].grid[1] == (n_heads + 2 * n_kv) * head_dim // 2 // per_group
     assert len(ds) == (2 if qk_norm else 1)
     gpu.stream.record(ds)
-    xn = rms_reference(x, norm_w, eps)
+    xn = decode_norm_x(row_kernels, dtype, x, norm_w, eps, "qkv_rope")
 
     def rotated(values, b, w=None):
         terms = values * xn

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from vkrt.weight_types import BY_GGUF
+from vkrt.weight_types import BY_DTYPE, BY_GGUF
 
 # Byte offsets of each block type's f16 scale fields (d, and dmin or m): ggml-common.h.
 F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
@@ -45,3 +45,48 @@ def random_blocks(r: np.random.Generator, gguf_type: str, n_rows: int, n_cols: i
     out = values(factor).reshape(n_rows, n_cols)
     assert np.isfinite(out).all()
     return raw.reshape(n_rows, -1), out
+
+
+def unit_elements(dtype: str) -> np.ndarray:
+    """[units per block, 32]: the elements of each unit of 32 weights of a block, in the
+    order the decode products read them (vkrt/glsl/weights.glsl `unit_runs`: run x's 16
+    elements, then run y's; xv[0..3], xv[4..7])."""
+    t = BY_DTYPE[dtype]
+    if t.block == 32:
+        starts = [(0, 16)]
+    elif t.gguf in ("Q2_K", "Q3_K"):
+        starts = [(a, a + 32) for u in range(8)
+                  for a in [128 * (u // 4) + 64 * (u // 2 % 2) + 16 * (u % 2)]]
+    elif t.gguf in ("Q4_K", "Q5_K"):
+        starts = [(a, a + 32) for u in range(8) for a in [64 * (u // 2) + 16 * (u % 2)]]
+    elif t.gguf == "Q6_K":
+        starts = [(a, a + 64) for u in range(8)
+                  for a in [128 * (u // 4) + 32 * (u // 2 % 2) + 16 * (u % 2)]]
+    else:
+        starts = [(32 * u, 32 * u + 16) for u in range(8)]        # IQ4_XS
+    return np.array([list(range(a, a + 16)) + list(range(b, b + 16)) for a, b in starts])
+
+
+def quantize_units(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x^, dx): x [..., K] f32 as the `_xq` decode products see it (vkrt/glsl/unit_xq.glsl),
+    each unit of 32 elements (`unit_elements`) on the step dx = 2^(E - 15), E the exponent
+    of its max |x|: x^ = dx * round_half_even(min(x / dx, 32767)), exact in f64; a unit
+    whose sum is not finite or whose max |x| is below 1e-30 keeps x (the float path), dx 0.
+    dx [..., K]: each element's unit's step."""
+    t = BY_DTYPE[dtype]
+    x = np.asarray(x, np.float32)
+    idx = unit_elements(dtype)                                  # [U, 32]
+    blocks = x.reshape(*x.shape[:-1], -1, t.block)              # [..., B, block]
+    u = blocks[..., idx]                                        # [..., B, U, 32]
+    m = np.abs(u).max(-1, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ok = np.isfinite(u.sum(-1, dtype=np.float32, keepdims=True)) & (m >= np.float32(1e-30))
+    e = np.frexp(np.where(ok, m, 1.0))[1]
+    inv, dx = np.ldexp(1.0, 15 - e), np.ldexp(1.0, e - 15)
+    q = np.rint(np.minimum(np.where(ok, u, 0).astype(np.float64) * inv, 32767.0))
+    uq = np.where(ok, q * dx, u.astype(np.float64))
+    out = np.empty(blocks.shape, np.float64)
+    step = np.empty(blocks.shape, np.float64)
+    out[..., idx] = uq
+    step[..., idx] = np.broadcast_to(np.where(ok, dx, 0.0), uq.shape)
+    return out.reshape(x.shape), step.reshape(x.shape)

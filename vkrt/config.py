@@ -154,6 +154,13 @@ FUSE: Switch[bool] = Switch(
     "dispatch, the gated MLP's norm, gate, up and SiLU in one, residual adds inside the output "
     "products (5 dependent stages per layer instead of 11); 0 runs the unfused chain.")
 
+XQ: Switch[bool] = Switch(
+    "VKRT_XQ", _bool, True,
+    "Decode products of block weights (matvec, matvec_glu, qkv_rope) quantize x per unit of 32 "
+    "elements to 16-bit integers on a power-of-two step and sum with integer dot products "
+    "(glsl/unit_xq.glsl), where the device has shaderIntegerDotProduct and the type an integer "
+    "form; 0 keeps x in f32.")
+
 PREFILL_FLUSH: Switch[int] = Switch(
     "VKRT_PREFILL_FLUSH", _int_at_least(0), 32,
     "A forward over several tokens (prefill) is submitted every this many dispatches, so the "
@@ -180,4 +187,4 @@ COOPMAT: Switch[str] = Switch(
     "batched runner's products take `matmul` where its table names matmul_coop).")
 
 ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS, INFLIGHT, TIMESTAMPS,
-       REPLAY, FUSE, PREFILL_FLUSH, COOPMAT)
+       REPLAY, FUSE, XQ, PREFILL_FLUSH, COOPMAT)

@@ -75,6 +75,9 @@ KV_DTYPES = {"float32": "", "float16": "_kvf16"}
 # Decode products (matvec, matvec_add, matvec_glu, qkv_rope): their workgroup size and rows
 # per workgroup come from the device class's table, vkrt/tuning.py (`Kernels.decode_launch`).
 
+# The decode products with `_xq` variants (vkrt/weight_types.py KERNEL_SOURCES).
+XQ_KERNELS = ("matvec", "matvec_add", "matvec_glu", "qkv_rope")
+
 # Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
 WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
                   "matvec": ("W", F32, F32),
@@ -129,6 +132,11 @@ class Kernels:
                              "matmul_tiled": {0: TILE_ROWS * TILE_TOKENS // 16,
                                               1: TILE_ROWS, 2: TILE_TOKENS}}
         self.tiled_matmul = self.tuning.prefill_tiled   # prefill: matmul_tiled, else matmul
+        # Decode products of block weights on their `_xq` variants (x as 16-bit integers per
+        # unit, integer dot products: glsl/unit_xq.glsl) where the table, VKRT_XQ and the
+        # device (shaderIntegerDotProduct) allow; `weight_op`.
+        self.integer_x = bool(self.tuning.integer_x and config.XQ.value
+                              and pipelines.device.features.get("shaderIntegerDotProduct"))
         # The cooperative-matrix shape matmul_coop runs on (a `CoopShape`), or None: the
         # device lists none (lavapipe), or VKRT_COOPMAT says never (`prefill_kernel`).
         self.coop = pipelines.device.coop_shape()
@@ -262,7 +270,9 @@ class Kernels:
     def weight_op(self, kernel: str, weight: Tensor, threads: int | None = None,
                   spec: dict | None = None) -> Op:
         """The op of `kernel` (a key of `WEIGHT_KERNELS`) for weights of `weight.dtype`: its
-        variant `<kernel>_<WEIGHTS[dtype]>`, built on first use; `threads`: its workgroup size
+        variant `<kernel>_<WEIGHTS[dtype]>` (`<kernel>_xq_<...>` for a decode product in
+        `XQ_KERNELS` when `integer_x` and the type has an integer form,
+        `WeightType.integer_x`), built on first use; `threads`: its workgroup size
         (specialization constant 0) instead of the kernel's default; `spec`: more
         specialization constants. Raises ShaderInterfaceError for a dtype no variant reads,
         naming the tensor."""
@@ -278,7 +288,11 @@ class Kernels:
             constants = {**self._weight_spec[kernel], **(spec or {})}
             if threads is not None:
                 constants[0] = threads
-            pipeline = self._pipelines.get_pipeline(f"{kernel}_{WEIGHTS[weight.dtype]}",
+            module = kernel
+            if (kernel in XQ_KERNELS and self.integer_x
+                    and weight_types.BY_DTYPE[weight.dtype].integer_x):
+                module = f"{kernel}_xq"
+            pipeline = self._pipelines.get_pipeline(f"{module}_{WEIGHTS[weight.dtype]}",
                                                     constants)
             dtypes = tuple(weight.dtype if d == "W" else d for d in WEIGHT_KERNELS[kernel])
             op = self._weight_ops[key] = Op(pipeline, dtypes)

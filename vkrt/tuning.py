@@ -79,6 +79,9 @@ class Table:
     attention_dim_splits: int        # attention_decode's workgroups per head
     prefill_tiled: bool              # prefill products: matmul_tiled (else matmul)
     norm_subgroups: int              # rmsnorm, rmsnorm_add, head_norm_rope: subgroups per row
+    # Decode products of block weights with x as 16-bit integers per unit (the `_xq`
+    # variants, glsl/unit_xq.glsl) where the device can (Kernels.integer_x).
+    integer_x: bool = False
     # The batched runner's products per token role (vkrt/models/batch.py): "decode" (generated
     # tokens, and every logit row) and "prompt" -> "matmul", "matmul_tiled" or "matmul_coop"
     # (f16 operands; "matmul" where the device has no cooperative-matrix shape or
@@ -175,6 +178,7 @@ GPU = Table(
     },
     argmax_threads=1024, attention_threads=1024, attention_dim_splits=4, prefill_tiled=True,
     norm_subgroups=8, batch_products={"decode": "matmul", "prompt": "matmul_tiled"},
+    integer_x=True,
     # matmul for the batched products (unrolled loops), the tile of least time summed over
     # six shapes per token count (bench/README.md has each figure).
     batch_tiles=(BatchTile(2, 4, 4, _PRODUCTS + ": T <= 2 rows 4, tiles of 4"),
@@ -205,6 +209,7 @@ CPU = Table(
             "qkv_rope": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),)},
     argmax_threads=256, attention_threads=64, attention_dim_splits=1, prefill_tiled=False,
     norm_subgroups=1, batch_products={"decode": "matmul", "prompt": "matmul_tiled"},
+    integer_x=True,
     batch_tiles=(BatchTile(None, 1, 8, "lavapipe: matmul's tile of 8 tokens, one row "
                                        "(the first session's choice, not timed)"),),
     sources={"batch_products": "the GPU's, so the roles' kernels differ where CI runs too "

@@ -43,6 +43,14 @@ class WeightType:
         return self.block > 1
 
     @property
+    def integer_x(self) -> bool:
+        """The decode products have an integer form for it (weights.glsl `unit_dot_q`: the
+        `*_xq_*` variants, x quantized per unit to 16-bit integers, glsl/unit_xq.glsl): every
+        block type whose weights are integers times scales; not IQ4_NL and IQ4_XS (their
+        levels are a table)."""
+        return self.quantized and not self.gguf.startswith("IQ")
+
+    @property
     def alignment(self) -> int:
         """The byte alignment every block of a tensor has (1, 2 or 4): Q8_0's 34-byte blocks,
         Q4_0's 18, Q5_0's 22, Q3_K's 110 and Q6_K's 210 are only 2-byte aligned."""
@@ -93,6 +101,12 @@ KERNEL_SOURCES = {
     "matvec_add": ("matvec.comp", {"ADD_OUT": 1}),
     "matvec_glu": ("matvec_glu.comp", {}),
     "qkv_rope": ("qkv_rope.comp", {}),
+    # The decode products with x quantized per unit (glsl/unit_xq.glsl), for the types with
+    # an integer form (`WeightType.integer_x`).
+    "matvec_xq": ("matvec.comp", {"XQ": 1}),
+    "matvec_add_xq": ("matvec.comp", {"ADD_OUT": 1, "XQ": 1}),
+    "matvec_glu_xq": ("matvec_glu.comp", {"XQ": 1}),
+    "qkv_rope_xq": ("qkv_rope.comp", {"XQ": 1}),
 }
 VARIANTS_JSON = Path(__file__).resolve().parent / "glsl" / "variants.json"
 
@@ -101,7 +115,8 @@ def weight_variants() -> dict[str, dict]:
     """The variants.json entries of every (weight kernel, type): `<kernel>_<suffix>` ->
     {"source", "defines"}."""
     return {f"{kernel}_{t.suffix}": {"source": source, "defines": {**t.defines(), **extra}}
-            for kernel, (source, extra) in KERNEL_SOURCES.items() for t in TYPES}
+            for kernel, (source, extra) in KERNEL_SOURCES.items() for t in TYPES
+            if "XQ" not in extra or t.integer_x}
 
 
 def variants_json(current: dict) -> dict:

@@ -100,7 +100,9 @@ _CAPABILITY_NAMES = {
     5301: "ShaderNonUniform", 5302: "RuntimeDescriptorArray",
     5308: "StorageBufferArrayNonUniformIndexing",
     5346: "VulkanMemoryModelDeviceScope", 5347: "PhysicalStorageBufferAddresses",
-    5357: "CooperativeMatrixNV", 6022: "CooperativeMatrixKHR",
+    5357: "CooperativeMatrixNV", 6016: "DotProductInputAllKHR",
+    6017: "DotProductInput4x8BitKHR", 6018: "DotProductInput4x8BitPackedKHR",
+    6019: "DotProductKHR", 6022: "CooperativeMatrixKHR",
     6026: "GroupNonUniformRotateKHR"}
 # Type declarations (3.52.6) and what a message calls them. Types outside this table (ray
 # queries, cooperative matrices, ...) never reach the interface that is reflected.

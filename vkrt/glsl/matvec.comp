@@ -17,6 +17,9 @@
 // Variant matvec_add_* (ADD_OUT): y[n] += the product instead, the residual add of a decode
 // step folded into its output projection (each y[n] is read and written by one invocation).
 #extension GL_GOOGLE_include_directive : require
+#ifdef XQ
+#extension GL_EXT_spirv_intrinsics : require   // unit_xq.glsl
+#endif
 #include "grid.glsl"
 #include "reduce.glsl"
 #include "weights.glsl"

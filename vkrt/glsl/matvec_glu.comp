@@ -12,6 +12,9 @@
 // spread(ceil(n_rows / ROWS)) workgroups (grid.glsl); n_cols % 4 == 0 (% 32 for block
 // types).
 #extension GL_GOOGLE_include_directive : require
+#ifdef XQ
+#extension GL_EXT_spirv_intrinsics : require   // unit_xq.glsl
+#endif
 #include "grid.glsl"
 #include "reduce.glsl"
 #include "gelu.glsl"

@@ -28,6 +28,9 @@
 // STAGE_X, specialization constant 7), as matvec.comp.
 // n_cols % 4 == 0 (% 32 for block types).
 #extension GL_GOOGLE_include_directive : require
+#ifdef XQ
+#extension GL_EXT_spirv_intrinsics : require   // unit_xq.glsl
+#endif
 #include "grid.glsl"
 #include "reduce.glsl"
 #include "weights.glsl"

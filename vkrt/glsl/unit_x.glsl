@@ -14,6 +14,8 @@
 // shared memory, loaded by consecutive invocations in order (coalesced), read back from a
 // stride of 9 vec4 (144 bytes: each 8 invocations of a 16-byte load hit distinct banks);
 // two barriers per chunk. The stage is declared only then (its size is 0 vec4 + 1).
+// XQ (the integer variants): load_unit_x also quantizes the unit (unit_xq.glsl) when SPLIT
+// is 1; a split unit takes the float path.
 layout(constant_id = 6) const uint SPLIT = 1;
 layout(constant_id = 7) const uint STAGE_X = 0;
 shared vec4 x_stage[gl_WorkGroupSize.x * 9 * STAGE_X + 1];
@@ -48,4 +50,8 @@ void load_unit_x(uint k0, uint units, out vec4 xv[8]) {
             xv[4 + q] = x_at(unit_x4(k, 4 + q));
         }
     }
+#ifdef XQ
+    xq_quantize(xv);                    // (stale past `units`: not used there)
+    xq_ok = xq_ok && SPLIT == 1;        // a split unit's invocations hold parts of it
+#endif
 }

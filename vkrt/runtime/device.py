@@ -77,6 +77,7 @@ _COMPONENT_NAMES = {vk.VK_COMPONENT_TYPE_FLOAT16_KHR: "float16",
 _SCOPE_NAMES = {vk.VK_SCOPE_DEVICE_KHR: "device", vk.VK_SCOPE_WORKGROUP_KHR: "workgroup",
                 vk.VK_SCOPE_SUBGROUP_KHR: "subgroup", vk.VK_SCOPE_QUEUE_FAMILY_KHR: "queue_family"}
 COOPERATIVE_MATRIX = "VK_KHR_cooperative_matrix"
+INTEGER_DOT_PRODUCT = "VK_KHR_shader_integer_dot_product"
 
 
 @dataclass(frozen=True)
@@ -365,7 +366,7 @@ class Device:
                          "storageBuffer8BitAccess": bool(f12.storageBuffer8BitAccess),
                          "shaderInt8": bool(f12.shaderInt8),
                          "vulkanMemoryModel": bool(f12.vulkanMemoryModel),
-                         "cooperativeMatrix": False}
+                         "cooperativeMatrix": False, "shaderIntegerDotProduct": False}
         extensions = self._calibration_extension()
         # VK_KHR_cooperative_matrix (tensor cores), enabled only when the device offers the
         # extension and its cooperativeMatrix feature (VkPhysicalDeviceCooperativeMatrix-
@@ -373,8 +374,14 @@ class Device:
         # memory model, which glslang's GL_KHR_memory_scope_semantics declares.
         chain, coop = want12, self._cooperative_matrix()   # both stay alive to vkCreateDevice
         if coop is not None:
-            coop.pNext, chain = want12, coop
+            coop.pNext, chain = chain, coop
             extensions.append(COOPERATIVE_MATRIX)
+        # VK_KHR_shader_integer_dot_product (core in Vulkan 1.3; vkrt asks for 1.2): the
+        # packed 4x8-bit dot products of the decode products' XQ variants (glsl/unit_xq.glsl).
+        dot = self._integer_dot_product()
+        if dot is not None:
+            dot.pNext, chain = chain, dot
+            extensions.append(INTEGER_DOT_PRODUCT)
         ext_names = [new("char[]", e.encode()) for e in extensions]
         ext_ptr = new("char*[]", ext_names) if ext_names else NULL
         priority = new("float[1]", [1.0])
@@ -449,6 +456,28 @@ class Device:
         return new("VkPhysicalDeviceCooperativeMatrixFeaturesKHR*", {
             "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
             "cooperativeMatrix": 1})
+
+    def _integer_dot_product(self):
+        """The VkPhysicalDeviceShaderIntegerDotProductFeatures to chain into device creation
+        when the device offers VK_KHR_shader_integer_dot_product with its
+        shaderIntegerDotProduct feature, else None; sets `features["shaderIntegerDotProduct"]`."""
+        try:
+            names = [e.extensionName for e in
+                     vk.vkEnumerateDeviceExtensionProperties(self.physical, None)]
+        except vk.VkError:
+            return None
+        if INTEGER_DOT_PRODUCT not in names:
+            return None
+        stype = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES
+        feat = new("VkPhysicalDeviceShaderIntegerDotProductFeatures*", {"sType": stype})
+        f2 = new("VkPhysicalDeviceFeatures2*",
+                 {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, "pNext": feat})
+        lib.vkGetPhysicalDeviceFeatures2(self.physical, f2)
+        if not feat.shaderIntegerDotProduct:
+            return None
+        self.features["shaderIntegerDotProduct"] = True
+        return new("VkPhysicalDeviceShaderIntegerDotProductFeatures*",
+                   {"sType": stype, "shaderIntegerDotProduct": 1})
 
     def coop_shape(self, a: str = "float16", c: str = "float32") -> CoopShape | None:
         """The subgroup-scope shape with A and B of type `a`, C and Result of type `c` that

@@ -30,6 +30,8 @@ SETS_PER_POOL = 256
 # every device at creation (the subgroup operations: device.py) or left to the driver.
 CAPABILITY_FEATURES = {
     "CooperativeMatrixKHR": "cooperativeMatrix", "Float16": "shaderFloat16",
+    "DotProductKHR": "shaderIntegerDotProduct",
+    "DotProductInput4x8BitPackedKHR": "shaderIntegerDotProduct",
     "Int8": "shaderInt8", "StorageBuffer16BitAccess": "storageBuffer16BitAccess",
     "StorageBuffer8BitAccess": "storageBuffer8BitAccess",
     "VulkanMemoryModel": "vulkanMemoryModel"}
