@@ -13,7 +13,8 @@ the report gives the median product's GPU time, the matrix's bytes over it (GB/s
 ratio to Q4_1's. The types alternate round by round (`--rounds`), so drift affects them
 alike. `--configs SxR,...` times every type under each decode launch (S subgroups per
 workgroup, R rows per workgroup, `s` after R: x staged through shared memory, `qN` after
-R: N invocations per unit of 32 weights;
+R: N invocations per unit of 32 weights, `i` last: x as 16-bit integers per unit, the `_xq`
+variants;
 vkrt/tuning.py's `Decode`, for every row count) instead
 of the device's table, and reports each config's figures and the best per type; `--glu` times
 matvec_glu (gate and up), `--qkv` qkv_rope (Q of the shape, K and V a quarter of it); `--shapes
@@ -73,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         if configs:
             table = kernels["table"].tuning
             kernels = {}
-            for c in configs:     # SxR, SxRs: x staged through shared memory; SxRqN: N per unit
-                s, r = c.rstrip("s").split("q")[0].split("x")
+            for c in configs:     # SxR, SxRs: x staged through shared memory; SxRqN: N per
+                # unit; a trailing i: x as integers (the `_xq` variants)
+                base = c.removesuffix("i")
+                s, r = base.rstrip("s").split("q")[0].split("x")
                 kernels[c] = Kernels(cache, tuning=table.with_decode(
                     int(s), int(r), "matvec_glu" if args.glu else "qkv_rope" if args.qkv
-                    else "matvec",
-                    stage_x=c.endswith("s"), split=int(c.split("q")[1]) if "q" in c else 1))
+                    else "matvec", stage_x=base.endswith("s"),
+                    split=int(base.split("q")[1]) if "q" in base else 1,
+                    integer_x=c.endswith("i")))
         for rows, cols in shapes:
             x = stream.upload(rng.standard_normal(cols).astype(np.float32), "x")
             norm = stream.upload(rng.standard_normal(cols).astype(np.float32), "norm")

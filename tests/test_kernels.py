@@ -983,36 +983,38 @@ def test_copy_block_into_wider_rows(gpu):
 WEIGHT_TYPES = {t.dtype: t.gguf for t in weight_types.TYPES}
 
 
-def xq_decode(kernels: Kernels, dtype: str, kernel: str = "matvec") -> bool:
-    """Decode product `kernel` of `dtype` runs its `_xq` variant (x quantized per unit,
-    glsl/unit_xq.glsl) and takes its integer path: a unit per invocation (SPLIT 1; a split
-    unit takes the float path)."""
+def xq_decode(kernels: Kernels, dtype: str, n_rows: int, kernel: str = "matvec") -> bool:
+    """Decode product `kernel` over `n_rows` rows (pairs for qkv_rope) of `dtype` runs its
+    `_xq` variant (Kernels.decode_integer_x) and takes its integer path: a unit per
+    invocation (SPLIT 1; a split unit takes the float path, glsl/unit_x.glsl)."""
     t = weight_types.BY_DTYPE[dtype]
-    return (kernels.integer_x and t.integer_x
-            and kernels.tuning.decode_rule(kernel, 1, t.block, dtype).split == 1)
+    return (kernels.decode_integer_x(kernel, dtype, n_rows)
+            and kernels.tuning.decode_rule(kernel, n_rows, t.block, dtype).split == 1)
 
 
-def decode_x(kernels: Kernels, dtype: str, x: np.ndarray, kernel: str = "matvec") -> np.ndarray:
-    """x [..., K] as decode product `kernel` of `dtype` sees it, float64: x^ (x quantized
-    per unit, tests/weight_blocks.py quantize_units) on the `_xq` variants, else x. Their
-    products are then those of the float kernels with x^ for x, and the float kernels'
-    bounds hold (test_linear_weights_as_stored)."""
-    if xq_decode(kernels, dtype, kernel):
+def decode_x(kernels: Kernels, dtype: str, x: np.ndarray, n_rows: int,
+             kernel: str = "matvec") -> np.ndarray:
+    """x [..., K] as decode product `kernel` over `n_rows` rows of `dtype` sees it,
+    float64: x^ (x quantized per unit, tests/weight_blocks.py quantize_units) where it
+    takes the integer path (xq_decode), else x. Its products are then those of the float
+    kernels with x^ for x, and the float kernels' bounds hold
+    (test_linear_weights_as_stored)."""
+    if xq_decode(kernels, dtype, n_rows, kernel):
         return quantize_units(x, dtype)[0]
     return x.astype(np.float64)
 
 
 def decode_norm_x(kernels: Kernels, dtype: str, x: np.ndarray, norm_w: np.ndarray, eps: float,
-                  kernel: str) -> np.ndarray:
+                  n_rows: int, kernel: str) -> np.ndarray:
     """n(x) = rmsnorm(x) * norm_w as the fused decode product `kernel` (matvec_glu,
     qkv_rope) of `dtype` sees it: the product of the row x * norm_w (rms_in.glsl
     x_weighted: one f32 multiply, which numpy repeats) with the weights, times the norm's
     scale; on the `_xq` variants that row is quantized per unit (decode_x)."""
-    if not xq_decode(kernels, dtype, kernel):
+    if not xq_decode(kernels, dtype, n_rows, kernel):
         return rms_reference(x, norm_w, eps)
     xd = x.astype(np.float64)
     weighted = x.astype(np.float32) * norm_w.astype(np.float32)
-    return decode_x(kernels, dtype, weighted, kernel) / np.sqrt(np.mean(xd * xd) + eps)
+    return decode_x(kernels, dtype, weighted, n_rows, kernel) / np.sqrt(np.mean(xd * xd) + eps)
 
 
 def cols(dtype: str) -> int:
@@ -1078,7 +1080,8 @@ def test_linear_weights_as_stored(gpu, kernels, dtype, n_tokens, tiled):
     tx, ty = gpu.upload(x), gpu.filled(n_tokens * n_rows + 5)
     gpu.stream.record([kernels.linear(tx, tw, ty, n_tokens, x_row=x_row)])
     got = gpu.read(ty)
-    xs = decode_x(kernels, dtype, x[x_row:]) if n_tokens == 1 else x[x_row:].astype(np.float64)
+    xs = (decode_x(kernels, dtype, x[x_row:], n_rows) if n_tokens == 1
+          else x[x_row:].astype(np.float64))
     terms = xs[:, None, :] * values[None, :, :]   # [T, N, K]
     # The shader dequantizes each weight exactly as gguf-py does in f32 (d * scale * q is
     # exact: an 11-bit f16 scale times integers of at most 7 + 5 bits; a min term "+ m" or
@@ -1268,7 +1271,7 @@ def test_matvec_rows_per_workgroup_weights_as_stored(gpu, kernels, dtype):
     gpu.stream.record([op(tw, tx, ty, grid=(groups(n_rows, rows), 1, 1), n_cols=n_cols,
                           x_offset=0, n_rows=n_rows)])
     got = gpu.read(ty)
-    terms = values * decode_x(kernels, dtype, x)
+    terms = values * x.astype(np.float64)         # "matvec" named: the f32-x variant
     assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
     np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
@@ -1284,9 +1287,11 @@ def test_matvec_rows_per_workgroup_weights_as_stored(gpu, kernels, dtype):
 # that leave the last workgroup of 37 rows partial (3: 13 workgroups, the last with 1 row,
 # block types' x through shared memory: glsl/unit_x.glsl; 8 with one subgroup, 4
 # invocations per unit of 32 weights).
-ROW_LAUNCHES = {"1-subgroup-rows": (1, 1, False, 1), "4-subgroup-rows": (4, 1, False, 1),
-                "2-subgroups-3-rows-staged": (2, 3, True, 1),
-                "1-subgroup-8-rows-4-per-unit": (1, 8, False, 4)}
+# Block types' x as integers (`_xq` variants, glsl/unit_xq.glsl) in the launches marked so,
+# as f32 in the others (the split launch runs the `_xq` variant's float path).
+ROW_LAUNCHES = {"1-subgroup-rows-xq": (1, 1, False, 1, True), "4-subgroup-rows": (4, 1, False, 1, False),
+                "2-subgroups-3-rows-staged-xq": (2, 3, True, 1, True),
+                "1-subgroup-8-rows-4-per-unit-xq": (1, 8, False, 4, True)}
 
 
 @pytest.fixture(params=list(ROW_LAUNCHES.values()), ids=list(ROW_LAUNCHES))
@@ -1295,11 +1300,12 @@ def row_kernels(gpu, request):
     reductions and partial last workgroups run here."""
     from vkrt import tuning
 
-    subgroups, rows, stage, split = request.param
+    subgroups, rows, stage, split, integer_x = request.param
     # head_norm_rope (qkv_rope's second dispatch) on as many subgroups.
     table = dataclasses.replace(tuning.CPU, norm_subgroups=subgroups)
     for kernel in ("matvec", "matvec_glu", "qkv_rope"):
-        table = table.with_decode(subgroups, rows, kernel, stage_x=stage, split=split)
+        table = table.with_decode(subgroups, rows, kernel, stage_x=stage, split=split,
+                                  integer_x=integer_x)
     return Kernels(gpu.cache, tuning=table)
 
 
@@ -1318,9 +1324,10 @@ def test_norms_take_the_tables_subgroups(gpu):
 # risky: rows of one block (fewer units than invocations), and many blocks (67 of 32, 9 of
 # 256: several chunks of units, the last partial), rows not a multiple of the rows per
 # workgroup; x staged or not.
-UNIT_LAUNCHES = {"2-subgroups-3-rows-staged": (2, 3, True, 1),
-                 "1-subgroup-5-rows-2-per-unit": (1, 5, False, 2),
-                 "2-subgroups-2-rows-4-per-unit": (2, 2, False, 4)}
+UNIT_LAUNCHES = {"2-subgroups-3-rows-staged": (2, 3, True, 1, False),
+                 "2-subgroups-3-rows-staged-xq": (2, 3, True, 1, True),
+                 "1-subgroup-5-rows-2-per-unit-xq": (1, 5, False, 2, True),
+                 "2-subgroups-2-rows-4-per-unit": (2, 2, False, 4, False)}
 
 
 @pytest.mark.parametrize("launch", list(UNIT_LAUNCHES))
@@ -1331,9 +1338,9 @@ def test_matvec_units_odd_sizes(gpu, dtype, blocks, n_rows, launch):
 
     t = weight_types.BY_DTYPE[dtype]
     blocks = blocks if blocks > 0 else (67 if t.block == 32 else 9)
-    subgroups, rows, stage, split = UNIT_LAUNCHES[launch]
+    subgroups, rows, stage, split, integer_x = UNIT_LAUNCHES[launch]
     k = Kernels(gpu.cache, tuning=tuning.CPU.with_decode(subgroups, rows, stage_x=stage,
-                                                         split=split))
+                                                         split=split, integer_x=integer_x))
     r, n_cols = rng(43), blocks * t.block
     tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=43)
     x = randn(r, 2, n_cols)
@@ -1343,7 +1350,7 @@ def test_matvec_units_odd_sizes(gpu, dtype, blocks, n_rows, launch):
     assert k.decode_launch("matvec", tw, n_rows)[2] == ({6: split} if split > 1 else {7: 1})
     gpu.stream.record([d])
     got = gpu.read(ty)
-    terms = values * decode_x(k, dtype, x[1])
+    terms = values * decode_x(k, dtype, x[1], n_rows)
     # As test_linear_weights_as_stored (2e-7 relative to sum|w*x|; 67 blocks: sqrt(2144)
     # * 2^-24 = 2.8e-6 in the worst case, ~2^-24 typical).
     assert rel_err(got[:n_rows], terms.sum(1), np.abs(terms).sum(1)) < 2e-7
@@ -1354,14 +1361,18 @@ XQ_TYPES = [t.dtype for t in weight_types.TYPES if t.integer_x]
 
 
 @pytest.mark.parametrize("dtype", XQ_TYPES)
-def test_matvec_xq_units_at_the_edges(gpu, kernels, dtype):
+def test_matvec_xq_units_at_the_edges(gpu, dtype):
     """The quantized x of the `_xq` decode products (glsl/unit_xq.glsl) at its edges, one
     row of x per case, 9 rows of weights: a max |x| just below a power of two in every unit
     (m / dx rounds to 32768, past int16: the clamp to 32767), units of tiny values (1e-35:
     the float path, no step of 2^130) and of zeros, an infinity and a NaN in one unit each
     (the float path: IEEE results, as the f32 kernels give them). Each row against numpy's
     x^ (quantize_units) with the float kernels' bound; non-finite outputs exactly."""
-    assert kernels.integer_x, "lavapipe and the H200 have shaderIntegerDotProduct"
+    from vkrt import tuning
+
+    kernels = Kernels(gpu.cache, tuning=tuning.CPU.with_decode(1, 1, integer_x=True))
+    assert kernels.decode_integer_x("matvec", dtype, 9), \
+        "lavapipe and the H200 have shaderIntegerDotProduct"
     t = weight_types.BY_DTYPE[dtype]
     r, n_rows, n_cols = rng(44), 9, 2 * t.block
     tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=44)
@@ -1405,7 +1416,7 @@ def test_matvec_add_accumulates_into_y(gpu, row_kernels, dtype):
     tx, ty = gpu.upload(x), gpu.upload(np.concatenate([y0, np.full(5, SENTINEL, np.float32)]))
     gpu.stream.record([row_kernels.linear(tx, tw, ty, 1, accumulate=True)])
     got = gpu.read(ty)
-    terms = values * decode_x(row_kernels, dtype, x)[None, :]
+    terms = values * decode_x(row_kernels, dtype, x, n_rows)[None, :]
     want = y0 + terms.sum(1)
     # One more f32 rounding (the add) than the product: 2^-24 |y|, inside the bound.
     assert rel_err(got[:-5], want, np.abs(terms).sum(1) + np.abs(y0)) < 2e-7
@@ -1424,7 +1435,7 @@ def test_matvec_glu_is_rmsnorm_gate_up_silu(gpu, row_kernels, dtype, gelu):
     tx, tn, to = gpu.upload(x), gpu.upload(norm_w), gpu.filled(n_ff + 5)
     gpu.stream.record([row_kernels.glu(tx, tn, tg, tu, to, eps, gelu=gelu)])
     got = gpu.read(to)
-    xn = decode_norm_x(row_kernels, dtype, x, norm_w, eps, "matvec_glu")
+    xn = decode_norm_x(row_kernels, dtype, x, norm_w, eps, n_ff, "matvec_glu")
     g_terms, u_terms = g_values * xn, u_values * xn
     g, u = g_terms.sum(1), u_terms.sum(1)
     if gelu:
@@ -1510,7 +1521,8 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, l
     assert ds[0].grid[0] * ds[0].grid[1] == (n_heads + 2 * n_kv) * head_dim // 2 // per_group
     assert len(ds) == (2 if qk_norm else 1)
     gpu.stream.record(ds)
-    xn = decode_norm_x(row_kernels, dtype, x, norm_w, eps, "qkv_rope")
+    xn = decode_norm_x(row_kernels, dtype, x, norm_w, eps,
+                       (n_heads + 2 * n_kv) * head_dim // 2, "qkv_rope")
 
     def rotated(values, b, w=None):
         terms = values * xn

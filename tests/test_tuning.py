@@ -19,9 +19,11 @@ def test_every_product_has_a_cited_launch(table):
 
 
 def test_rules_apply_in_order():
-    # The GPU table: blocks of 32 staged up to 8192 rows, the K-quants not; IQ4_XS by name.
+    # The GPU table: blocks of 32 up to 8192 rows with x as integers, the K-quants not;
+    # IQ4_XS by name, staged.
     gpu = tuning.GPU
-    assert gpu.decode_rule("matvec", 4096, 32, "q4_1").stage_x
+    assert gpu.decode_rule("matvec", 4096, 32, "q4_1").integer_x
+    assert not gpu.decode_rule("matvec", 4096, 256, "q4_k").integer_x
     assert not gpu.decode_rule("matvec", 4096, 256, "q4_k").stage_x
     assert gpu.decode_rule("matvec", 4096, 256, "iq4_xs").stage_x
     assert gpu.decode_rule("matvec", 49152, 32, "q8_0").rows == 4

@@ -45,13 +45,20 @@ def test_consumers_read_the_table():
 
 def test_variants_json_is_generated_from_the_table():
     """vkrt/glsl/variants.json holds every (weight kernel, type) variant with the table's
-    defines, and nothing else for those sources (python -m vkrt.weight_types rewrites it)."""
+    defines (the `_xq` kernels only for the types with an integer form), and nothing else
+    for those sources (python -m vkrt.weight_types rewrites it)."""
     assert weight_types.main(["--check"]) == 0
     doc = json.loads(weight_types.VARIANTS_JSON.read_text())
+    want = 0
     for kernel, (source, extra) in weight_types.KERNEL_SOURCES.items():
         for t in weight_types.TYPES:
-            entry = doc[f"{kernel}_{t.suffix}"]
-            assert entry == {"source": source, "defines": {**t.defines(), **extra}}
+            name = f"{kernel}_{t.suffix}"
+            if "XQ" in extra and not t.integer_x:
+                assert name not in doc
+                continue
+            assert doc[name] == {"source": source, "defines": {**t.defines(), **extra}}
+            want += 1
     sources = {s for s, _ in weight_types.KERNEL_SOURCES.values()}
-    n = sum(1 for v in doc.values() if v["source"] in sources)
-    assert n == len(weight_types.KERNEL_SOURCES) * len(weight_types.TYPES)
+    assert sum(1 for v in doc.values() if v["source"] in sources) == want
+    assert sorted(t.gguf for t in weight_types.TYPES if not t.integer_x and t.quantized) \
+        == ["IQ4_NL", "IQ4_XS"]

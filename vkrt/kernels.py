@@ -85,6 +85,7 @@ WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
                   "matmul_tiled": ("W", F32, F32), "matmul_coop": ("W", F32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
                   "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32)}
+WEIGHT_KERNELS.update({f"{k}_xq": WEIGHT_KERNELS[k] for k in XQ_KERNELS})
 
 
 def _decode_attention_size(limits, head_dim: int, threads: int) -> tuple[int, int]:
@@ -128,14 +129,15 @@ class Kernels:
         self._weight_spec = {"embed": {0: ELEMENTWISE_BLOCK},
                              "embed_range": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
                              "matvec_add": {0: sg}, "matvec_glu": {0: sg}, "qkv_rope": {0: sg},
+                             **{f"{k}_xq": {0: sg} for k in XQ_KERNELS},
                              "matmul": {0: sg, 1: MATMUL_TOKENS},
                              "matmul_tiled": {0: TILE_ROWS * TILE_TOKENS // 16,
                                               1: TILE_ROWS, 2: TILE_TOKENS}}
         self.tiled_matmul = self.tuning.prefill_tiled   # prefill: matmul_tiled, else matmul
-        # Decode products of block weights on their `_xq` variants (x as 16-bit integers per
-        # unit, integer dot products: glsl/unit_xq.glsl) where the table, VKRT_XQ and the
-        # device (shaderIntegerDotProduct) allow; `weight_op`.
-        self.integer_x = bool(self.tuning.integer_x and config.XQ.value
+        # Decode products may run their `_xq` variants (x as 16-bit integers per unit,
+        # integer dot products: glsl/unit_xq.glsl) where a table rule says so: VKRT_XQ and
+        # the device (shaderIntegerDotProduct) allow it (`decode_integer_x`).
+        self.integer_x = bool(config.XQ.value
                               and pipelines.device.features.get("shaderIntegerDotProduct"))
         # The cooperative-matrix shape matmul_coop runs on (a `CoopShape`), or None: the
         # device lists none (lavapipe), or VKRT_COOPMAT says never (`prefill_kernel`).
@@ -267,12 +269,28 @@ class Kernels:
             spec[7] = 1
         return threads, rule.rows, spec
 
+    def decode_integer_x(self, kernel: str, dtype: str, n_rows: int) -> bool:
+        """Whether decode product `kernel` (a key of `XQ_KERNELS`) over `n_rows` rows of
+        `dtype` runs its `_xq` variant: the table's rule says so (vkrt/tuning.py
+        `integer_x`), the type has an integer form (`WeightType.integer_x`), and VKRT_XQ and
+        the device allow it (`integer_x`). A rule that splits units (SPLIT > 1) runs the
+        variant's float path (glsl/unit_x.glsl)."""
+        t = weight_types.BY_DTYPE.get(dtype)
+        if not (self.integer_x and t is not None and t.integer_x):
+            return False
+        return self.tuning.decode_rule(kernel, n_rows, t.block, dtype).integer_x
+
+    def decode_module(self, kernel: str, weight: Tensor, n_rows: int) -> str:
+        """The weight kernel (a key of `WEIGHT_KERNELS`) decode product `kernel` runs over
+        `n_rows` rows of `weight`: `kernel`, or `<kernel>_xq` (`decode_integer_x`)."""
+        if self.decode_integer_x(kernel, weight.dtype, n_rows):
+            return f"{kernel}_xq"
+        return kernel
+
     def weight_op(self, kernel: str, weight: Tensor, threads: int | None = None,
                   spec: dict | None = None) -> Op:
         """The op of `kernel` (a key of `WEIGHT_KERNELS`) for weights of `weight.dtype`: its
-        variant `<kernel>_<WEIGHTS[dtype]>` (`<kernel>_xq_<...>` for a decode product in
-        `XQ_KERNELS` when `integer_x` and the type has an integer form,
-        `WeightType.integer_x`), built on first use; `threads`: its workgroup size
+        variant `<kernel>_<WEIGHTS[dtype]>`, built on first use; `threads`: its workgroup size
         (specialization constant 0) instead of the kernel's default; `spec`: more
         specialization constants. Raises ShaderInterfaceError for a dtype no variant reads,
         naming the tensor."""
@@ -288,11 +306,7 @@ class Kernels:
             constants = {**self._weight_spec[kernel], **(spec or {})}
             if threads is not None:
                 constants[0] = threads
-            module = kernel
-            if (kernel in XQ_KERNELS and self.integer_x
-                    and weight_types.BY_DTYPE[weight.dtype].integer_x):
-                module = f"{kernel}_xq"
-            pipeline = self._pipelines.get_pipeline(f"{module}_{WEIGHTS[weight.dtype]}",
+            pipeline = self._pipelines.get_pipeline(f"{kernel}_{WEIGHTS[weight.dtype]}",
                                                     constants)
             dtypes = tuple(weight.dtype if d == "W" else d for d in WEIGHT_KERNELS[kernel])
             op = self._weight_ops[key] = Op(pipeline, dtypes)
@@ -385,7 +399,7 @@ class Kernels:
         if n_tokens == 1 and batched is None:
             kernel = "matvec_add" if accumulate else "matvec"
             threads, rows, spec = self.decode_launch(kernel, weight, n_out)
-            op = self.weight_op(kernel, weight, threads,
+            op = self.weight_op(self.decode_module(kernel, weight, n_out), weight, threads,
                                 {**spec, **({1: rows} if rows > 1 else {})} or None)
             return op(
                 weight, x, y, grid=(*spread(_groups(n_out, rows), self.limit), 1), name=name,
@@ -443,7 +457,8 @@ class Kernels:
                                        f"{list(up.shape)} differ")
         threads, rows, spec = self.decode_launch("matvec_glu", gate, n_out)
         spec = {**spec, **({1: 1} if gelu else {}), **({2: rows} if rows > 1 else {})}
-        return self.weight_op("matvec_glu", gate, threads, spec or None)(
+        return self.weight_op(self.decode_module("matvec_glu", gate, n_out), gate, threads,
+                              spec or None)(
             gate, x, out, up, norm_weight, grid=(*spread(_groups(n_out, rows), self.limit), 1),
             name=name,
             need=(None, n_in, n_out, None, n_in), n_cols=n_in, n_rows=n_out, eps=eps)
@@ -485,7 +500,7 @@ class Kernels:
         # Without biases (norms) those bindings are not read: norm_weight stands in for them.
         bq, bk, bv = biases if biases is not None else (norm_weight,) * 3
         bias_need = (qw, kvw, kvw) if biases is not None else (None,) * 3
-        out = [self.weight_op("qkv_rope", wq, threads, spec)(
+        out = [self.weight_op(self.decode_module("qkv_rope", wq, pairs), wq, threads, spec)(
             wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos, bq, bk, bv,
             grid=(*spread(pairs // per_group, self.limit), 1), name=name,
             need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,

@@ -15,7 +15,9 @@ subgroup size);
 qkv_rope.comp PAIRS, lowered to a divisor of head_dim / 2); for block types, `split`: invocations per
 unit of 32 weights (glsl/unit_x.glsl SPLIT: 1, 2 or 4) and `stage_x`: x loaded through
 shared memory (STAGE_X, with split 1; kernels.py drops it where the device's shared memory
-cannot hold the stage).
+cannot hold the stage); `integer_x`: the kernel's `_xq` variant (x quantized per unit to
+16-bit integers, integer dot products: glsl/unit_xq.glsl) for the types with an integer form,
+with split 1, where the device has shaderIntegerDotProduct and VKRT_XQ allows.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class Decode:
     source: str              # the measurement (bench/README.md) that chose it
     stage_x: bool = False
     split: int = 1
+    integer_x: bool = False  # the `_xq` variant (x as 16-bit integers per unit) where it can
 
     def matches(self, n_rows: int, block: int, dtype: str = "") -> bool:
         """For a product of n_rows rows of `dtype`, `block` elements per block (1: scalar)."""
@@ -79,9 +82,6 @@ class Table:
     attention_dim_splits: int        # attention_decode's workgroups per head
     prefill_tiled: bool              # prefill products: matmul_tiled (else matmul)
     norm_subgroups: int              # rmsnorm, rmsnorm_add, head_norm_rope: subgroups per row
-    # Decode products of block weights with x as 16-bit integers per unit (the `_xq`
-    # variants, glsl/unit_xq.glsl) where the device can (Kernels.integer_x).
-    integer_x: bool = False
     # The batched runner's products per token role (vkrt/models/batch.py): "decode" (generated
     # tokens, and every logit row) and "prompt" -> "matmul", "matmul_tiled" or "matmul_coop"
     # (f16 operands; "matmul" where the device has no cooperative-matrix shape or
@@ -106,11 +106,11 @@ class Table:
         return next(r for r in self.batch_coop_tiles if r.matches(n_tokens))
 
     def with_decode(self, subgroups: int, rows: int, kernel: str = "matvec",
-                    stage_x: bool = False, split: int = 1) -> "Table":
+                    stage_x: bool = False, split: int = 1, integer_x: bool = False) -> "Table":
         """This table with one rule for every product of `kernel` (bench/matvec_types.py's
         --configs)."""
         return replace(self, decode={**self.decode, kernel: (
-            Decode(None, "any", subgroups, rows, "override", stage_x, split),)})
+            Decode(None, "any", subgroups, rows, "override", stage_x, split, integer_x),)})
 
 
 _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
@@ -125,6 +125,8 @@ _AB = ("bench/README.md, 2026-12-02 second session (vkrt bench per-kernel GPU us
 _NORMS = _AB + ": a row's norm on one subgroup"
 _BATCHED = ("bench/README.md, 2026-12-02 third session (bench/batched.py, H200): generated "
             "tokens on matmul (few columns, one row per workgroup), prompt tokens tiled")
+_XQ = ("bench/README.md, 2026-12-03 (vkrt bench, 7B shapes, A/B of launches and integer x, "
+       "H200)")
 _PRODUCTS = ("bench/README.md, 2026-12-02 third session (bench/batched_products.py, H200, "
              "us summed over six shapes)")
 
@@ -138,11 +140,14 @@ GPU = Table(
             Decode(8192, "float32", 8, 1, _BLOCKS + ": f32 8x1 4105, 4x1 3911 GB/s"),
             Decode(8192, "scalar", 4, 1, _BLOCKS + ": f16 4x1 3598, 4x2 3657, 8x1 3663 GB/s"),
             Decode(None, "scalar", 1, 4, _BLOCKS + ": logits f16 1x4 2737, 4x1 1286 GB/s"),
-            # Blocks of 32: x staged, one subgroup, 4 rows (Q4_1 [4096, 14336] 1296 GB/s
-            # against 1117 for 4x4 unstaged, 989 for 1x4); at 576 rows 2 subgroups, 2 rows
-            # (101 against 80); past 8192 rows unstaged 1x4 (logits Q4_1 797 against 620).
+            # Blocks of 32: 4 subgroups, 8 rows, x as integers (the products of a 7B decode
+            # step, end to end: each kernel's time against one subgroup, 4 rows, x staged,
+            # which bench/matvec_types.py preferred in isolation, 1296 GB/s at [4096, 14336]);
+            # at 576 rows 2 subgroups, 2 rows (101 against 80 GB/s); past 8192 rows unstaged
+            # 1x4 (logits Q4_1 797 against 620).
             Decode(1024, "blocks", 2, 2, _BLOCKS + ": [576, 1536] 2x2s", stage_x=True),
-            Decode(8192, "blocks32", 1, 4, _BLOCKS + ": Q4_1 1x4s 1296 GB/s", stage_x=True),
+            Decode(8192, "blocks32", 4, 8, _XQ + ": 7B Q4_1 ffn_down 1003 us per token "
+                   "(1x4s 1167), attn_output 441 (443); 4x8 f32 x 1138, 476", integer_x=True),
             Decode(8192, "iq4_xs", 1, 4, _BLOCKS + ": IQ4_XS 1x4s 1040, 4x4 876 GB/s",
                    stage_x=True),
             # Blocks of 256: 4 subgroups, 4 rows, unstaged (Q4_K [4096, 14336] 708 against 470
@@ -154,31 +159,35 @@ GPU = Table(
         # before (1x2s): the K-quants 4x4 (Q4_K 321 against 177, Q6_K 417 against 345; at
         # qwen3's [3072, 1024] 449 against 484 us per token); up to 8192 rows the blocks of 32
         # keep 1 subgroup, 2 rows, x staged (SmolLM2's [1536, 576]: 4x4 380 against 281 us per
-        # token, gemma3's [6912, 1152] 1x4s 721 against 669); past that Q4_1 4x4 (534 against
-        # 314), the other blocks 1x4s (Q8_0 577 against 475, Q5_0 565 against 492); f32/f16/
-        # bf16 4 subgroups, one row.
+        # token, gemma3's [6912, 1152] 1x4s 721 against 669); past that Q4_1 4 subgroups, 8
+        # rows, x in f32 (a 7B decode step's ffn_glu; integer x was slower there), the other
+        # blocks 1x4s (Q8_0 577 against 475, Q5_0 565 against 492); f32/f16/bf16 4
+        # subgroups, one row.
         "matvec_glu": (
             Decode(None, "blocks256", 4, 4, _SWEEP + ": glu Q4_K 4x4 321, 1x2s 177 GB/s"),
             Decode(8192, "blocks", 1, 2, _AB + ": glu [1536, 576] 1x2s", stage_x=True),
-            Decode(None, "q4_1", 4, 4, _SWEEP + ": glu Q4_1 4x4 534, 1x2s 314 GB/s"),
+            Decode(None, "q4_1", 4, 8, _XQ + ": 7B Q4_1 ffn_glu 1960 us per token (4x4 2224; "
+                   "4x8 with integer x 2071)"),
             Decode(None, "blocks", 1, 4, _SWEEP + ": glu Q8_0 1x4s 577, 1x2s 475 GB/s",
                    stage_x=True),
             Decode(None, "any", 4, 1, _SESSION1 + ": 4 subgroups per row"),
         ),
         # qkv_rope (rows: pairs of rows per workgroup), Q [4096, 4096] with K, V [1024,
-        # 4096] (3072 pairs): one subgroup, 4 pairs, x staged (Q4_1 150 against 86 GB/s for
+        # 4096] (3072 pairs): blocks of 32 4 subgroups, 8 pairs, x as integers (a 7B decode
+        # step's attn_qkv); the K-quants one subgroup, 4 pairs, x staged (Q4_1 150 against 86 GB/s for
         # the launch before, 4 subgroups and one pair; Q4_K 102 against 63); up to 2048 pairs
         # ([2048, 1024] and a quarter each) one pair (Q4_1 200 against 113, Q6_K 241 against
         # 137).
         "qkv_rope": (
             Decode(2048, "blocks", 1, 1, _SWEEP + ": qkv [2048, 1024] 1x1s", stage_x=True),
+            Decode(None, "blocks32", 4, 8, _XQ + ": 7B Q4_1 attn_qkv 758 us per token (1x4s "
+                   "1046; 4x8 f32 x 812)", integer_x=True),
             Decode(None, "blocks", 1, 4, _SWEEP + ": qkv [4096, 4096] 1x4s", stage_x=True),
             Decode(None, "any", 4, 1, _SESSION1 + ": 4 subgroups per row"),
         ),
     },
     argmax_threads=1024, attention_threads=1024, attention_dim_splits=4, prefill_tiled=True,
     norm_subgroups=8, batch_products={"decode": "matmul", "prompt": "matmul_tiled"},
-    integer_x=True,
     # matmul for the batched products (unrolled loops), the tile of least time summed over
     # six shapes per token count (bench/README.md has each figure).
     batch_tiles=(BatchTile(2, 4, 4, _PRODUCTS + ": T <= 2 rows 4, tiles of 4"),
@@ -200,16 +209,16 @@ GPU = Table(
              "prefill_tiled": _SESSION2 + ": prefill products tiled, 32 rows x 64 tokens"},
 )
 
+_LAVAPIPE_DECODE = ("glsl/reduce.glsl: lavapipe barriers; x as integers where the type allows "
+                    "(bench/README.md 2026-12-03: vkrt bench on lavapipe)")
 # lavapipe: a barrier between subgroups switches every invocation's coroutine
 # (glsl/reduce.glsl), so one subgroup per workgroup and no tiling (the tiled matmul was no
 # faster there: teacher-forced logits of test_llama 64-68 s against 40-80 s).
 CPU = Table(
-    decode={"matvec": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),),
-            "matvec_glu": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),),
-            "qkv_rope": (Decode(None, "any", 1, 1, "glsl/reduce.glsl: lavapipe barriers"),)},
+    decode={k: (Decode(None, "any", 1, 1, _LAVAPIPE_DECODE, integer_x=True),)
+            for k in ("matvec", "matvec_glu", "qkv_rope")},
     argmax_threads=256, attention_threads=64, attention_dim_splits=1, prefill_tiled=False,
     norm_subgroups=1, batch_products={"decode": "matmul", "prompt": "matmul_tiled"},
-    integer_x=True,
     batch_tiles=(BatchTile(None, 1, 8, "lavapipe: matmul's tile of 8 tokens, one row "
                                        "(the first session's choice, not timed)"),),
     sources={"batch_products": "the GPU's, so the roles' kernels differ where CI runs too "

@@ -271,9 +271,9 @@ uvec2 W_(unit_ints)(uint o, uint u, uint q) {
 }
 vec4 W_(unit_scales)(uint o, uint u) { return vec4(vec2(W_(f16_at)(o)), 0.0, 0.0); }
 float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
-    uvec2 ab = W_(unit_ints)(o, u, q);
-    return W_(f16_at)(o) * (dot(W_(bytes_f)(ab.x ^ 0x80808080u, 0xFFu, 128.0), xa)
-                            + dot(W_(bytes_f)(ab.y ^ 0x80808080u, 0xFFu, 128.0), xb));
+    uint a = W_(word_q)(o + 2, q), b = W_(word_q)(o + 18, q);
+    return W_(f16_at)(o) * (dot(W_(bytes_f)(a ^ 0x80808080u, 0xFFu, 128.0), xa)
+                            + dot(W_(bytes_f)(b ^ 0x80808080u, 0xFFu, 128.0), xb));
 }
 #elif defined(WEIGHT_Q4_0) || defined(WEIGHT_IQ4_NL)
 // Q4_0, IQ4_NL: qs at 2: byte l holds element l (low nibble) and l + 16.
@@ -286,11 +286,11 @@ uvec2 W_(unit_ints)(uint o, uint u, uint q) {
 }
 vec4 W_(unit_scales)(uint o, uint u) { return vec4(vec2(W_(f16_at)(o)), 0.0, 0.0); }
 float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
-    uvec2 ab = W_(unit_ints)(o, u, q);
+    uint v = W_(word_q)(o + 2, q);
 #if defined(WEIGHT_Q4_0)
-    return W_(f16_at)(o) * (dot(W_(bytes_f)(ab.x, 15u, 8.0), xa) + dot(W_(bytes_f)(ab.y, 15u, 8.0), xb));
+    return W_(f16_at)(o) * (dot(W_(bytes_f)(v, 15u, 8.0), xa) + dot(W_(bytes_f)(v >> 4, 15u, 8.0), xb));
 #else
-    return W_(f16_at)(o) * (dot(W_(lut4)(ab.x), xa) + dot(W_(lut4)(ab.y), xb));
+    return W_(f16_at)(o) * (dot(W_(lut4)(v), xa) + dot(W_(lut4)(v >> 4), xb));
 #endif
 }
 #elif defined(WEIGHT_Q4_1)
@@ -305,18 +305,17 @@ vec4 W_(unit_scales)(uint o, uint u) {
 }
 float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
     vec2 dm = unpackHalf2x16(W_(w)[o / 4]);
-    uvec2 ab = W_(unit_ints)(o, u, q);
-    return dot(dm.x * W_(bytes_f)(ab.x, 15u, 0.0) + dm.y, xa)
-           + dot(dm.x * W_(bytes_f)(ab.y, 15u, 0.0) + dm.y, xb);
+    uint v = W_(w)[o / 4 + 1 + q];
+    return dot(dm.x * W_(bytes_f)(v, 15u, 0.0) + dm.y, xa)
+           + dot(dm.x * W_(bytes_f)(v >> 4, 15u, 0.0) + dm.y, xb);
 }
 #elif defined(WEIGHT_Q5_0) || defined(WEIGHT_Q5_1)
 // Q5_0 / Q5_1: element l's fifth bit is bit l of qh (at QH), element l + 16's bit l + 16;
 // qs at QH + 4.
 uvec2 W_(unit_ints)(uint o, uint u, uint q) {
     uint qh = W_(word_at)(o + W_(QH)), v = W_(word_q)(o + W_(QH) + 4, q);
-    uint lo = (v & 0x0F0F0F0Fu) | W_(spread4)((qh >> (4 * q)) & 15u);
-    uint hi = ((v >> 4) & 0x0F0F0F0Fu) | W_(spread4)((qh >> (16 + 4 * q)) & 15u);
-    return uvec2(lo, hi);
+    return uvec2((v & 0x0F0F0F0Fu) | W_(spread4)((qh >> (4 * q)) & 15u),
+                 ((v >> 4) & 0x0F0F0F0Fu) | W_(spread4)((qh >> (16 + 4 * q)) & 15u));
 }
 #if defined(WEIGHT_Q5_1)
 vec4 W_(unit_scales)(uint o, uint u) {
@@ -328,13 +327,15 @@ vec4 W_(unit_scales)(uint o, uint u) {
 vec4 W_(unit_scales)(uint o, uint u) { return vec4(vec2(W_(f16_at)(o)), 0.0, 0.0); }
 #endif
 float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
-    uvec2 ab = W_(unit_ints)(o, u, q);
+    uint qh = W_(word_at)(o + W_(QH)), v = W_(word_q)(o + W_(QH) + 4, q);
+    uint lo = (v & 0x0F0F0F0Fu) | W_(spread4)((qh >> (4 * q)) & 15u);
+    uint hi = ((v >> 4) & 0x0F0F0F0Fu) | W_(spread4)((qh >> (16 + 4 * q)) & 15u);
 #if defined(WEIGHT_Q5_1)
     vec2 dm = unpackHalf2x16(W_(w)[o / 4]);
-    return dot(dm.x * W_(bytes_f)(ab.x, 31u, 0.0) + dm.y, xa)
-           + dot(dm.x * W_(bytes_f)(ab.y, 31u, 0.0) + dm.y, xb);
+    return dot(dm.x * W_(bytes_f)(lo, 31u, 0.0) + dm.y, xa)
+           + dot(dm.x * W_(bytes_f)(hi, 31u, 0.0) + dm.y, xb);
 #else
-    return W_(f16_at)(o) * (dot(W_(bytes_f)(ab.x, 31u, 16.0), xa) + dot(W_(bytes_f)(ab.y, 31u, 16.0), xb));
+    return W_(f16_at)(o) * (dot(W_(bytes_f)(lo, 31u, 16.0), xa) + dot(W_(bytes_f)(hi, 31u, 16.0), xb));
 #endif
 }
 #elif defined(WEIGHT_Q2_K) || defined(WEIGHT_Q3_K)
@@ -383,12 +384,17 @@ uvec2 W_(unit_ints)(uint o, uint u, uint q) {
 #endif
 vec4 W_(unit_scales)(uint o, uint u) { return W_(unit_hdr)(o, u); }
 float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
-    uvec2 ab = W_(unit_ints)(o, u, q);
+    uint h = u / 4, p = u / 2 % 2, i = u % 2;
 #if defined(WEIGHT_Q2_K)
-    return dot(hd.x * W_(bytes_f)(ab.x, 3u, 0.0) - hd.z, xa)
-           + dot(hd.y * W_(bytes_f)(ab.y, 3u, 0.0) - hd.w, xb);
+    uint v = W_(w)[(o + 16 + 32 * h + 16 * i) / 4 + q];
+    return dot(hd.x * W_(bytes_f)(v >> (4 * p), 3u, 0.0) - hd.z, xa)
+           + dot(hd.y * W_(bytes_f)(v >> (4 * p + 2), 3u, 0.0) - hd.w, xb);
 #else
-    return hd.x * dot(W_(bytes_f)(ab.x, 7u, 4.0), xa) + hd.y * dot(W_(bytes_f)(ab.y, 7u, 4.0), xb);
+    uint v = W_(word_q)(o + 32 + 32 * h + 16 * i, q), hm = W_(word_q)(o + 16 * i, q);
+    uint b = 4 * h + 2 * p;                          // hmask bits of the two runs: b, b + 1
+    vec4 qa = W_(bytes_f)(((v >> (4 * p)) & 0x03030303u) | W_(bits_at)(hm, b, 2), 7u, 4.0);
+    vec4 qb = W_(bytes_f)(((v >> (4 * p + 2)) & 0x03030303u) | W_(bits_at)(hm, b + 1, 2), 7u, 4.0);
+    return hd.x * dot(qa, xa) + hd.y * dot(qb, xb);
 #endif
 }
 #elif defined(WEIGHT_Q4_K) || defined(WEIGHT_Q5_K)
@@ -424,18 +430,24 @@ vec4 W_(unit_hdr)(uint o, uint u) {
 uvec2 W_(unit_ints)(uint o, uint u, uint q) {
     uint c = u / 2, i = u % 2;
     uint v = W_(w)[(o + W_(QS) + 32 * c + 16 * i) / 4 + q];
+    uvec2 n = uvec2(v, v >> 4) & 0x0F0F0F0Fu;
+#if defined(WEIGHT_Q5_K)
+    uint qh = W_(w)[(o + 16 + 16 * i) / 4 + q];
+    n |= uvec2(W_(bits_at)(qh, 2 * c, 4), W_(bits_at)(qh, 2 * c + 1, 4));
+#endif
+    return n;
+}
+vec4 W_(unit_scales)(uint o, uint u) { return W_(unit_hdr)(o, u); }
+float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
+    uint c = u / 2, i = u % 2;
+    uint v = W_(w)[(o + W_(QS) + 32 * c + 16 * i) / 4 + q];
     uint lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
 #if defined(WEIGHT_Q5_K)
     uint qh = W_(w)[(o + 16 + 16 * i) / 4 + q];
     lo |= W_(bits_at)(qh, 2 * c, 4);
     hi |= W_(bits_at)(qh, 2 * c + 1, 4);
 #endif
-    return uvec2(lo, hi);
-}
-vec4 W_(unit_scales)(uint o, uint u) { return W_(unit_hdr)(o, u); }
-float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
-    uvec2 ab = W_(unit_ints)(o, u, q);
-    return dot(hd.x * W_(bytes_f)(ab.x, 31u, 0.0) - hd.z, xa) + dot(hd.y * W_(bytes_f)(ab.y, 31u, 0.0) - hd.w, xb);
+    return dot(hd.x * W_(bytes_f)(lo, 31u, 0.0) - hd.z, xa) + dot(hd.y * W_(bytes_f)(hi, 31u, 0.0) - hd.w, xb);
 }
 #elif defined(WEIGHT_Q6_K)
 // Q6_K: 8 units; unit u = 4 h + 2 p + i covers ql[64 h + 32 p + 16 i .. + 16]: run x its
@@ -463,8 +475,11 @@ uvec2 W_(unit_ints)(uint o, uint u, uint q) {
 }
 vec4 W_(unit_scales)(uint o, uint u) { return W_(unit_hdr)(o, u); }
 float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
-    uvec2 ab = W_(unit_ints)(o, u, q);
-    return hd.x * dot(W_(bytes_f)(ab.x, 63u, 32.0), xa) + hd.y * dot(W_(bytes_f)(ab.y, 63u, 32.0), xb);
+    uint h = u / 4, p = u / 2 % 2, i = u % 2;
+    uint v = W_(word_q)(o + 64 * h + 32 * p + 16 * i, q), qh = W_(word_q)(o + 128 + 32 * h + 16 * i, q);
+    vec4 qa = W_(bytes_f)((v & 0x0F0F0F0Fu) | ((qh >> (2 * p)) & 0x03030303u) << 4, 63u, 32.0);
+    vec4 qb = W_(bytes_f)(((v >> 4) & 0x0F0F0F0Fu) | ((qh >> (2 * p + 4)) & 0x03030303u) << 4, 63u, 32.0);
+    return hd.x * dot(qa, xa) + hd.y * dot(qb, xb);
 }
 #elif defined(WEIGHT_IQ4_XS)
 // IQ4_XS: 8 units, the sub-blocks; unit b covers qs[16 b .. + 16]: run x its low nibbles
@@ -482,8 +497,8 @@ uvec2 W_(unit_ints)(uint o, uint u, uint q) {
     return uvec2(v & 0x0F0F0F0Fu, (v >> 4) & 0x0F0F0F0Fu);
 }
 float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
-    uvec2 ab = W_(unit_ints)(o, u, q);
-    return hd.x * (dot(W_(lut4)(ab.x), xa) + dot(W_(lut4)(ab.y), xb));
+    uint v = W_(w)[(o + 8 + 16 * u) / 4 + q];
+    return hd.x * (dot(W_(lut4)(v), xa) + dot(W_(lut4)(v >> 4), xb));
 }
 #endif
 #ifdef XQ
@@ -493,6 +508,9 @@ float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
 // ((s_x, s_y, mn_x, mn_y): a weight is s (q - QOFF) - mn) and QOFF (Q4_0 8, Q5_0 16, Q3_K 4,
 // Q6_K 32, else 0; Q8_0's integers are signed), sum_run s (sum q_w q_x - QOFF sum q_x) -
 // mn sum q_x, times dx: the integer sums are exact, the scales' products rounded once each.
+// unit_ints repeats unit_part's field extraction on purpose: unit_part written over
+// unit_ints compiled to a float path 8% slower at 7B on the H200 (bench/README.md,
+// 2026-12-03), so unit_part keeps its measured text.
 #include "unit_xq.glsl"
 #if defined(WEIGHT_IQ4_NL) || defined(WEIGHT_IQ4_XS)
 #error "XQ: the IQ4 levels are a table, not integers times a scale"
