@@ -57,6 +57,9 @@ KV_OWNER = ["tests/test_serve_batch.py::test_one_engine_runs_a_model_at_a_time"]
 UNITS = ["tests/test_kernels.py::test_matvec_units_odd_sizes"]
 # x quantized per unit (glsl/unit_xq.glsl): its edges (the clamp, the float path's units).
 XQ_EDGES = ["tests/test_kernels.py::test_matvec_xq_units_at_the_edges"]
+# ... and its products: every block type at odd sizes, matvec_add, and a family end to end.
+XQ = [*UNITS, "tests/test_kernels.py::test_matvec_add_accumulates_into_y",
+      "tests/test_families.py::test_family_integer_x_matches_transformers"]
 
 # (name, file, old snippet, new snippet, tests that must fail)
 MUTATIONS = [
@@ -557,15 +560,15 @@ MUTATIONS = [
     # x quantized per unit (glsl/unit_xq.glsl, weights.glsl unit_ints / unit_dot_q): one per rule
     ("xq: Q5_0/Q5_1 high bits dropped", "vkrt/glsl/weights.glsl",
      "    return uvec2((v & 0x0F0F0F0Fu) | W_(spread4)((qh >> (4 * q)) & 15u),",
-     "    return uvec2((v & 0x0F0F0F0Fu),", LINEAR),
+     "    return uvec2((v & 0x0F0F0F0Fu),", XQ),
     ("xq: Q5_K high bits dropped", "vkrt/glsl/weights.glsl",
-     "    n |= uvec2(W_(bits_at)(qh, 2 * c, 4), W_(bits_at)(qh, 2 * c + 1, 4));\n", "", LINEAR),
+     "    n |= uvec2(W_(bits_at)(qh, 2 * c, 4), W_(bits_at)(qh, 2 * c + 1, 4));\n", "", XQ),
     ("xq: Q6_K high bits dropped", "vkrt/glsl/weights.glsl",
      "    return uvec2((v & 0x0F0F0F0Fu) | ((qh >> (2 * p)) & 0x03030303u) << 4,",
-     "    return uvec2((v & 0x0F0F0F0Fu),", LINEAR),
+     "    return uvec2((v & 0x0F0F0F0Fu),", XQ),
     ("xq: Q3_K hmask dropped", "vkrt/glsl/weights.glsl",
      "return uvec2(((v >> (4 * p)) & 0x03030303u) | W_(bits_at)(hm, b, 2),",
-     "return uvec2(((v >> (4 * p)) & 0x03030303u) | 4u,", LINEAR),
+     "return uvec2(((v >> (4 * p)) & 0x03030303u) | 4u,", XQ),
     ("xq: no clamp to 32767 (m / dx rounds to 32768)", "vkrt/glsl/unit_xq.glsl",
      "min(xv[i] * inv, 32767.0) + 12582912.0", "xv[i] * inv + 12582912.0", XQ_EDGES),
     ("xq: a unit with an infinity or NaN quantized", "vkrt/glsl/unit_xq.glsl",
@@ -574,21 +577,21 @@ MUTATIONS = [
      "xq_ok = !isinf(s) && !isnan(s) && m >= 1.0e-30;", "xq_ok = !isinf(s) && !isnan(s);",
      XQ_EDGES),
     ("xq: the step one power of two too fine", "vkrt/glsl/unit_xq.glsl",
-     "xq_dx = ldexp(1.0, e - 15);", "xq_dx = ldexp(1.0, e - 16);", LINEAR),
+     "xq_dx = ldexp(1.0, e - 15);", "xq_dx = ldexp(1.0, e - 16);", XQ),
     ("xq: the high byte plane read unsigned", "vkrt/glsl/unit_xq.glsl",
      "int xq_dot_u(uint w, uint i) { return 256 * sudot8(xq_hi[i], w, 0)",
-     "int xq_dot_u(uint w, uint i) { return 256 * int(udot8(xq_hi[i], w, 0))", LINEAR),
+     "int xq_dot_u(uint w, uint i) { return 256 * int(udot8(xq_hi[i], w, 0))", XQ),
     ("xq: a split unit quantized (its invocations hold parts)", "vkrt/glsl/unit_x.glsl",
      "    xq_ok = xq_ok && SPLIT == 1;", "", UNITS),
     ("xq: Q8_0's integers read unsigned", "vkrt/glsl/weights.glsl",
-     "#define WEIGHT_SIGNED_INTS 1", "#define WEIGHT_SIGNED_INTS 0", LINEAR),
+     "#define WEIGHT_SIGNED_INTS 1", "#define WEIGHT_SIGNED_INTS 0", XQ),
     ("xq: run y's offset from run x's sum", "vkrt/glsl/weights.glsl",
-     "    sb -= WEIGHT_QOFF * xq_s[1];", "    sb -= WEIGHT_QOFF * xq_s[0];", LINEAR),
+     "    sb -= WEIGHT_QOFF * xq_s[1];", "    sb -= WEIGHT_QOFF * xq_s[0];", XQ),
     ("xq: each run's min times the other run's sum", "vkrt/glsl/weights.glsl",
      "- sm.z * float(xq_s[0]) - sm.w * float(xq_s[1])",
-     "- sm.z * float(xq_s[1]) - sm.w * float(xq_s[0])", LINEAR),
+     "- sm.z * float(xq_s[1]) - sm.w * float(xq_s[0])", XQ),
     ("xq: the decode products never take the _xq variants", "vkrt/kernels.py",
-     '            return f"{kernel}_xq"', "            return kernel", LINEAR),
+     '            return f"{kernel}_xq"', "            return kernel", XQ),
     ("units: the bytes of a word out of order", "vkrt/glsl/weights.glsl",
      "    return vec4(a.x, b.x, a.y, b.y) - (1024.0 + bias);",
      "    return vec4(a.x, a.y, b.x, b.y) - (1024.0 + bias);", UNITS),

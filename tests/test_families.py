@@ -49,18 +49,21 @@ CASES = {
 ORACLE_CONFIG = {"gemma3": {"query_pre_attn_scalar": HIDDEN // N_HEAD}}
 
 
-def run_case(case, device, tmp_path, atol=LOGIT_ATOL, rel=None):
-    """`rel`: the teacher-forced logits' tolerance is rel * max |logit| instead of atol."""
+def run_case(case, device, tmp_path, atol=LOGIT_ATOL, rel=None, xq=False):
+    """`rel`: the teacher-forced logits' tolerance is rel * max |logit| instead of atol;
+    `xq`: decode products with x as integers (check_file)."""
     arch, tied, qtype = CASES[case]
     path = write_gguf(tmp_path / f"{case}.gguf", hf_model(arch, tied=tied), arch, qtype)
-    check_file(path, case, arch, tied, device, atol, rel)
+    check_file(path, case, arch, tied, device, atol, rel, xq=xq)
 
 
 def check_file(path, case, arch, tied, device, atol=LOGIT_ATOL, rel=None, n_vocab=N_VOCAB,
-               logit_len=LOGIT_LEN, decode_len=DECODE_LEN, greedy=GREEDY):
+               logit_len=LOGIT_LEN, decode_len=DECODE_LEN, greedy=GREEDY, xq=False):
     """vkrt on the GGUF at `path` against transformers fp32 reading it: teacher-forced logits
     over `logit_len` random ids below `n_vocab`, the first `decode_len` of them one decode
-    step at a time, and `greedy` greedy tokens after the first PROMPT_LEN ids."""
+    step at a time, and `greedy` greedy tokens after the first PROMPT_LEN ids. `xq`: the
+    decode products of the file's block weights take their `_xq` variants (the caller's
+    table says so; checked here), and the decode steps' logits are held to XQ_LOGIT_REL."""
     ref = TransformersReference(str(path), **ORACLE_CONFIG.get(arch, {}))
     ids = [int(i) for i in np.random.default_rng(1).integers(0, n_vocab, logit_len)]
     want = ref.logits(ids)
@@ -85,8 +88,9 @@ def check_file(path, case, arch, tied, device, atol=LOGIT_ATOL, rel=None, n_voca
             steps.append(vk.stream.read(a.logits.rows(0, 1))[0])
         err = np.abs(np.array(steps) - want[:decode_len]).max()
         limit = LOGIT_ATOL
-        if vk.k.integer_x and any(weight_types.BY_GGUF[t.tensor_type.name].integer_x
-                                   for t in gguf.GGUFReader(path).tensors):
+        if xq:
+            assert any(vk.k.decode_integer_x("matvec", weight_types.BY_GGUF[t.tensor_type.name]
+                                             .dtype, 1) for t in gguf.GGUFReader(path).tensors)
             limit = XQ_LOGIT_REL * float(np.abs(want[:decode_len]).max())
         print(f"{case}: decode steps max |dlogit| {err:.2e} over {decode_len} positions "
               f"(limit {limit:.2e})")
@@ -101,6 +105,25 @@ def check_file(path, case, arch, tied, device, atol=LOGIT_ATOL, rel=None, n_voca
 def test_family_matches_transformers(case, device, tmp_path):
     with config.COOPMAT.override("0"):
         run_case(case, device, tmp_path)
+
+
+@pytest.mark.parametrize("case", ["qwen2_q8_0", "gemma3_q8_0"])
+def test_family_integer_x_matches_transformers(case, device, tmp_path, monkeypatch):
+    """The decode steps on the `_xq` products (x quantized per unit to 16-bit integers,
+    glsl/unit_xq.glsl) wherever the type allows: every decode rule of the device's table
+    with integer_x (lavapipe's table keeps f32 x for speed; the H200's uses integer x only
+    at 7B-like sizes, which have no oracle here)."""
+    import dataclasses
+
+    from vkrt import tuning
+
+    table = tuning.for_kind(device.info.kind)
+    forced = dataclasses.replace(table, decode={
+        k: tuple(dataclasses.replace(r, integer_x=True) for r in rules)
+        for k, rules in table.decode.items()})
+    monkeypatch.setattr(tuning, "for_kind", lambda kind: forced)
+    with config.COOPMAT.override("0"):
+        run_case(case, device, tmp_path, xq=True)
 
 
 # Prefill products on cooperative matrices (VKRT_COOPMAT=1: every product of 2 tokens or
