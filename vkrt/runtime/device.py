@@ -416,12 +416,7 @@ class Device:
         every shape vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR lists (Vulkan spec,
         "Cooperative Matrices"), () without the extension; `features["cooperativeMatrix"]`."""
         self.coop_shapes: tuple[CoopShape, ...] = ()
-        try:
-            names = [e.extensionName for e in
-                     vk.vkEnumerateDeviceExtensionProperties(self.physical, None)]
-        except vk.VkError:
-            return None
-        if COOPERATIVE_MATRIX not in names:
+        if not self._offers(COOPERATIVE_MATRIX):
             return None
         feat = new("VkPhysicalDeviceCooperativeMatrixFeaturesKHR*", {
             "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR})
@@ -457,16 +452,19 @@ class Device:
             "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
             "cooperativeMatrix": 1})
 
+    def _offers(self, extension: str) -> bool:
+        """Whether the physical device lists device extension `extension`."""
+        try:
+            props = vk.vkEnumerateDeviceExtensionProperties(self.physical, None)
+        except vk.VkError:
+            return False
+        return extension in [e.extensionName for e in props]
+
     def _integer_dot_product(self):
         """The VkPhysicalDeviceShaderIntegerDotProductFeatures to chain into device creation
         when the device offers VK_KHR_shader_integer_dot_product with its
         shaderIntegerDotProduct feature, else None; sets `features["shaderIntegerDotProduct"]`."""
-        try:
-            names = [e.extensionName for e in
-                     vk.vkEnumerateDeviceExtensionProperties(self.physical, None)]
-        except vk.VkError:
-            return None
-        if INTEGER_DOT_PRODUCT not in names:
+        if not self._offers(INTEGER_DOT_PRODUCT):
             return None
         stype = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES
         feat = new("VkPhysicalDeviceShaderIntegerDotProductFeatures*", {"sType": stype})
@@ -497,11 +495,9 @@ class Device:
         then map onto host time (`calibrate`)."""
         self.calibrated_timestamps = False
         name = "VK_EXT_calibrated_timestamps"
+        if not self._offers(name) or not self.timestamp_valid_bits:
+            return []
         try:
-            names = [e.extensionName for e in
-                     vk.vkEnumerateDeviceExtensionProperties(self.physical, None)]
-            if name not in names or not self.timestamp_valid_bits:
-                return []
             domains = vk.vkGetInstanceProcAddr(
                 self.instance, "vkGetPhysicalDeviceCalibrateableTimeDomainsEXT")(self.physical)
         except vk.VkError:
