@@ -158,8 +158,8 @@ XQ: Switch[bool] = Switch(
     "VKRT_XQ", _bool, True,
     "Decode products of block weights (matvec, matvec_glu, qkv_rope) quantize x per unit of 32 "
     "elements to 16-bit integers on a power-of-two step and sum with integer dot products "
-    "(glsl/unit_xq.glsl), where the device has shaderIntegerDotProduct and the type an integer "
-    "form; 0 keeps x in f32.")
+    "(glsl/unit_xq.glsl) where the device's table (vkrt/tuning.py) says so, the device has "
+    "shaderIntegerDotProduct and the type an integer form; 0 keeps x in f32 everywhere.")
 
 PREFILL_FLUSH: Switch[int] = Switch(
     "VKRT_PREFILL_FLUSH", _int_at_least(0), 32,
