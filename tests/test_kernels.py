@@ -1396,8 +1396,13 @@ def test_matvec_xq_units_at_the_edges(gpu, dtype):
         finite = np.isfinite(want)
         np.testing.assert_array_equal(got[:n_rows][~finite], want[~finite], err_msg=name)
         if finite.any():
-            err = rel_err(got[:n_rows][finite], want[finite], np.abs(terms[finite]).sum(1))
-            assert err < 2e-7, (name, err)
+            # The float kernels' bound, plus what flushing denormals costs: the tiny unit's
+            # terms (1e-35 times weights) reach below 2^-126, where Vulkan lets a device
+            # flush results to zero (NVIDIA's driver does; lavapipe keeps them), each of at
+            # most 64 operations per output off by less than 2^-126.
+            diff = np.abs(got[:n_rows][finite].astype(np.float64) - want[finite])
+            bound = 2e-7 * np.abs(terms[finite]).sum(1) + 64 * 2.0 ** -126
+            assert np.all(diff <= bound), (name, float(np.max(diff / bound)))
         np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
 
