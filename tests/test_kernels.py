@@ -1000,7 +1000,7 @@ def decode_x(kernels: Kernels, dtype: str, x: np.ndarray, n_rows: int,
     kernels with x^ for x, and the float kernels' bounds hold
     (test_linear_weights_as_stored)."""
     if xq_decode(kernels, dtype, n_rows, kernel):
-        return quantize_units(x, dtype)[0]
+        return quantize_units(x, dtype)
     return x.astype(np.float64)
 
 
@@ -1289,7 +1289,8 @@ def test_matvec_rows_per_workgroup_weights_as_stored(gpu, kernels, dtype):
 # invocations per unit of 32 weights).
 # Block types' x as integers (`_xq` variants, glsl/unit_xq.glsl) in the launches marked so,
 # as f32 in the others (the split launch runs the `_xq` variant's float path).
-ROW_LAUNCHES = {"1-subgroup-rows-xq": (1, 1, False, 1, True), "4-subgroup-rows": (4, 1, False, 1, False),
+ROW_LAUNCHES = {"1-subgroup-rows-xq": (1, 1, False, 1, True),
+                "4-subgroup-rows": (4, 1, False, 1, False),
                 "2-subgroups-3-rows-staged-xq": (2, 3, True, 1, True),
                 "1-subgroup-8-rows-4-per-unit-xq": (1, 8, False, 4, True)}
 
@@ -1389,7 +1390,7 @@ def test_matvec_xq_units_at_the_edges(gpu, dtype):
         tx, ty = gpu.upload(x), gpu.filled(n_rows + 3)
         gpu.stream.record([kernels.linear(tx, tw, ty, 1)])
         got = gpu.read(ty)
-        xs = quantize_units(x, dtype)[0]
+        xs = quantize_units(x, dtype)
         with np.errstate(invalid="ignore", over="ignore"):
             terms = values * xs
             want = terms.sum(1)

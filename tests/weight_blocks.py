@@ -67,12 +67,12 @@ def unit_elements(dtype: str) -> np.ndarray:
     return np.array([list(range(a, a + 16)) + list(range(b, b + 16)) for a, b in starts])
 
 
-def quantize_units(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """(x^, dx): x [..., K] f32 as the `_xq` decode products see it (vkrt/glsl/unit_xq.glsl),
-    each unit of 32 elements (`unit_elements`) on the step dx = 2^(E - 15), E the exponent
-    of its max |x|: x^ = dx * round_half_even(min(x / dx, 32767)), exact in f64; a unit
-    whose sum is not finite or whose max |x| is below 1e-30 keeps x (the float path), dx 0.
-    dx [..., K]: each element's unit's step."""
+def quantize_units(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x^ [..., K] float64: x [..., K] f32 as the `_xq` decode products see it
+    (vkrt/glsl/unit_xq.glsl), each unit of 32 elements (`unit_elements`) on the step
+    dx = 2^(E - 15), E the exponent of its max |x|: x^ = dx * round_half_even(min(x / dx,
+    32767)), exact in f64; a unit whose sum is not finite or whose max |x| is below 1e-30
+    keeps x (the float path)."""
     t = BY_DTYPE[dtype]
     x = np.asarray(x, np.float32)
     idx = unit_elements(dtype)                                  # [U, 32]
@@ -86,7 +86,5 @@ def quantize_units(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     q = np.rint(np.minimum(np.where(ok, u, 0).astype(np.float64) * inv, 32767.0))
     uq = np.where(ok, q * dx, u.astype(np.float64))
     out = np.empty(blocks.shape, np.float64)
-    step = np.empty(blocks.shape, np.float64)
     out[..., idx] = uq
-    step[..., idx] = np.broadcast_to(np.where(ok, dx, 0.0), uq.shape)
-    return out.reshape(x.shape), step.reshape(x.shape)
+    return out.reshape(x.shape)

@@ -174,10 +174,10 @@ GPU = Table(
         ),
         # qkv_rope (rows: pairs of rows per workgroup), Q [4096, 4096] with K, V [1024,
         # 4096] (3072 pairs): blocks of 32 4 subgroups, 8 pairs, x as integers (a 7B decode
-        # step's attn_qkv); the K-quants one subgroup, 4 pairs, x staged (Q4_1 150 against 86 GB/s for
-        # the launch before, 4 subgroups and one pair; Q4_K 102 against 63); up to 2048 pairs
-        # ([2048, 1024] and a quarter each) one pair (Q4_1 200 against 113, Q6_K 241 against
-        # 137).
+        # step's attn_qkv); the K-quants one subgroup, 4 pairs, x staged (Q4_1 150 against 86
+        # GB/s for the launch before, 4 subgroups and one pair; Q4_K 102 against 63); up to
+        # 2048 pairs ([2048, 1024] and a quarter each) one pair (Q4_1 200 against 113, Q6_K
+        # 241 against 137).
         "qkv_rope": (
             Decode(2048, "blocks", 1, 1, _SWEEP + ": qkv [2048, 1024] 1x1s", stage_x=True),
             Decode(None, "blocks32", 4, 8, _XQ + ": 7B Q4_1 attn_qkv 758 us per token (1x4s "

@@ -7,7 +7,7 @@
 // dx = 2^(E - 15), E the exponent of m = max |x| (m = f 2^E, 0.5 <= f < 1): x^ = dx q,
 // q = round_to_nearest_even(x / dx) clamped to [-32768, 32767], so |x - x^| <= dx / 2, or
 // dx where the clamp bites (m / dx rounds to 32768). x / dx is exact (a power of two), so
-// the rounding is the only one and numpy reproduces it bit for bit (tests/reference.py
+// the rounding is the only one and numpy reproduces it bit for bit (tests/weight_blocks.py
 // `quantize_units`). q is held as two planes of bytes, q = 256 hi + lo with lo unsigned
 // (0..255) and hi signed (-128..127), four elements per word in the element order of
 // xv[i]: plane words xq_lo[i], xq_hi[i]. A weight unit's integers w (bytes of a word, as
