@@ -4,13 +4,17 @@ by round (their speeds drift between runs and machines, so only ratios taken thi
 
     python bench/side_by_side.py --model M.gguf --llama-bench PATH [--rounds 3]
         [--prompt-tokens 512] [--tokens 128] [--vkrt-args "--inflight 2"] [--no-transformers]
+        [--decode-after-prompt]
 
 Per round:
 - vkrt: `python -m vkrt bench --json --repeat 1` (its method: vkrt/bench.py); decode and
   prefill tok/s of its first arm.
 - llama.cpp: `llama-bench -m M -p P -n N -r 1 -ngl 99 -o json` (pp = prefill of P tokens in
   one batch, tg = N tokens generated; its avg_ts). One unrecorded warm-up run first: a fresh
-  build compiles its pipelines on first use.
+  build compiles its pipelines on first use. llama-bench generates from an empty context
+  unless `--decode-after-prompt`: then `-d 0,P` and its tg at depth P (N tokens after P
+  positions of context, as vkrt's decode after its P-token prompt); the prefill stays pp at
+  depth 0. Long contexts compare this way (vkrt's decode always follows its prompt).
 - transformers (when torch sees CUDA): the model from the GGUF (dequantized, fp32, eager),
   prefill = one forward of the P-token prompt, TPOT = (time of an (8 + N)-token greedy
   generation - time of an 8-token one) / N, CUDA synchronized around each.
@@ -52,15 +56,20 @@ def run_vkrt(model: str, p: int, n: int, extra: list[str]) -> dict:
             "commit": report["commit"], "weight_bytes": report["weight_bytes"]}
 
 
-def run_llama_bench(path: str, model: str, p: int, n: int) -> dict:
+def run_llama_bench(path: str, model: str, p: int, n: int, depth: int = 0) -> dict:
+    """llama-bench's pp of p tokens (from an empty context) and tg of n tokens after `depth`
+    positions of context (its -d)."""
+    extra = ["-d", f"0,{depth}"] if depth else []
     out = subprocess.run([path, "-m", model, "-p", str(p), "-n", str(n), "-r", "1", "-ngl",
-                          "99", "-o", "json"], capture_output=True, text=True)
+                          "99", "-o", "json", *extra], capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"llama-bench failed: {out.stderr.strip()[-2000:]}")
     rows = json.loads(out.stdout)
-    pp = next(r for r in rows if r["n_prompt"] == p and r["n_gen"] == 0)
-    tg = next(r for r in rows if r["n_gen"] == n and r["n_prompt"] == 0)
-    return {"prefill_tok_s": pp["avg_ts"], "decode_tok_s": tg["avg_ts"],
+    pp = next(r for r in rows if r["n_prompt"] == p and r["n_gen"] == 0
+              and r.get("n_depth", 0) == 0)
+    tg = next(r for r in rows if r["n_gen"] == n and r["n_prompt"] == 0
+              and r.get("n_depth", 0) == depth)
+    return {"prefill_tok_s": pp["avg_ts"], "decode_tok_s": tg["avg_ts"], "tg_depth": depth,
             "build_commit": pp.get("build_commit"), "backend": pp.get("backends")}
 
 
@@ -119,6 +128,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--vkrt-args", default="", help="extra `vkrt bench` options, quoted")
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--decode-after-prompt", action="store_true",
+                    help="llama.cpp's decode at depth P (llama-bench -d), as vkrt's")
     ap.add_argument("--transformers-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     p, n = args.prompt_tokens, args.tokens
@@ -127,8 +138,9 @@ def main() -> None:
         return
     systems = {"vkrt": lambda: run_vkrt(args.model, p, n, shlex.split(args.vkrt_args))}
     if args.llama_bench:
+        depth = p if args.decode_after_prompt else 0
         run_llama_bench(args.llama_bench, args.model, p, n)          # warm-up: pipelines
-        systems["llama.cpp"] = lambda: run_llama_bench(args.llama_bench, args.model, p, n)
+        systems["llama.cpp"] = lambda: run_llama_bench(args.llama_bench, args.model, p, n, depth)
     if not args.no_transformers:
         systems["transformers"] = lambda: run_transformers(args.model, p, n)
     rounds = {name: [] for name in systems}
