@@ -1253,6 +1253,10 @@ MUTATIONS = [
     ("serve batch: a preempted sequence resumes without recomputing its freed KV",
      "vkrt/serve/scheduler.py", "        seq.num_computed_tokens = 0\n", "",
      ["tests/test_serve_batch.py::test_preemption_by_recompute_keeps_every_sequence_exact"]),
+    # -- bench: side by side at the same depth ---------------------------------------------
+    ("side_by_side: llama.cpp's decode taken from an empty context", "bench/side_by_side.py",
+     '              and r.get("n_depth", 0) == depth)', "              )",
+     ["tests/test_bench.py::test_side_by_side_takes_llama_cpp_decode_at_the_asked_depth"]),
 ]
 
 

@@ -109,10 +109,10 @@ def test_cli_refuses_bad_options(opt_folder, flags, code, words):
     assert len(lines) == 1 and words in lines[0], p.stderr
 
 
-def _shape_model():
+def _bench_script(name: str):
     import importlib.util
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench", "shape_model.py")
-    spec = importlib.util.spec_from_file_location("shape_model", path)
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench", name + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod   # its dataclasses look their module up
     spec.loader.exec_module(mod)
@@ -124,7 +124,7 @@ def test_shape_model_q4_k_m_has_the_real_qwen_files_type_counts():
     count of each type of the real Qwen2.5-Coder-0.5B-Instruct Q4_K_M file (gguf-py's
     GGUFReader on the file scripts/setup.sh fetches: 133 Q5_0, 13 Q8_0, 12 Q6_K, 12 Q4_K, 121 F32), rows of 896 falling back
     from the K types as llama.cpp's quantizer does."""
-    sm = _shape_model()
+    sm = _bench_script("shape_model")
     ts = sm.tensors(sm.PRESETS["qwen2.5-0.5b"], "q4_k_m")
     counts = {}
     for _, _, t, _ in ts:
@@ -136,3 +136,22 @@ def test_shape_model_q4_k_m_has_the_real_qwen_files_type_counts():
     assert {t for n, s, t, _ in ts if len(s) == 2 and n not in ("token_embd.weight",
                                                                  "output.weight")} == {"Q4_1"}
     assert [t for n, _, t, _ in ts if n in ("token_embd.weight", "output.weight")] == ["Q8_0"] * 2
+
+
+@pytest.mark.parametrize("depth", [0, 300])
+def test_side_by_side_takes_llama_cpp_decode_at_the_asked_depth(tmp_path, depth):
+    """bench/side_by_side.py `run_llama_bench`: prefill from pp at depth 0 and decode from tg
+    at `depth` (`--decode-after-prompt` asks for the prompt's), passing `-d 0,depth` only then.
+    A stand-in llama-bench prints the rows a real one prints for `-d 0,300` (its JSON
+    fields n_prompt, n_gen, n_depth, avg_ts) and records its arguments."""
+    rows = [{"n_prompt": p, "n_gen": g, "n_depth": d, "avg_ts": 1000.0 * (1 + i)}
+            for i, (p, g, d) in enumerate([(300, 0, 0), (0, 16, 0), (300, 0, 300),
+                                           (0, 16, 300)])]
+    fake = tmp_path / "llama-bench"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nopen(sys.argv[0] + '.args', 'w')"
+                    f".write(' '.join(sys.argv[1:]))\nprint({json.dumps(rows)!r})\n")
+    fake.chmod(0o755)
+    got = _bench_script("side_by_side").run_llama_bench(str(fake), "m.gguf", 300, 16, depth)
+    assert (got["prefill_tok_s"], got["decode_tok_s"]) == (1000.0, 4000.0 if depth else 2000.0)
+    args = (tmp_path / "llama-bench.args").read_text()
+    assert ("-d 0,300" in args) == bool(depth), args
