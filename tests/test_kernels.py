@@ -683,7 +683,7 @@ def test_attention_decode_chosen_within_its_positions(gpu):
 
 
 # Decode attention split over the cache: one query token, splits of whole head_dim blocks
-# (kernels.attention_chunk: at most ATTENTION_SPLITS = 32 splits), merged. Bound as
+# (kernels.attention_chunk: at most ATTENTION_SPLITS = 64 splits), merged. Bound as
 # test_attention_gqa_causal (the merge adds one rescaling per split).
 @pytest.mark.parametrize("head_dim,pos0,q_scale,atol", [
     (16, 0, 1.0, 1e-6),        # one position, one split
@@ -706,7 +706,28 @@ def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol):
     got = run_attention_decode(gpu, q[0], k_cache, v_cache, pos0, scale)
     want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
-    assert -(-(pos0 + 1) // attention_chunk(pos0 + 1, head_dim)) <= 32
+    assert -(-(pos0 + 1) // attention_chunk(pos0 + 1, head_dim)) <= 64
+
+
+def test_attention_chunk_keeps_16_to_64_splits():
+    """kernels.attention_chunk: whole blocks of head_dim positions; every block a split up to
+    32 blocks, then between 16 and ATTENTION_SPLITS (64) splits, never more, at every
+    context length up to 2^17 positions (head_dim 64 and 128); the H200's measured cases
+    (its docstring) choose the faster split."""
+    from vkrt.kernels import ATTENTION_SPLITS, attention_chunk
+
+    assert ATTENTION_SPLITS == 64
+    for hd in (64, 128):
+        for n in range(1, 1 << 17, 7):
+            chunk = attention_chunk(n, hd)
+            splits = -(-n // chunk)
+            assert chunk % hd == 0 and splits <= ATTENTION_SPLITS, (hd, n, chunk)
+            if n <= 32 * hd:
+                assert chunk == hd, (hd, n, chunk)
+            else:
+                assert splits >= 16, (hd, n, chunk)
+    assert attention_chunk(4128, 128) == 128     # 33 splits of one block, not 17 of two
+    assert attention_chunk(8160, 128) == 256     # 32 splits of two blocks, not 64 of one
 
 
 # Sliding-window layers (gemma3): each query attends to its last `window` positions. Cache
