@@ -1253,6 +1253,15 @@ MUTATIONS = [
     ("serve batch: a preempted sequence resumes without recomputing its freed KV",
      "vkrt/serve/scheduler.py", "        seq.num_computed_tokens = 0\n", "",
      ["tests/test_serve_batch.py::test_preemption_by_recompute_keeps_every_sequence_exact"]),
+    # -- decode attention's splits ---------------------------------------------------------
+    ("attention_chunk: always rounded up (17 splits at 4,128 positions)", "vkrt/kernels.py",
+     "    return min((up, down), key=lambda c: abs(-(-n_positions // c) - ATTENTION_TARGET_SPLITS))",
+     "    return up",
+     ["tests/test_kernels.py::test_attention_chunk_keeps_16_to_64_splits"]),
+    ("attention_chunk: always rounded down (64 splits at 8,160 positions)", "vkrt/kernels.py",
+     "    return min((up, down), key=lambda c: abs(-(-n_positions // c) - ATTENTION_TARGET_SPLITS))",
+     "    return down",
+     ["tests/test_kernels.py::test_attention_chunk_keeps_16_to_64_splits"]),
     # -- bench: side by side at the same depth ---------------------------------------------
     ("side_by_side: llama.cpp's decode taken from an empty context", "bench/side_by_side.py",
      '              and r.get("n_depth", 0) == depth)', "              )",
