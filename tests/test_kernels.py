@@ -713,7 +713,7 @@ def test_attention_chunk_keeps_16_to_64_splits():
     """kernels.attention_chunk: whole blocks of head_dim positions; every block a split up to
     32 blocks, then between 16 and ATTENTION_SPLITS (64) splits, never more, at every
     context length up to 2^17 positions (head_dim 64 and 128); the H200's measured cases
-    (its docstring) choose the faster split."""
+    (bench/README.md, 2026-12-04) choose the faster split."""
     from vkrt.kernels import ATTENTION_SPLITS, attention_chunk
 
     assert ATTENTION_SPLITS == 64

@@ -60,10 +60,9 @@ def attention_chunk(n_positions: int, head_dim: int) -> int:
     down to whole blocks (one block at least), whichever leaves a split count nearer 32
     (rounding up on a tie). Up to 32 blocks of positions every block is a split; past that
     16 to 64 splits (at most ATTENTION_SPLITS: rounding a split of one block or more down
-    keeps at least half of it). On the H200 (bench/README.md, 2026-12-04, 7B shape) 4,128
-    positions ran 1,033 + 277 µs per token of split attention and its combine in 33 splits
-    of one block (rounded down) against 1,276 + 211 in 17 of two (up), and 8,160 positions
-    1,851 + 263 in 32 splits of two blocks (up) against 1,889 + 393 in 64 of one (down)."""
+    keeps at least half of it). Why not always up or always down: bench/README.md,
+    2026-12-04, "Decode attention's splits at 4k" (H200, 7B shape, 4,128 and 8,160
+    positions)."""
     per_split = -(-n_positions // ATTENTION_TARGET_SPLITS)
     up = -(-per_split // head_dim) * head_dim
     down = max(1, per_split // head_dim) * head_dim
