@@ -5,11 +5,11 @@ in one process: the measurement behind the GPU table's `batch_tiles`.
 
     python bench/batched_products.py [--shapes 1536x576,8192x2048,14336x4096]
         [--types q4_1] [--tokens 1,8,32,64] [--tiles 1x8,4x8,4x16,2x32]
-        [--coop-tiles 16x64:1x2,64x128:2x4] [--repeat 20] [--rounds 3] [--out FILE.json]
+        [--coop-tiles 16x64:1x2,64x128:2x4,32x32:1x1x8] [--repeat 20] [--rounds 3] [--out FILE.json]
 
 A shape RxC is a weight of R output rows and C input columns (the 7B ffn_gate's 14336x4096);
 its bytes are random (they change the values, not what the kernel reads). `--coop-tiles
-BMxBN:SG_MxSG_N,...` adds arms on `matmul_coop` (f16 operands, where the device lists a
+BMxBN:SG_MxSG_N[xSG_K],...` adds arms on `matmul_coop` (f16 operands, where the device lists a
 cooperative-matrix shape; vkrt/tuning.py `BatchCoopTile`), named `coop:BMxBN:SG_MxSG_N`. Per (shape, type,
 tokens, tile), `--repeat` products are recorded back to back in one submission, each writing
 the same output (the tracker's WAW barrier orders them), timed by timestamp queries; the
@@ -74,10 +74,11 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         for c in coop_tiles:
-            bm, bn, sg_m, sg_n = (int(v) for v in c.replace(":", "x").split("x"))
+            bm, bn, sg_m, sg_n, *sg_k = (int(v) for v in c.replace(":", "x").split("x"))
             kernels[f"coop:{c}"] = Kernels(cache, tuning=dataclasses.replace(
                 base.tuning, batch_products={"decode": "matmul_coop", "prompt": "matmul_coop"},
-                batch_coop_tiles=(BatchCoopTile(None, bm, bn, sg_m, sg_n, "bench"),)))
+                batch_coop_tiles=(BatchCoopTile(None, bm, bn, sg_m, sg_n, "bench",
+                                                *sg_k),)))
         T = max(counts)
         for rows, cols in shapes:
             x = stream.upload(rng.standard_normal((T, cols)).astype(np.float32), "x")

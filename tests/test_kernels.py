@@ -1179,8 +1179,11 @@ def coop_or_skip(kernels):
 # exact in f16, so their products carry only x's rounding. A wrong block, scale, nibble or tile is off by ~1e-2 or
 # more in these units.
 # Both workgroup tiles run: COOP_TILE, and COOP_TILE_LARGE with its thresholds lowered
-# (256 tokens x 128 rows: one partial token tile of 70 or 129 tokens, one partial row tile).
-@pytest.mark.parametrize("tile", ["tile", "large"])
+# (256 tokens x 128 rows: one partial token tile of 70 or 129 tokens, one partial row tile),
+# and a split-K tile in COOP_TILE's place: 3 groups of 2 subgroups over 32 tokens x 32 rows
+# (a step of 96 columns: the scalar types' 100 take a second step of 4, the group sums
+# added through shared memory).
+@pytest.mark.parametrize("tile", ["tile", "large", "splitk"])
 @pytest.mark.parametrize("n_tokens,n_rows", [(70, 37), (129, 72)], ids=["70x37", "129x72"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
 def test_linear_coop_weights_as_stored(gpu, kernels, dtype, n_tokens, n_rows, tile,
@@ -1190,6 +1193,9 @@ def test_linear_coop_weights_as_stored(gpu, kernels, dtype, n_tokens, n_rows, ti
         monkeypatch.setattr(vkrt.kernels, "COOP_LARGE_ROWS", 1)
         monkeypatch.setattr(vkrt.kernels, "COOP_LARGE_TOKENS", 1)
         assert kernels.coop_spec(n_rows, n_tokens)[4] == vkrt.kernels.COOP_TILE_LARGE[0]
+    if tile == "splitk":
+        monkeypatch.setattr(vkrt.kernels, "COOP_TILE", (32, 32, 1, 2, 3))
+        assert kernels.coop_spec(n_rows, n_tokens)[8] == 3
     r = rng(43)
     n_cols = cols(dtype) + (4 if not weight_types.BY_DTYPE[dtype].quantized else 0)
     tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=43)
@@ -1233,10 +1239,13 @@ def test_prefill_kernel_choice(gpu, kernels):
         assert kernels.prefill_kernel(4096) == fallback
     # 128 tokens x 128 rows over 2 x 4 subgroups of the device's width; 256 x 128 over 4 x 2
     # from COOP_LARGE_ROWS rows and 256 tokens.
-    spec = {0: 8 * gpu.sg, 1: 16, 2: 16, 3: 16, 4: 128, 5: 128, 6: 2, 7: 4}
+    spec = {0: 8 * gpu.sg, 1: 16, 2: 16, 3: 16, 4: 128, 5: 128, 6: 2, 7: 4, 8: 1}
     assert kernels.coop_spec(4096, 512) == spec
     assert kernels.coop_spec(COOP_LARGE_ROWS, 255) == spec
     assert kernels.coop_spec(COOP_LARGE_ROWS, 256) == {**spec, 4: 256, 6: 4, 7: 2}
+    # A split-K tile (the batched runner's): 4 groups of 2 x 2 subgroups, 16 in all.
+    assert kernels.coop_spec(4096, 32, (32, 32, 2, 2, 4)) == {
+        **spec, 0: 16 * gpu.sg, 4: 32, 5: 32, 6: 2, 7: 2, 8: 4}
 
 
 def test_coop_shape_choice():
@@ -1743,14 +1752,16 @@ def test_argmax_rows_one_row_each(gpu):
 @pytest.mark.parametrize("kernel,tiles", [
     ("matmul", ((1, 8),)), ("matmul", ((4, 8), (3, 16), (2, 32), (1, 1))),
     ("matmul_tiled", ()),
-    ("matmul_coop", ((16, 64, 1, 2), (32, 128, 2, 4), (64, 128, 2, 4), (128, 128, 2, 4)))],
-    ids=["matmul", "matmul-tiles", "matmul_tiled", "matmul_coop-tiles"])
+    ("matmul_coop", ((16, 64, 1, 2), (32, 128, 2, 4), (64, 128, 2, 4), (128, 128, 2, 4))),
+    ("matmul_coop", ((16, 32, 1, 2, 4), (32, 16, 2, 1, 4), (64, 64, 2, 2, 4), (16, 16, 1, 1, 4)))],
+    ids=["matmul", "matmul-tiles", "matmul_tiled", "matmul_coop-tiles", "matmul_coop-splitk"])
 def test_batched_linear_rows_independent_of_the_token_count(gpu, kernels, kernel, tiles):
     """Kernels.linear(batched=role), the batched runner's products on the kernel the table
     names for the role (`Table.batch_products`): token t's row has the same bits whether 1,
     2, 3, 5, 8 or 70 tokens run, whichever row the product starts at (token0) and, for
     matmul and matmul_coop, whatever tile the table gives (`Table.batch_tiles`: rows per
-    workgroup x tokens per tile; `batch_coop_tiles`: tokens x rows over subgroups; the rules
+    workgroup x tokens per tile; `batch_coop_tiles`: tokens x rows over subgroups, one
+    column split (sg_k) for all, 4 groups over 96 columns: one step of 128); the rules
     cycled over the counts; 70 rows leave partial row groups); rows outside token0 ..
     token0 + n - 1 are not written. matmul_coop (f16 operands) within its bound of sum |x w|
     (test_linear_coop_weights_as_stored's), the f32 kernels within 1e-6."""
@@ -1767,7 +1778,9 @@ def test_batched_linear_rows_independent_of_the_token_count(gpu, kernels, kernel
         if tiles and kernel == "matmul":
             change["batch_tiles"] = (BatchTile(None, *tiles[i % len(tiles)], "test"),)
         elif tiles:
-            change["batch_coop_tiles"] = (BatchCoopTile(None, *tiles[i % len(tiles)], "test"),)
+            bm, bn, sg_m, sg_n, *sg_k = tiles[i % len(tiles)]
+            change["batch_coop_tiles"] = (BatchCoopTile(None, bm, bn, sg_m, sg_n, "test",
+                                                        *sg_k),)
         kernels.tuning = dataclasses.replace(kernels.tuning, **change)
         for token0, role in ((0, "decode"), (70 - n, "prompt")):
             by = gpu.filled(70 * n_rows)

@@ -2,6 +2,8 @@
 launch, each citing the measurement that chose it (no device needed)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from vkrt import tuning, weight_types
@@ -44,3 +46,18 @@ def test_every_batched_product_has_a_cited_kernel_and_tile(table):
         if t.batch_coop_tiles:
             coop = t.batch_coop_tile(n)
             assert coop.bm % (coop.sg_m * 16) == 0 and coop.source, (table, n)
+
+
+def test_batch_coop_tiles_keep_one_column_split():
+    """A token's bits under matmul_coop depend on its column split (`sg_k`,
+    matmul_coop.comp), so a table whose tiles split the columns two ways is refused when a
+    tile is asked for; one split with different tiles by token count is taken."""
+    same = dataclasses.replace(tuning.GPU, batch_coop_tiles=(
+        tuning.BatchCoopTile(8, 16, 32, 1, 2, "test", 4),
+        tuning.BatchCoopTile(None, 32, 32, 1, 1, "test", 4)))
+    assert (same.batch_coop_tile(8).bm, same.batch_coop_tile(9).bm) == (16, 32)
+    mixed = dataclasses.replace(same, batch_coop_tiles=(
+        tuning.BatchCoopTile(8, 16, 32, 1, 2, "test", 4),
+        tuning.BatchCoopTile(None, 32, 32, 1, 1, "test", 2)))
+    with pytest.raises(ValueError, match=r"sg_k \[2, 4\]\): batch invariance needs one"):
+        mixed.batch_coop_tile(9)

@@ -351,16 +351,18 @@ class Kernels:
 
     def coop_spec(self, n_rows: int, n_tokens: int, tile: tuple | None = None) -> dict:
         """matmul_coop's specialization constants for a product of n_tokens x n_rows on the
-        shape `coop`: workgroup size, TM, TN, TK, BM (tokens), BN (rows), SG_M, SG_N
-        (`tile` (BM, BN, SG_M, SG_N) when given, else COOP_TILE, or COOP_TILE_LARGE from
-        COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS tokens)."""
+        shape `coop`: workgroup size, TM, TN, TK, BM (tokens), BN (rows), SG_M, SG_N, SG_K
+        (`tile` (BM, BN, SG_M, SG_N, SG_K) when given, else COOP_TILE, or COOP_TILE_LARGE
+        from COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS tokens; SG_K groups of SG_M x SG_N
+        subgroups split the columns: matmul_coop.comp)."""
         if tile is None:
             tile = COOP_TILE_LARGE if (n_rows >= COOP_LARGE_ROWS
                                        and n_tokens >= COOP_LARGE_TOKENS) else COOP_TILE
-        (bm, bn, sg_m, sg_n), c = tile, self.coop
-        assert bm % (sg_m * c.m) == 0 and bn % (sg_n * c.n) == 0, (tile, c)
-        return {0: sg_m * sg_n * self._pipelines.device.subgroup_size, 1: c.m, 2: c.n,
-                3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n}
+        (bm, bn, sg_m, sg_n, *k), c = tile, self.coop
+        sg_k = k[0] if k else 1
+        assert bm % (sg_m * c.m) == 0 and bn % (sg_n * c.n) == 0 and sg_k >= 1, (tile, c)
+        return {0: sg_m * sg_n * sg_k * self._pipelines.device.subgroup_size, 1: c.m, 2: c.n,
+                3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n, 8: sg_k}
 
     def batch_kernel(self, role: str) -> str:
         """The kernel of the batched runner's products of tokens of `role` ("decode" or
@@ -424,7 +426,7 @@ class Kernels:
             tile = None
             if batched is not None:
                 t = self.tuning.batch_coop_tile(n_tokens)
-                tile = (t.bm, t.bn, t.sg_m, t.sg_n)
+                tile = (t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k)
             spec = self.coop_spec(n_out, n_tokens, tile)
             x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
             grid = (x_groups, _groups(n_tokens, spec[4]), z_groups)

@@ -62,13 +62,16 @@ class BatchTile:
 class BatchCoopTile:
     """The batched runner's `matmul_coop` launch (vkrt/glsl/matmul_coop.comp) for products of
     at most `max_tokens` tokens (None: any): a workgroup tile of `bm` tokens x `bn` rows over
-    `sg_m` x `sg_n` subgroups. A token's bits do not depend on the tile (matmul_coop.comp)."""
+    `sg_m` x `sg_n` subgroups, `sg_k` such groups splitting the columns. A token's bits
+    depend on `sg_k` but not on the rest of the tile (matmul_coop.comp), so a table's tiles
+    share one `sg_k` (`Table.batch_coop_tile` checks it)."""
     max_tokens: int | None
     bm: int
     bn: int
     sg_m: int
     sg_n: int
     source: str
+    sg_k: int = 1
 
     def matches(self, n_tokens: int) -> bool:
         return self.max_tokens is None or n_tokens <= self.max_tokens
@@ -102,7 +105,13 @@ class Table:
         return next(r for r in self.batch_tiles if r.matches(n_tokens))
 
     def batch_coop_tile(self, n_tokens: int) -> BatchCoopTile:
-        """The `matmul_coop` launch of a batched product of `n_tokens` tokens."""
+        """The `matmul_coop` launch of a batched product of `n_tokens` tokens. Raises
+        ValueError when the table's tiles split the columns differently (`sg_k`): a token's
+        bits would then change with the batch size."""
+        if len({r.sg_k for r in self.batch_coop_tiles}) > 1:
+            raise ValueError("batch_coop_tiles split the columns in more than one way (sg_k "
+                             f"{sorted({r.sg_k for r in self.batch_coop_tiles})}): batch "
+                             "invariance needs one")
         return next(r for r in self.batch_coop_tiles if r.matches(n_tokens))
 
     def with_decode(self, subgroups: int, rows: int, kernel: str = "matvec",
@@ -198,7 +207,9 @@ GPU = Table(
                  BatchTile(None, 4, 8, _PRODUCTS + ": T = 64 rows 4, tiles of 8")),
     # matmul_coop where a table names it for the batched products (the GPU's does not: its
     # best tile, 32 tokens x 128 rows over 2 x 4 subgroups, took 1036-1164 us summed up to
-    # 32 tokens against matmul's 122-882; only at 64 tokens 1242 against 1661).
+    # 32 tokens against matmul's 122-882; only at 64 tokens 1242 against 1661; split K over
+    # 4 groups, bench/README.md 2026-12-04 second session: the 7B shape's serving decode
+    # 928.9 -> 1387.7 tok/s at 32 sequences but 614.1 -> 294.2 at 8, 113.5 -> 38.4 at 1).
     batch_coop_tiles=(BatchCoopTile(None, 32, 128, 2, 4, _PRODUCTS + ": coop 32x128:2x4 "
                                     "1036-1242 us, matmul 1x8 122-1661 us"),),
     sources={"batch_products": _BATCHED,

@@ -23,16 +23,25 @@
 // coopMatStore needs), else through a per-subgroup staging tile in shared memory, element by
 // element with bounds. The workgroup must be SG_M * SG_N full subgroups (local_size_x =
 // SG_M * SG_N * subgroup size; NVIDIA's subgroups are always 32 wide and full).
+// Split K (SG_K > 1, for few tokens: the batched runner's decode products): the workgroup's
+// subgroups form SG_K groups of SG_M x SG_N, each step covers SG_K * BK columns, and group g
+// multiplies the g-th BK of them, so SG_K steps' loads are in flight where one was (a step
+// waits on one memory latency; at 8-64 tokens the steps, not the products, set the time).
+// The groups' accumulators are then added in the order g = 0, 1, ..., SG_K - 1 through
+// the staging tiles (a fixed order: deterministic; split-K as in CUTLASS's "serial split-K",
+// kept inside one workgroup).
 // Specialization constants: 0 = local_size_x, 1 = TM, 2 = TN, 3 = TK (the cooperative matrix
 // shape; TK divides 32 and TM, TN, TK are multiples of 8), 4 = BM, 5 = BN (multiples of
-// SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N. Dispatch: (min(row tiles, limit_x),
+// SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N, 8 = SG_K. Dispatch: (min(row tiles, limit_x),
 // ceil(n_tokens / BM), ceil(row tiles / limit_x)) with row tiles = ceil(n_rows / BN): tiles
 // past maxComputeWorkGroupCount.x spill into z. Push constants: n_cols, n_rows, n_tokens,
 // token0 (the first token row of x and y the product covers: rows token0 .. token0 +
 // n_tokens - 1; the batched runner's roles, vkrt/models/batch.py).
-// An output's sum is the same chain of coopMatMulAdd over the k steps in order whatever BM,
-// BN, SG_M and SG_N are, so its bits depend on the tile neither (the batched runner's batch
-// invariance; tests/test_kernels.py checks it where the device has the shape).
+// An output's sum is the same chains of coopMatMulAdd over the k steps in order (one chain
+// per k group, the chains added in group order) whatever BM, BN, SG_M and SG_N are, so its
+// bits depend on SG_K but not on the rest of the tile (the batched runner's batch
+// invariance: its table keeps one SG_K; tests/test_kernels.py checks both where the device
+// has the shape).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -48,20 +57,22 @@ layout(constant_id = 4) const uint BM = 64;
 layout(constant_id = 5) const uint BN = 64;
 layout(constant_id = 6) const uint SG_M = 2;
 layout(constant_id = 7) const uint SG_N = 2;
+layout(constant_id = 8) const uint SG_K = 1;
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; uint token0; }
     pc;
 
 const uint NT = gl_WorkGroupSize.x;
-const uint BK = 32;                       // columns per step (a Q8_0 / Q4_1 block)
-const uint XL = BM * BK / 4, WL = BN * BK / 4;          // vec4 of a step's x and W tiles
+const uint BK = 32;                       // columns per step and group (a Q8_0 / Q4_1 block)
+const uint KQ = SG_K * BK / 4;            // vec4 columns per step
+const uint XL = BM * KQ, WL = BN * KQ;    // vec4 of a step's x and W tiles
 const uint XP = (XL + NT - 1) / NT, WP = (WL + NT - 1) / NT;   // per invocation
 const uint S4 = (BK + 8) / 4;             // f16vec4 per shared row: 80 bytes
 const uint SM = BM / SG_M, SN = BN / SG_N;  // one subgroup's tokens and rows
 const uint CM = SM / TM, CN = SN / TN;    // its accumulators along tokens and rows
-shared f16vec4 xs[BM * S4];               // [token][k]
-shared f16vec4 ws[BN * S4];               // [row][k]: W^T column-major
+shared f16vec4 xs[SG_K * BM * S4];        // [group][token][k]
+shared f16vec4 ws[SG_K * BN * S4];        // [group][row][k]: W^T column-major
 shared float stage[SG_M * SG_N * TM * TN];
 
 void main() {
@@ -69,7 +80,8 @@ void main() {
     uint n0 = tile * BN, t0 = gl_WorkGroupID.y * BM, tid = gl_LocalInvocationID.x;
     if (n0 >= pc.n_rows) return;  // uniform per workgroup
     uint cols4 = pc.n_cols / 4;
-    uint sg = gl_SubgroupID, sm0 = sg / SG_N * SM, sn0 = sg % SG_N * SN;
+    uint sg = gl_SubgroupID, g = sg / (SG_M * SG_N), sr = sg % (SG_M * SG_N);
+    uint sm0 = sr / SG_N * SM, sn0 = sr % SG_N * SN;
     coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> acc[CM * CN];
     [[unroll]] for (uint i = 0; i < CM * CN; ++i)
         acc[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
@@ -78,36 +90,39 @@ void main() {
     // specialization constants and is unrolled, so the accumulators and buffers stay in
     // registers.
     vec4 xr[XP], wr[WP];
+    // Element i of a step's x tile is token i / KQ, column quad i % KQ, which is group
+    // (i % KQ) / (BK / 4)'s; the W tile likewise by row. In shared memory each group's
+    // columns are a tile of their own: [group][token or row][k].
     [[unroll]] for (uint p = 0; p < XP; ++p) {
-        uint i = tid + p * NT, t = i / (BK / 4), q = i % (BK / 4);
+        uint i = tid + p * NT, t = i / KQ, q = i % KQ;
         xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4
                 ? x[(pc.token0 + t0 + t) * cols4 + q] : vec4(0.0);
     }
     [[unroll]] for (uint p = 0; p < WP; ++p) {
-        uint i = tid + p * NT, r = i / (BK / 4), q = i % (BK / 4);
+        uint i = tid + p * NT, r = i / KQ, q = i % KQ;
         wr[p] = i < WL && n0 + r < pc.n_rows && q < cols4 ? weight4(n0 + r, q, pc.n_cols)
                                                          : vec4(0.0);
     }
-    for (uint k0 = 0; k0 < cols4; k0 += BK / 4) {
+    for (uint k0 = 0; k0 < cols4; k0 += KQ) {
         barrier();                        // every subgroup is done with the last step's tiles
         [[unroll]] for (uint p = 0; p < XP; ++p) {
-            uint i = tid + p * NT;
-            if (i < XL) xs[i / (BK / 4) * S4 + i % (BK / 4)] = f16vec4(xr[p]);
+            uint i = tid + p * NT, q = i % KQ;
+            if (i < XL) xs[(q / (BK / 4) * BM + i / KQ) * S4 + q % (BK / 4)] = f16vec4(xr[p]);
         }
         [[unroll]] for (uint p = 0; p < WP; ++p) {
-            uint i = tid + p * NT;
-            if (i < WL) ws[i / (BK / 4) * S4 + i % (BK / 4)] = f16vec4(wr[p]);
+            uint i = tid + p * NT, q = i % KQ;
+            if (i < WL) ws[(q / (BK / 4) * BN + i / KQ) * S4 + q % (BK / 4)] = f16vec4(wr[p]);
         }
         barrier();
-        uint k1 = k0 + BK / 4;            // the next step; out-of-range columns load as 0
+        uint k1 = k0 + KQ;                // the next step; out-of-range columns load as 0
         if (k1 < cols4) {
             [[unroll]] for (uint p = 0; p < XP; ++p) {
-                uint i = tid + p * NT, t = i / (BK / 4), q = k1 + i % (BK / 4);
+                uint i = tid + p * NT, t = i / KQ, q = k1 + i % KQ;
                 xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4
                         ? x[(pc.token0 + t0 + t) * cols4 + q] : vec4(0.0);
             }
             [[unroll]] for (uint p = 0; p < WP; ++p) {
-                uint i = tid + p * NT, r = i / (BK / 4), q = k1 + i % (BK / 4);
+                uint i = tid + p * NT, r = i / KQ, q = k1 + i % KQ;
                 wr[p] = i < WL && n0 + r < pc.n_rows && q < cols4 ? weight4(n0 + r, q, pc.n_cols)
                                                                  : vec4(0.0);
             }
@@ -115,18 +130,35 @@ void main() {
         [[unroll]] for (uint kk = 0; kk < BK / TK; ++kk) {
             coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b[CN];
             [[unroll]] for (uint j = 0; j < CN; ++j)
-                coopMatLoad(b[j], ws, (sn0 + j * TN) * S4 + kk * TK / 4, S4,
+                coopMatLoad(b[j], ws, (g * BN + sn0 + j * TN) * S4 + kk * TK / 4, S4,
                             gl_CooperativeMatrixLayoutColumnMajor);
             [[unroll]] for (uint i = 0; i < CM; ++i) {
                 coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
-                coopMatLoad(a, xs, (sm0 + i * TM) * S4 + kk * TK / 4, S4,
+                coopMatLoad(a, xs, (g * BM + sm0 + i * TM) * S4 + kk * TK / 4, S4,
                             gl_CooperativeMatrixLayoutRowMajor);
                 [[unroll]] for (uint j = 0; j < CN; ++j)
                     acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);
             }
         }
     }
-    uint lane = gl_SubgroupInvocationID, base = sg * TM * TN;
+    // Split K: group gg - 1 leaves the sum of groups 0 .. gg - 1 in `stage`, one
+    // accumulator of each subgroup at a time, and group gg adds its own to it; the last
+    // group's are the outputs.
+    [[unroll]] for (uint gg = 1; gg < SG_K; ++gg) {
+        [[unroll]] for (uint i = 0; i < CM * CN; ++i) {
+            if (g == gg - 1)
+                coopMatStore(acc[i], stage, sr * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
+            barrier();                    // uniform: the sum so far is in `stage`
+            if (g == gg) {
+                coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> s;
+                coopMatLoad(s, stage, sr * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
+                acc[i] = s + acc[i];
+            }
+            barrier();                    // group gg has read `stage` before it is written
+        }
+    }
+    if (g != SG_K - 1) return;            // uniform per subgroup
+    uint lane = gl_SubgroupInvocationID, base = sr * TM * TN;
     [[unroll]] for (uint i = 0; i < CM; ++i) {
         uint t = t0 + sm0 + i * TM;
         [[unroll]] for (uint j = 0; j < CN; ++j) {
