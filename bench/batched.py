@@ -160,7 +160,7 @@ def llama_batched_bench(path: str, model: str, seqs: list[int], p: int, n: int) 
 
 
 def main() -> None:
-    from vkrt.serve.kv_cache import KV_CACHE_DTYPES
+    from vkrt.models.scratch import KV_CACHE_DTYPES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)

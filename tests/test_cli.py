@@ -41,6 +41,19 @@ def test_generate_streams_text_and_summary(default_model_path, tmp_path):
         assert word in summary, summary
 
 
+def test_generate_with_an_f16_kv_cache(default_model_path):
+    """--kv-cache-dtype f16 (vkrt.load's kv_cache_dtype): the same greedy tokens on the
+    robust prompt; a dtype outside f32, f16 is a usage error in one line."""
+    p = run_cli("generate", "1, 2, 3, 4, 5,", "--max-tokens", "8", "--model",
+                default_model_path, "--kv-cache-dtype", "f16")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == " 6, 7, 8\n"
+    bad = run_cli("generate", "hi", "--model", default_model_path, "--kv-cache-dtype", "bf16")
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert bad.returncode == 2 and len(lines) == 1, bad.stderr
+    assert lines[0].startswith("vkrt: error: argument --kv-cache-dtype: invalid choice: 'bf16'")
+
+
 def test_devices_lists_one():
     p = run_cli("devices")
     assert p.returncode == 0 and p.stdout.startswith("0: "), p.stderr

@@ -33,6 +33,7 @@ LOGIT_ATOL = 1e-4
 # operands: 1e-4 of the largest |logit| (lavapipe measured 2.7e-4 of 4.3 for qwen2_q8_0:
 # 6.3e-5), greedy tokens still exact.
 XQ_LOGIT_REL = 1e-4
+F16_KV_LOGIT_REL = 1e-3    # tests/test_batch.py's, for an f16 KV cache
 PROMPT_LEN, GREEDY, LOGIT_LEN, DECODE_LEN = 12, 8, 48, 20
 
 # name: (arch, tied embeddings, matrix type)
@@ -49,25 +50,30 @@ CASES = {
 ORACLE_CONFIG = {"gemma3": {"query_pre_attn_scalar": HIDDEN // N_HEAD}}
 
 
-def run_case(case, device, tmp_path, atol=LOGIT_ATOL, rel=None, xq=False):
+def run_case(case, device, tmp_path, atol=LOGIT_ATOL, rel=None, xq=False, kv_f16=False):
     """`rel`: the teacher-forced logits' tolerance is rel * max |logit| instead of atol;
-    `xq`: decode products with x as integers (check_file)."""
+    `xq`: decode products with x as integers; `kv_f16`: an f16 KV cache (check_file)."""
     arch, tied, qtype = CASES[case]
     path = write_gguf(tmp_path / f"{case}.gguf", hf_model(arch, tied=tied), arch, qtype)
-    check_file(path, case, arch, tied, device, atol, rel, xq=xq)
+    check_file(path, case, arch, tied, device, atol, rel, xq=xq, kv_f16=kv_f16)
 
 
 def check_file(path, case, arch, tied, device, atol=LOGIT_ATOL, rel=None, n_vocab=N_VOCAB,
-               logit_len=LOGIT_LEN, decode_len=DECODE_LEN, greedy=GREEDY, xq=False):
+               logit_len=LOGIT_LEN, decode_len=DECODE_LEN, greedy=GREEDY, xq=False,
+               kv_f16=False):
     """vkrt on the GGUF at `path` against transformers fp32 reading it: teacher-forced logits
     over `logit_len` random ids below `n_vocab`, the first `decode_len` of them one decode
     step at a time, and `greedy` greedy tokens after the first PROMPT_LEN ids. `xq`: the
     decode products of the file's block weights take their `_xq` variants (the caller's
-    table says so; checked here), and the decode steps' logits are held to XQ_LOGIT_REL."""
+    table says so; checked here), and the decode steps' logits are held to XQ_LOGIT_REL.
+    `kv_f16`: the model's KV cache in f16 (`Decoder.kv_dtype`), the decode steps' logits
+    held to F16_KV_LOGIT_REL too."""
     ref = TransformersReference(str(path), **ORACLE_CONFIG.get(arch, {}))
     ids = [int(i) for i in np.random.default_rng(1).integers(0, n_vocab, logit_len)]
     want = ref.logits(ids)
     vk = Llama.from_gguf(device, load_gguf(path))
+    if kv_f16:
+        vk.kv_dtype = "float16"
     try:
         assert vk.hp.arch == arch and vk.hp.tied_embeddings == tied
         if arch == "gemma3":
@@ -88,6 +94,9 @@ def check_file(path, case, arch, tied, device, atol=LOGIT_ATOL, rel=None, n_voca
             steps.append(vk.stream.read(a.logits.rows(0, 1))[0])
         err = np.abs(np.array(steps) - want[:decode_len]).max()
         limit = LOGIT_ATOL
+        if kv_f16:
+            assert vk.k_cache[0].dtype == vk.v_cache[0].dtype == "float16"
+            limit = F16_KV_LOGIT_REL * float(np.abs(want[:decode_len]).max())
         if xq:
             assert any(vk.k.decode_integer_x("matvec", weight_types.BY_GGUF[t.tensor_type.name]
                                              .dtype, 1) for t in gguf.GGUFReader(path).tensors)
@@ -105,6 +114,20 @@ def check_file(path, case, arch, tied, device, atol=LOGIT_ATOL, rel=None, n_voca
 def test_family_matches_transformers(case, device, tmp_path):
     with config.COOPMAT.override("0"):
         run_case(case, device, tmp_path)
+
+
+# An f16 KV cache (vkrt.load(kv_cache_dtype="f16")): K and V rounded to f16 as they are
+# stored, the bound tests/test_batch.py states for the paged f16 cache (F16_KV_LOGIT_REL: 1e-3
+# of the largest |logit|), greedy tokens exact. qwen2 writes the cache from the fused decode
+# product (qkv_rope_kvf16, biases inside); qwen3 and gemma3 norm Q and K per head, so their
+# f16 cache is written by the unfused path (rope_kvf16, copy_rows_kvf16); gemma3 adds
+# sliding-window layers.
+@pytest.mark.parametrize("case", ["qwen2_q8_0", "qwen3", "gemma3"])
+def test_family_f16_kv_cache_matches_transformers(case, device, tmp_path):
+    if not device.features.get("storageBuffer16BitAccess"):
+        pytest.skip(f"{device.name} has no storageBuffer16BitAccess (f16 KV cache)")
+    with config.COOPMAT.override("0"):
+        run_case(case, device, tmp_path, rel=F16_KV_LOGIT_REL, kv_f16=True)
 
 
 @pytest.mark.parametrize("case", ["qwen2_q8_0", "gemma3_q8_0"])

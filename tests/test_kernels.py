@@ -552,12 +552,19 @@ def safe_attention_reference(q, k_cache, v_cache, pos0, scale):
 ATTENTION_MODES = ["one-pass", "split", "decode"]
 
 
+def kv_suffix(k_cache) -> str:
+    """The variant suffix of the attention kernels that read caches of k_cache's dtype:
+    "_kvf16" for float16 (vkrt/glsl/kv.glsl), "" for float32."""
+    return "_kvf16" if k_cache.dtype == np.float16 else ""
+
+
 def run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode="one-pass", window=0):
-    """attention.comp on q [T, H, D], caches [n_ctx, H_kv, D]; returns [T, H, D] and checks
-    the sentinel tail after the output. `mode` "split" or "decode": each token as a decode
-    step instead, through attention_split.comp + attention_combine.comp
-    (`run_attention_decode`) or attention_decode.comp (`run_attention_one_dispatch`).
-    `window`: specialization constant WINDOW (a sliding-window layer)."""
+    """attention.comp on q [T, H, D], caches [n_ctx, H_kv, D] (float32, or float16: the
+    `_kvf16` variants); returns [T, H, D] and checks the sentinel tail after the output.
+    `mode` "split" or "decode": each token as a decode step instead, through
+    attention_split.comp + attention_combine.comp (`run_attention_decode`) or
+    attention_decode.comp (`run_attention_one_dispatch`). `window`: specialization constant
+    WINDOW (a sliding-window layer)."""
     if mode != "one-pass":
         run = run_attention_decode if mode == "split" else run_attention_one_dispatch
         return np.stack([run(gpu, q[t], k_cache, v_cache, pos0 + t, scale, window=window)
@@ -565,7 +572,7 @@ def run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode="one-pass", window
     n_tokens, n_heads, head_dim = q.shape
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     bo = gpu.filled(q.size + 3)
-    gpu.run("attention", {0: head_dim, 1: window}, (bq, bk, bv, bo), (n_heads, n_tokens, 1),
+    gpu.run("attention" + kv_suffix(k_cache), {0: head_dim, 1: window}, (bq, bk, bv, bo), (n_heads, n_tokens, 1),
             push(n_heads, k_cache.shape[1], head_dim, pos0, float(scale)))
     got = gpu.read(bo)
     np.testing.assert_array_equal(got[-3:], SENTINEL)
@@ -582,7 +589,8 @@ def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale, window=0):
     splits = -(-(pos0 + 1) // chunk)
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     part, bo = gpu.filled(n_heads * splits * (head_dim + 2) + 3), gpu.filled(q.size + 3)
-    gpu.run("attention_split", {0: head_dim, 1: window}, (bq, bk, bv, part),
+    gpu.run("attention_split" + kv_suffix(k_cache), {0: head_dim, 1: window},
+            (bq, bk, bv, part),
             (n_heads, splits, 1),
             push(n_heads, k_cache.shape[1], head_dim, pos0, chunk, float(scale)))
     gpu.run("attention_combine", {0: head_dim}, (part, bo), (n_heads, 1, 1),
@@ -605,6 +613,7 @@ def run_attention_one_dispatch(gpu, q, k_cache, v_cache, pos0, scale, threads=64
     name, bound = "attention_decode", ()
     if pos_buffer is not None:
         name, bound = "attention_decode_pos", (gpu.upload(np.array([pos_buffer], np.uint32)),)
+    name += kv_suffix(k_cache)
     gpu.run(name, spec, (bq, bk, bv, bo, *bound), (n_heads, dim_splits, 1),
             push(n_heads, k_cache.shape[1], pos0, float(scale)))
     got = gpu.read(bo)
@@ -707,6 +716,32 @@ def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol):
     want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
     assert -(-(pos0 + 1) // attention_chunk(pos0 + 1, head_dim)) <= 64
+
+
+# One sequence's f16 KV cache (vkrt.load(kv_cache_dtype="f16")): the `_kvf16` variants
+# convert each K and V element to f32 as they load it (kv.glsl) and compute as the f32
+# kernels do, so over caches holding the same f16 values their outputs have the same bits,
+# in every mode, windowed or not, with and without the replay's position buffer.
+@pytest.mark.parametrize("mode", ATTENTION_MODES)
+@pytest.mark.parametrize("window", [0, 5], ids=["causal", "window-5"])
+def test_attention_reads_an_f16_cache_exactly(gpu, mode, window):
+    kv_dtype_of(gpu, "f16")
+    r, head_dim, n_heads, n_kv_heads, pos0, n_tokens = rng(47), 16, 4, 2, 37, 3
+    q = randn(r, n_tokens, n_heads, head_dim)
+    k16, v16 = (randn(r, pos0 + n_tokens, n_kv_heads, head_dim).astype(np.float16)
+                for _ in "kv")
+    scale = float(np.float32(1.0 / np.sqrt(head_dim)))
+    want = run_attention(gpu, q, k16.astype(np.float32), v16.astype(np.float32), pos0, scale,
+                         mode, window)
+    got = run_attention(gpu, q, k16, v16, pos0, scale, mode, window)
+    np.testing.assert_array_equal(got, want)
+    if mode == "decode":          # the replay variant: pos0 + the buffer's 2
+        want = run_attention_one_dispatch(gpu, q[0], k16.astype(np.float32),
+                                          v16.astype(np.float32), pos0, scale, pos_buffer=2,
+                                          window=window)
+        got = run_attention_one_dispatch(gpu, q[0], k16, v16, pos0, scale, pos_buffer=2,
+                                         window=window)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_attention_chunk_keeps_16_to_64_splits():
@@ -1593,6 +1628,85 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, l
         got = gpu.read(t).reshape(rows, kvw)
         assert rel_err(got[p], want, scale) < 3e-7
         np.testing.assert_array_equal(np.delete(got, p, axis=0), SENTINEL)
+
+
+# One sequence's f16 KV cache (vkrt.load(kv_cache_dtype="f16")): each writer's `_kvf16`
+# variant stores the values its f32 variant stores, rounded to f16 as numpy rounds them
+# (nearest even, which lavapipe does; Vulkan also allows toward zero: kv.glsl), at row p =
+# pos0 (+ the position buffer's 2 when a replayed step passes it), every other row untouched.
+# qkv_rope writes K and V (the fused decode; adjacent pairs, or halves with biases), rope K
+# (the unfused path and the prefill, both pair layouts), copy_rows V.
+@pytest.mark.parametrize("writer", ["qkv_rope", "qkv_rope-halves-biased", "rope",
+                                    "rope-halves", "copy_rows"])
+@pytest.mark.parametrize("use_pos", [False, True], ids=["pos0", "pos-buffer"])
+def test_cache_writers_store_f16_as_the_f32_values_rounded(gpu, kernels, writer, use_pos):
+    _, _, sentinel16 = kv_dtype_of(gpu, "f16")
+    r, n_heads, n_kv, head_dim, rows, n_embd, pos0, shift = rng(48), 2, 1, 16, 8, 64, 3, 2
+    p, kvw = pos0 + (shift if use_pos else 0), n_kv * head_dim
+    tpos = gpu.upload(np.array([shift], np.uint32))
+    table = gpu.upload(rope_table(head_dim, 10000.0, rows))
+    pos = tpos if use_pos else None
+
+    def caches(dtype, value):
+        return [Tensor.of(gpu.filled(rows * kvw, value, dtype).buffer, np.dtype(dtype).name,
+                          (rows, kvw)) for _ in "kv"]
+
+    if writer.startswith("qkv_rope"):
+        halves = writer.endswith("halves-biased")
+        wq, wk, wv = (stored_weight(gpu, "float32", randn(r, n, n_embd))[0]
+                      for n in (n_heads * head_dim, kvw, kvw))
+        x, norm_w = gpu.upload(randn(r, n_embd)), gpu.upload(randn(r, n_embd))
+        biases = (tuple(gpu.upload(randn(r, n)) for n in (n_heads * head_dim, kvw, kvw))
+                  if halves else None)
+
+        def write(k, v):
+            return kernels.qkv_rope(x, norm_w, wq, wk, wv, table, gpu.filled(n_heads * head_dim),
+                                    k, v, head_dim, pos0, 1e-5, tpos, use_pos, neox=halves,
+                                    biases=biases)
+        written = (0, 1)
+    elif writer.startswith("rope"):
+        src = gpu.upload(randn(r, 1, kvw))
+
+        def write(k, v):
+            return [kernels.rope(src, table, k, 1, n_kv, head_dim, pos0, dst_row=pos0, pos=pos,
+                                 dst_at_pos=use_pos, neox=writer == "rope-halves")]
+        written = (0,)
+    else:
+        src = gpu.upload(randn(r, 1, kvw))
+
+        def write(k, v):
+            return [kernels.copy_rows(src, v, 1, pos0, pos=pos)]
+        written = (1,)
+    f32, f16 = caches(np.float32, SENTINEL), caches(np.float16, sentinel16)
+    gpu.stream.record(write(*f32))
+    ds = write(*f16)
+    assert all("_kvf16" in d.pipeline.name for d in ds)
+    gpu.stream.record(ds)
+    for i in (0, 1):
+        want = gpu.read(f32[i]).reshape(rows, kvw)
+        got = gpu.read(f16[i], np.float16).reshape(rows, kvw)
+        if i in written:
+            assert np.all(want[p] != SENTINEL)
+            np.testing.assert_array_equal(got[p], want[p].astype(np.float16))
+        np.testing.assert_array_equal(np.delete(got, p if i in written else [], axis=0),
+                                      sentinel16)
+
+
+def test_qkv_rope_refuses_an_f16_cache_with_per_head_norms(gpu, kernels):
+    """head_norm_rope (qkv_rope's second dispatch for per-head Q/K norms) reads and writes an
+    f32 cache: qkv_rope refuses an f16 one in one line (the model runs such layers unfused)."""
+    kv_dtype_of(gpu, "f16")
+    w = stored_weight(gpu, "float32", randn(rng(49), 16, 64))[0]
+    x = gpu.upload(randn(rng(49), 64))
+    k, v = (Tensor(t.buffer, 0, t.nbytes, "float16", (8, 16), f"blk.0.{what}")
+            for what, t in (("k_cache", gpu.filled(8 * 16, 0, np.float16)),
+                            ("v_cache", gpu.filled(8 * 16, 0, np.float16))))
+    qk = (gpu.upload(randn(rng(49), 16)), gpu.upload(randn(rng(49), 16)))
+    with pytest.raises(ShaderInterfaceError, match=r"qkv_rope: per-head Q/K norms .* float32 "
+                                                   r"KV cache, not float16 "
+                                                   r"\('blk\.0\.k_cache'\)"):
+        kernels.qkv_rope(x, x, w, w, w, x, gpu.filled(16), k, v, 16, 0, 1e-5,
+                         gpu.upload(np.zeros(1, np.uint32)), False, qk_norm=qk)
 
 
 # -- the batched runner (vkrt/models/batch.py): positions, slot mapping, block tables -------

@@ -500,6 +500,40 @@ def test_replay_after_the_caches_grow(llama, tok, stream_of):
         assert generate(llama, prompt, 6).tokens == replayed
 
 
+# An f16 KV cache (vkrt.load(kv_cache_dtype="f16")): every path that writes it (the fused
+# decode's qkv_rope, the unfused rope and copy_rows, the prefill) and reads it (prefill
+# attention, decode attention in one dispatch or split; replayed steps through the position
+# buffer variants, recorded ones without) gives the reference's greedy tokens on the robust
+# prompt (tests/test_families.py holds the logits to tests/test_batch.py's f16 bound).
+@pytest.mark.parametrize("replay,fuse,split", [("1", "1", False), ("0", "0", False),
+                                               ("1", "1", True), ("0", "1", True)],
+                         ids=["replay-fused", "record-unfused", "replay-split",
+                              "record-split"])
+def test_f16_kv_cache_tokens_exact(llama, counting, tok, stream_of, monkeypatch, replay, fuse,
+                                   split):
+    from vkrt import config
+
+    if not llama.device.features.get("storageBuffer16BitAccess"):
+        pytest.skip(f"{llama.device.name} has no storageBuffer16BitAccess (f16 KV cache)")
+    if split:
+        monkeypatch.setattr(llama.k, "decode_positions", 0)
+    stream_of(2)
+    prompt, expected = counting[0], counting[1][:16]
+    monkeypatch.setattr(llama, "kv_dtype", "float16")
+    llama.setup_caches(256)
+    try:
+        assert llama.k_cache[0].dtype == llama.v_cache[-1].dtype == "float16"
+        with config.REPLAY.override(replay), config.FUSE.override(fuse):
+            got = generate(llama, prompt, 16).tokens
+        names = [d.pipeline.name for d in llama.step(llama.acts.token, 1, 10)]
+        assert any(n.startswith("attention_split_kvf16" if split else "attention_decode_kvf16")
+                   for n in names), names
+    finally:
+        monkeypatch.undo()
+        llama.setup_caches(256)        # f32 again for the module's other tests
+    assert got == expected, (tok.decode(got), tok.decode(expected))
+
+
 def test_replay_recaptures_when_fusion_changes(llama, tok, stream_of):
     """A recording holds one decode step as it was built: switching VKRT_FUSE captures every
     ring phase again (the fused and unfused steps are both token-exact, so only the

@@ -52,6 +52,39 @@ def test_default_gguf_through_load(default_gguf, device):
                                    eos_token=model.tokenizer.decode([model.tokenizer.eos_id]))
 
 
+def test_f16_kv_cache_through_load(opt_folder, device):
+    """`vkrt.load(kv_cache_dtype="f16")`: the model's KV cache is float16 (OPT here: its
+    copy_rows and attention read and write it through their `_kvf16` variants), its
+    teacher-forced logits within the f16 cache's bound of the f32 cache's, and text comes
+    out; a name outside KV_CACHE_DTYPES, or f16 on a device without
+    storageBuffer16BitAccess, is refused in one line before any weight is read."""
+    if not device.features.get("storageBuffer16BitAccess"):
+        pytest.skip(f"{device.name} has no storageBuffer16BitAccess (f16 KV cache)")
+    with vkrt.load(opt_folder, device=device) as model:
+        ids = model.encode("Hello world, here is a longer prompt")
+        want = model.lm.logits(ids)
+    with vkrt.load(opt_folder, device=device, kv_cache_dtype="f16") as model:
+        got = model.lm.logits(ids)
+        assert model.lm.k_cache[0].dtype == model.lm.v_cache[0].dtype == "float16"
+        text = model.generate("Hello world", max_tokens=4)
+        assert "".join(text) and len(text.result.tokens) >= 1
+    # tests/test_batch.py's bound for an f16 cache: 1e-3 of the largest |logit|
+    assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max()
+    before = device.bytes_in_use
+    with pytest.raises(ConfigError, match=r"^kv_cache_dtype must be one of f32, f16, got "
+                                          r"'bf16'$"):
+        vkrt.load(opt_folder, device=device, kv_cache_dtype="bf16")
+    features = device.features
+    device.features = {**features, "storageBuffer16BitAccess": False}
+    try:
+        with pytest.raises(VkrtError, match=r"^an f16 KV cache needs the device feature "
+                                            r"storageBuffer16BitAccess, which .* lacks$"):
+            vkrt.load(opt_folder, device=device, kv_cache_dtype="f16")
+    finally:
+        device.features = features
+    assert device.bytes_in_use == before
+
+
 def test_closing_the_stream_early_then_generating_again(opt_folder, device):
     with vkrt.load(opt_folder, device=device) as model:
         full = list(model.generate("Hello", max_tokens=5))

@@ -11,9 +11,9 @@ memory, pipelines, stream), `vkrt.models` (model files, the model families, gene
 __version__ = "0.1.0"
 
 
-def load(path=None, device=None, progress: bool = False):
+def load(path=None, device=None, progress: bool = False, kv_cache_dtype: str = "f32"):
     """`vkrt.models.model.load`: a model file or folder on a Vulkan device (imported on first
     use, so `import vkrt` stays light)."""
     from vkrt.models.model import load as _load
 
-    return _load(path, device, progress)
+    return _load(path, device, progress, kv_cache_dtype)

@@ -130,7 +130,8 @@ def _generate(args) -> int:
 
     checkpoint, prompt_ids, s = _checked_request(args)
     show_bars = args.progress or (sys.stderr is not None and sys.stderr.isatty())
-    with Device(args.device) as device, Model(checkpoint, device, False, show_bars) as model:
+    with Device(args.device) as device, Model(checkpoint, device, False, show_bars,
+                                              args.kv_cache_dtype) as model:
         bar = tqdm(total=len(prompt_ids), desc="prefill", unit="tok", leave=False,
                    disable=not show_bars or len(prompt_ids) <= args.batch_size)
         text = model.generate(prompt_ids, args.max_tokens, s.temperature, s.top_p, s.seed,
@@ -174,10 +175,12 @@ def _bench(args) -> int:
         raise VkrtError(f"--prompt-tokens {args.prompt_tokens} + --tokens {args.tokens} "
                         f"exceeds the model's context of {checkpoint.hparams.n_ctx} tokens")
     show_bars = args.progress or (sys.stderr is not None and sys.stderr.isatty())
-    with Device(args.device) as device, Model(checkpoint, device, False, show_bars) as model:
+    with Device(args.device) as device, Model(checkpoint, device, False, show_bars,
+                                              args.kv_cache_dtype) as model:
         report = bench.run(model, args.prompt_tokens, args.tokens, args.repeat,
                            args.batch_size, args.barriers,
                            args.inflight or [config.INFLIGHT.value])
+        report["kv_cache_dtype"] = args.kv_cache_dtype
         if args.json:
             report.update(bench.environment(device))
             _write(bench.dumps(report) + "\n")
@@ -384,6 +387,15 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                    help="show the loading and prefill bars even when stderr is not a terminal")
 
 
+def _kv_cache_option(p: argparse.ArgumentParser) -> None:
+    """--kv-cache-dtype of `generate` and `bench`: the one sequence's KV cache (`vkrt.load`)."""
+    from vkrt.models.scratch import KV_CACHE_DTYPES
+
+    p.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="f32",
+                   help="the KV cache's elements: f32, or f16 (half the bytes per position; "
+                        "K and V rounded to f16 as they are stored)")
+
+
 def _non_negative_int(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
@@ -436,6 +448,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="the prompt; `-` (or no argument with stdin not a terminal) reads it "
                         "from stdin")
     _model_options(p)
+    _kv_cache_option(p)
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--temperature", type=float, default=0.0,
@@ -459,6 +472,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "timestamps, weight bytes on the device and peak RSS. The "
                                    "method is in vkrt/bench.py.")
     _model_options(p)
+    _kv_cache_option(p)
     p.add_argument("--prompt-tokens", type=int, default=512, help="prompt length")
     p.add_argument("--tokens", type=int, default=128, help="tokens generated per repeat")
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per arm")
@@ -472,7 +486,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object, with the device, driver and git commit")
     p.set_defaults(run=_bench)
-    from vkrt.serve.kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KV_CACHE_DTYPES
+    from vkrt.models.scratch import KV_CACHE_DTYPES
+    from vkrt.serve.kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ
     from vkrt.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCHED_TOKENS
 
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",

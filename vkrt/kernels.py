@@ -39,7 +39,7 @@ COOP_MIN_TOKENS = 64
 COOP_TILE = (128, 128, 2, 4)
 COOP_TILE_LARGE = (256, 128, 4, 2)
 COOP_LARGE_ROWS, COOP_LARGE_TOKENS = 8192, 256
-F32, U32 = "float32", "uint32"
+F32, U32, F16 = "float32", "uint32", "float16"
 # Splits of the KV cache per head at decode (attention_split): about ATTENTION_TARGET_SPLITS,
 # at most ATTENTION_SPLITS (`attention_chunk`).
 ATTENTION_TARGET_SPLITS, ATTENTION_SPLITS = 32, 64
@@ -78,8 +78,9 @@ def attention_partials(n_heads: int, head_dim: int) -> int:
 # blocks (32 elements, 256 for the K-quants and IQ4_XS).
 WEIGHTS = weight_types.WEIGHTS
 
-# The paged KV cache's element dtype -> the suffix of the variants that write or read it
-# (kv_write, rope_kv_write, attention_paged; vkrt/glsl/kv.glsl).
+# A KV cache's element dtype -> the suffix of the variants that write or read it (paged:
+# kv_write, rope_kv_write, attention_paged; one sequence's: qkv_rope, rope, copy_rows,
+# attention, attention_decode, attention_split; vkrt/glsl/kv.glsl).
 KV_DTYPES = {"float32": "", "float16": "_kvf16"}
 
 # Decode products (matvec, matvec_add, matvec_glu, qkv_rope): their workgroup size and rows
@@ -96,6 +97,9 @@ WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
                   "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32)}
 WEIGHT_KERNELS.update({f"{k}_xq": WEIGHT_KERNELS[k] for k in XQ_KERNELS})
+# qkv_rope writing an f16 KV cache (bindings 7 and 8).
+WEIGHT_KERNELS.update({f"{k}_kvf16": (*WEIGHT_KERNELS[k][:7], F16, F16, *WEIGHT_KERNELS[k][9:])
+                       for k in ("qkv_rope", "qkv_rope_xq")})
 
 
 def _decode_attention_size(limits, head_dim: int, threads: int) -> tuple[int, int]:
@@ -140,6 +144,7 @@ class Kernels:
                              "embed_range": {0: ELEMENTWISE_BLOCK}, "matvec": {0: sg},
                              "matvec_add": {0: sg}, "matvec_glu": {0: sg}, "qkv_rope": {0: sg},
                              **{f"{k}_xq": {0: sg} for k in XQ_KERNELS},
+                             "qkv_rope_kvf16": {0: sg}, "qkv_rope_xq_kvf16": {0: sg},
                              "matmul": {0: sg, 1: MATMUL_TOKENS},
                              "matmul_tiled": {0: TILE_ROWS * TILE_TOKENS // 16,
                                               1: TILE_ROWS, 2: TILE_TOKENS}}
@@ -186,7 +191,7 @@ class Kernels:
         # attention's workgroup is one head: local_size_x = head_dim. Sliding-window layers
         # get their own pipelines (specialization constant WINDOW; `_windowed`).
         self._attention = self._attention_split = self._attention_combine = None
-        self._windows: dict[int, tuple] = {}
+        self._windows: dict[tuple[int, str], tuple] = {}
         self._head_dim = head_dim
         self.decode_threads = self.decode_positions = 0
         self.decode_dim_splits = 1
@@ -215,33 +220,34 @@ class Kernels:
         self._add_rows = Op(p("add_rows", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._copy_block = Op(p("copy_block", {0: ELEMENTWISE_BLOCK}), (F32, F32))
 
-    def _windowed(self, window: int) -> tuple:
+    def _windowed(self, window: int, kv: str = F32) -> tuple:
         """(attention, attention_split, attention_split_pos, attention_decode,
-        attention_decode_pos) ops attending to the last `window` positions (0: all), built on
-        first use for a window."""
-        if window == 0:
+        attention_decode_pos) ops attending to the last `window` positions (0: all) of a KV
+        cache of dtype `kv` (a key of KV_DTYPES), built on first use for a window and
+        dtype."""
+        if window == 0 and kv == F32:
             return (self._attention, self._attention_split, self._attention_split_pos,
                     getattr(self, "_attention_decode", None),
                     getattr(self, "_attention_decode_pos", None))
-        ops = self._windows.get(window)
+        ops = self._windows.get((window, kv))
         if ops is None:
-            p, hd = self._pipelines.get_pipeline, self._head_dim
+            p, hd, x = self._pipelines.get_pipeline, self._head_dim, KV_DTYPES[kv]
             decode = decode_pos = None
             if self.decode_positions:
                 spec = {0: self.decode_threads, 1: hd, 2: self.decode_positions,
                         3: self.decode_dim_splits, 4: window}
-                decode = Op(p("attention_decode", spec), (F32, F32, F32, F32))
-                decode_pos = Op(p("attention_decode_pos", spec), (F32, F32, F32, F32, U32))
-            ops = self._windows[window] = (
-                Op(p("attention", {0: hd, 1: window}), (F32, F32, F32, F32)),
-                Op(p("attention_split", {0: hd, 1: window}), (F32, F32, F32, F32)),
-                Op(p("attention_split_pos", {0: hd, 1: window}), (F32, F32, F32, F32, U32)),
+                decode = Op(p("attention_decode" + x, spec), (F32, kv, kv, F32))
+                decode_pos = Op(p("attention_decode_pos" + x, spec), (F32, kv, kv, F32, U32))
+            ops = self._windows[window, kv] = (
+                Op(p("attention" + x, {0: hd, 1: window}), (F32, kv, kv, F32)),
+                Op(p("attention_split" + x, {0: hd, 1: window}), (F32, kv, kv, F32)),
+                Op(p("attention_split_pos" + x, {0: hd, 1: window}), (F32, kv, kv, F32, U32)),
                 decode, decode_pos)
         return ops
 
     def _batch_op(self, module: str, spec: dict, dtypes: tuple) -> Op:
         """The op of `module` specialized by `spec`, built on first use (the batched runner's
-        kernels)."""
+        kernels, and the f16 KV cache's variants of rope and copy_rows)."""
         key = (module, *sorted(spec.items()))
         op = self._batch_ops.get(key)
         if op is None:
@@ -495,7 +501,9 @@ class Kernels:
         workgroup per head, after qkv_rope writes Q and K unrotated.
         Pairs of rows per workgroup: the table's `rows` (vkrt/tuning.py), lowered to a
         divisor of head_dim / 2. Sizes are checked for pos[0] = 0: with `use_pos` the
-        caller keeps p within the caches."""
+        caller keeps p within the caches. Caches of float32, or float16 (the `_kvf16`
+        variants, K and V rounded as stored); ShaderInterfaceError for K and V of different
+        dtypes, or an f16 cache with `qk_norm` (head_norm_rope reads and writes f32)."""
         qw, n_in = wq.shape
         kvw = wk.shape[0]
         if not (wk.dtype == wv.dtype == wq.dtype and wv.shape == wk.shape
@@ -504,6 +512,12 @@ class Kernels:
                 f"qkv_rope: q {wq.name!r} {wq.dtype} {list(wq.shape)}, k {wk.name!r} {wk.dtype} "
                 f"{list(wk.shape)}, v {wv.name!r} {wv.dtype} {list(wv.shape)} do not stack "
                 f"(one dtype, one n_embd, heads of {head_dim})")
+        module, kv = self._kv_variant(self.decode_module("qkv_rope", wq, (qw + 2 * kvw) // 2),
+                                      k_cache, v_cache)
+        if kv != F32 and qk_norm is not None:
+            raise ShaderInterfaceError(f"qkv_rope: per-head Q/K norms (head_norm_rope) read "
+                                       f"and write a float32 KV cache, not {kv} "
+                                       f"({k_cache.name!r}): run the unfused path")
         pairs = (qw + 2 * kvw) // 2
         threads, rows, stage = self.decode_launch("qkv_rope", wq, pairs)
         per_group = max(d for d in range(1, max(1, rows) + 1) if (head_dim // 2) % d == 0)
@@ -512,7 +526,7 @@ class Kernels:
         # Without biases (norms) those bindings are not read: norm_weight stands in for them.
         bq, bk, bv = biases if biases is not None else (norm_weight,) * 3
         bias_need = (qw, kvw, kvw) if biases is not None else (None,) * 3
-        out = [self.weight_op(self.decode_module("qkv_rope", wq, pairs), wq, threads, spec)(
+        out = [self.weight_op(module, wq, threads, spec)(
             wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos, bq, bk, bv,
             grid=(*spread(pairs // per_group, self.limit), 1), name=name,
             need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,
@@ -539,29 +553,40 @@ class Kernels:
         `pos` (a [1] u32 tensor, P at run time): positions pos0 + P + t instead (a replayed
         step), and rows dst_row + P + t when `dst_at_pos` (K into the cache); the sizes are
         then checked for P = 0 and the caller keeps P + pos0 + n_tokens within the rows of
-        cos_sin (and of dst)."""
+        cos_sin (and of dst). A float16 dst (an f16 KV cache) takes the `_kvf16`
+        variants: the f32 results rounded as they are stored (glsl/kv.glsl)."""
         width = n_heads * head_dim
         grid = (_groups(width // 2, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
         need = (n_tokens * width, (pos0 + n_tokens) * head_dim, (dst_row + n_tokens) * width)
+        rope, rope_pos = self._rope[neox], self._rope_pos[neox]
+        if dst.dtype == F16:           # K into an f16 KV cache
+            spec = {0: ELEMENTWISE_BLOCK, 1: int(neox)}
+            rope = self._batch_op("rope_kvf16", spec, (F32, F32, F16))
+            rope_pos = self._batch_op("rope_pos_kvf16", spec, (F32, F32, F16, U32))
         if pos is not None:
-            return self._rope_pos[neox](src, cos_sin, dst, pos, grid=grid, name=name,
-                                  need=(*need, 1), n_heads=n_heads, head_dim=head_dim,
-                                  pos0=pos0, dst_row=dst_row, dst_at_pos=int(dst_at_pos))
-        return self._rope[neox](src, cos_sin, dst, grid=grid, name=name, need=need,
-                          n_heads=n_heads, head_dim=head_dim, pos0=pos0, dst_row=dst_row)
+            return rope_pos(src, cos_sin, dst, pos, grid=grid, name=name, need=(*need, 1),
+                            n_heads=n_heads, head_dim=head_dim, pos0=pos0, dst_row=dst_row,
+                            dst_at_pos=int(dst_at_pos))
+        return rope(src, cos_sin, dst, grid=grid, name=name, need=need, n_heads=n_heads,
+                    head_dim=head_dim, pos0=pos0, dst_row=dst_row)
 
     def copy_rows(self, src: Tensor, dst: Tensor, n_tokens: int, dst_row: int,
                   name: str = "", pos: Tensor | None = None) -> Dispatch:
         """dst[dst_row + t] = src[t] for t < n_tokens; rows of dst's width. `pos` ([1] u32, P
-        at run time): rows dst_row + P + t instead (as `rope`)."""
+        at run time): rows dst_row + P + t instead (as `rope`). A float16 dst (an f16 KV
+        cache) takes the `_kvf16` variants: src rounded to f16 as it is stored."""
         width = dst.shape[-1]
         grid = (_groups(width, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
         need = (n_tokens * width, (dst_row + n_tokens) * width)
+        copy, copy_pos = self._copy_rows, self._copy_rows_pos
+        if dst.dtype == F16:           # V into an f16 KV cache
+            spec = {0: ELEMENTWISE_BLOCK}
+            copy = self._batch_op("copy_rows_kvf16", spec, (F32, F16))
+            copy_pos = self._batch_op("copy_rows_pos_kvf16", spec, (F32, F16, U32))
         if pos is not None:
-            return self._copy_rows_pos(src, dst, pos, grid=grid, name=name, need=(*need, 1),
-                                       width=width, dst_row=dst_row)
-        return self._copy_rows(src, dst, grid=grid, name=name, need=need, width=width,
-                               dst_row=dst_row)
+            return copy_pos(src, dst, pos, grid=grid, name=name, need=(*need, 1), width=width,
+                            dst_row=dst_row)
+        return copy(src, dst, grid=grid, name=name, need=need, width=width, dst_row=dst_row)
 
     def rope_kv_write(self, q: Tensor, k: Tensor, v: Tensor, cos_sin: Tensor, positions: Tensor,
                       slots: Tensor, q_out: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -655,9 +680,12 @@ class Kernels:
         one dispatch. `pos` ([1] u32, P at run time; one token):
         the query is at position pos0 + P (a replayed step), and the splits cover every row
         of the cache (those past the query do nothing). `window` > 0: a query at position p
-        attends to positions p - window + 1 ..= p only (a sliding-window layer); 0: all."""
+        attends to positions p - window + 1 ..= p only (a sliding-window layer); 0: all.
+        Caches of float32 or float16 (the `_kvf16` variants read each element exactly);
+        ShaderInterfaceError when K and V differ in dtype."""
         kvn = (pos0 + n_tokens) * n_kv_heads * head_dim
-        attention, split, split_pos, decode, decode_pos = self._windowed(window)
+        _, kv = self._kv_variant("attention", k_cache, v_cache)
+        attention, split, split_pos, decode, decode_pos = self._windowed(window, kv)
         if n_tokens == 1:
             if head_dim % 4:
                 raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "

@@ -107,6 +107,9 @@ KERNEL_SOURCES = {
     "matvec_add_xq": ("matvec.comp", {"ADD_OUT": 1, "XQ": 1}),
     "matvec_glu_xq": ("matvec_glu.comp", {"XQ": 1}),
     "qkv_rope_xq": ("qkv_rope.comp", {"XQ": 1}),
+    # qkv_rope writing an f16 KV cache (glsl/kv.glsl).
+    "qkv_rope_kvf16": ("qkv_rope.comp", {"KV_F16": 1}),
+    "qkv_rope_xq_kvf16": ("qkv_rope.comp", {"XQ": 1, "KV_F16": 1}),
 }
 VARIANTS_JSON = Path(__file__).resolve().parent / "glsl" / "variants.json"
 

@@ -5,7 +5,8 @@
 // and attends to cache positions 0 ..= pos0 + t; query head h reads KV head
 // h / (n_heads / n_kv_heads).
 // q: [n_tokens, n_heads, head_dim] f32 (after RoPE); k_cache, v_cache: [n_ctx, n_kv_heads,
-// head_dim] f32; out: [n_tokens, n_heads, head_dim] f32.
+// head_dim] f32, or f16 in the `_kvf16` variants (kv.glsl); out: [n_tokens, n_heads,
+// head_dim] f32.
 // local_size_x must equal head_dim, a multiple of 4: invocation d owns output dimension d
 // and, while scoring, cache position (block start + d). Dispatch: (n_heads, tokens spread
 // over y and z (grid.glsl)). Loops run to the workgroup size (a specialization constant) so
@@ -26,9 +27,10 @@
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
 #include "reduce.glsl"
+#include "kv.glsl"
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
-layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
-layout(set = 0, binding = 2) readonly buffer V { float v_cache[]; };
+layout(set = 0, binding = 1) readonly buffer K { KV_T4 k_cache[]; };
+layout(set = 0, binding = 2) readonly buffer V { KV_T v_cache[]; };
 layout(set = 0, binding = 3) writeonly buffer Out { float dst[]; };
 layout(push_constant) uniform Push {
     uint n_heads; uint n_kv_heads; uint head_dim; uint pos0; float scale;
@@ -64,7 +66,7 @@ void main() {
         if (p <= last && p >= first) {
             uint k0 = (p * row + kvh * B) / 4;
             s = 0.0;
-            for (uint j = 0; j < B / 4; ++j) s += dot(q_s[j], k_cache[k0 + j]);
+            for (uint j = 0; j < B / 4; ++j) s += dot(q_s[j], vec4(k_cache[k0 + j]));
         }
         float block_max = max(m, workgroup_max(s));
         float e = weight(s, block_max);        // 0 outside first ..= last
@@ -77,7 +79,7 @@ void main() {
         // cache holds, inside the window).
         uint v0 = kvh * B + d;
         for (uint j = 0; j < B; ++j)
-            acc += w_s[j] * v_cache[clamp(base + j, first, last) * row + v0];
+            acc += w_s[j] * float(v_cache[clamp(base + j, first, last) * row + v0]);
         m = block_max;
         barrier();
     }

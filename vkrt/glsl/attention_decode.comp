@@ -21,14 +21,15 @@
 // Variant attention_decode_pos (POS_BUFFER): binding 4 holds a u32 added to pos0 (replay).
 #extension GL_GOOGLE_include_directive : require
 #include "reduce.glsl"
+#include "kv.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 layout(constant_id = 1) const uint HEAD_DIM = 64;
 layout(constant_id = 2) const uint MAX_POSITIONS = 1024;
 layout(constant_id = 3) const uint DIM_SPLITS = 1;
 layout(constant_id = 4) const uint WINDOW = 0;
 layout(set = 0, binding = 0) readonly buffer Q { vec4 q[]; };
-layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
-layout(set = 0, binding = 2) readonly buffer V { vec4 v_cache[]; };
+layout(set = 0, binding = 1) readonly buffer K { KV_T4 k_cache[]; };
+layout(set = 0, binding = 2) readonly buffer V { KV_T4 v_cache[]; };
 layout(set = 0, binding = 3) writeonly buffer Out { vec4 dst[]; };
 layout(push_constant) uniform Push { uint n_heads; uint n_kv_heads; uint pos0; float scale; } pc;
 #ifdef POS_BUFFER
@@ -78,7 +79,7 @@ void main() {
             float s = 0.0;
             if (p < n && p >= lo) {
                 for (uint j = c * PER; j < c * PER + PER; ++j)
-                    s += dot(q_s[j], k_cache[p * row + head + j]);
+                    s += dot(q_s[j], vec4(k_cache[p * row + head + j]));
             }
             if (C >= 2) s += subgroupShuffleXor(s, 1);   // every invocation: uniform flow
             if (C >= 4) s += subgroupShuffleXor(s, 2);
@@ -108,7 +109,7 @@ void main() {
     for (uint base = lane; base < n; base += LANES * UNROLL) {
         for (uint u = 0; u < UNROLL; ++u) {
             uint p = base + u * LANES;
-            if (p < n && p >= lo) acc += w_s[p] * v_cache[p * row + head + g];
+            if (p < n && p >= lo) acc += w_s[p] * vec4(v_cache[p * row + head + g]);
         }
     }
     acc_s[t] = acc;

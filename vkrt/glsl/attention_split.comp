@@ -24,9 +24,10 @@
 // empty state (m = -inf, l = 0), which the merge weighs 0.
 #extension GL_GOOGLE_include_directive : require
 #include "reduce.glsl"
+#include "kv.glsl"
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
-layout(set = 0, binding = 1) readonly buffer K { vec4 k_cache[]; };
-layout(set = 0, binding = 2) readonly buffer V { float v_cache[]; };
+layout(set = 0, binding = 1) readonly buffer K { KV_T4 k_cache[]; };
+layout(set = 0, binding = 2) readonly buffer V { KV_T v_cache[]; };
 layout(set = 0, binding = 3) writeonly buffer Part { float part[]; };
 layout(push_constant) uniform Push {
     uint n_heads; uint n_kv_heads; uint head_dim; uint pos0; uint chunk; float scale;
@@ -67,7 +68,7 @@ void main() {
         if (p <= last) {
             uint k0 = (p * row + kvh * B) / 4;
             s = 0.0;
-            for (uint j = 0; j < B / 4; ++j) s += dot(q_s[j], k_cache[k0 + j]);
+            for (uint j = 0; j < B / 4; ++j) s += dot(q_s[j], vec4(k_cache[k0 + j]));
         }
         float block_max = max(m, workgroup_max(s));
         float e = weight(s, block_max);        // 0 past `last`
@@ -78,7 +79,7 @@ void main() {
         barrier();
         // Rows past `last` weigh 0; their index is clamped to `last` (a row the cache holds).
         uint v0 = kvh * B + d;
-        for (uint j = 0; j < B; ++j) acc += w_s[j] * v_cache[min(base + j, last) * row + v0];
+        for (uint j = 0; j < B; ++j) acc += w_s[j] * float(v_cache[min(base + j, last) * row + v0]);
         m = block_max;
         barrier();
     }

@@ -6,9 +6,10 @@
 // Variant copy_rows_pos (POS_BUFFER): binding 2 holds a u32 added to dst_row (replay).
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
+#include "kv.glsl"
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Src { float src[]; };
-layout(set = 0, binding = 1) writeonly buffer Dst { float dst[]; };
+layout(set = 0, binding = 1) writeonly buffer Dst { KV_T dst[]; };
 layout(push_constant) uniform Push { uint width; uint dst_row; } pc;
 #ifdef POS_BUFFER
 layout(set = 0, binding = 2) readonly buffer Pos { uint pos_buf[]; };
@@ -21,5 +22,5 @@ void main() {
 #else
     uint row = pc.dst_row + t;
 #endif
-    if (i < pc.width) dst[row * pc.width + i] = src[t * pc.width + i];
+    if (i < pc.width) dst[row * pc.width + i] = KV_T(src[t * pc.width + i]);
 }

@@ -33,6 +33,7 @@
 #endif
 #include "grid.glsl"
 #include "reduce.glsl"
+#include "kv.glsl"
 #include "weights.glsl"
 #define WEIGHT_BINDING 3
 #define W_(name) name##_k
@@ -47,13 +48,13 @@
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 5) readonly buffer NormW { vec4 norm_w[]; };
 layout(set = 0, binding = 6) readonly buffer CosSin { vec2 cos_sin[]; };
-layout(set = 0, binding = 8) writeonly buffer VCache { vec2 v_cache[]; };
+layout(set = 0, binding = 8) writeonly buffer VCache { KV_T2 v_cache[]; };
 layout(set = 0, binding = 9) readonly buffer Pos { uint pos_buf[]; };
 layout(set = 0, binding = 10) readonly buffer BiasQ { float bias_q[]; };
 layout(set = 0, binding = 11) readonly buffer BiasK { float bias_k[]; };
 layout(set = 0, binding = 12) readonly buffer BiasV { float bias_v[]; };
 layout(set = 0, binding = 2) writeonly buffer QOut { float q_out_f[]; };
-layout(set = 0, binding = 7) writeonly buffer KCache { float k_cache_f[]; };
+layout(set = 0, binding = 7) writeonly buffer KCache { KV_T k_cache_f[]; };
 layout(constant_id = 1) const uint NEOX = 0;
 layout(constant_id = 2) const uint BIAS = 0;
 layout(constant_id = 3) const uint QK_NORM = 0;
@@ -153,10 +154,10 @@ void main() {
             q_out_f[r] = acc.x;
             q_out_f[r + d] = acc.y;
         } else if (m == 1) {
-            k_cache_f[p * kv_width + r] = acc.x;
-            k_cache_f[p * kv_width + r + d] = acc.y;
+            k_cache_f[p * kv_width + r] = KV_T(acc.x);
+            k_cache_f[p * kv_width + r + d] = KV_T(acc.y);
         } else {
-            v_cache[p * kv_pairs + i] = acc;
+            v_cache[p * kv_pairs + i] = KV_T2(acc);
         }
     }
 }

@@ -22,13 +22,14 @@
 // by the angles of position positions[t] and written at row dst_row + t (pos0 unused).
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
+#include "kv.glsl"
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Src { vec2 src[]; };
 layout(set = 0, binding = 1) readonly buffer CosSin { vec2 cos_sin[]; };
-layout(set = 0, binding = 2) writeonly buffer Dst { vec2 dst[]; };
+layout(set = 0, binding = 2) writeonly buffer Dst { KV_T2 dst[]; };
 // Scalar views of src and dst for the halves (NEOX) layout.
 layout(set = 0, binding = 0) readonly buffer SrcF { float src_f[]; };
-layout(set = 0, binding = 2) writeonly buffer DstF { float dst_f[]; };
+layout(set = 0, binding = 2) writeonly buffer DstF { KV_T dst_f[]; };
 layout(constant_id = 1) const uint NEOX = 0;
 #if defined(POSITIONS)
 layout(push_constant) uniform Push { uint n_heads; uint head_dim; uint pos0; uint dst_row; } pc;
@@ -61,11 +62,11 @@ void main() {
         uint e = (p / half_dim) * pc.head_dim + p % half_dim;
         uint a = t * 2 * pairs + e, o = (pc.dst_row + row_shift + t) * 2 * pairs + e;
         float x0 = src_f[a], x1 = src_f[a + half_dim];
-        dst_f[o] = x0 * r.x - x1 * r.y;
-        dst_f[o + half_dim] = x0 * r.y + x1 * r.x;
+        dst_f[o] = KV_T(x0 * r.x - x1 * r.y);
+        dst_f[o + half_dim] = KV_T(x0 * r.y + x1 * r.x);
         return;
     }
     vec2 v = src[t * pairs + p];
     dst[(pc.dst_row + row_shift + t) * pairs + p] =
-        vec2(v.x * r.x - v.y * r.y, v.x * r.y + v.y * r.x);
+        KV_T2(vec2(v.x * r.x - v.y * r.y, v.x * r.y + v.y * r.x));
 }

@@ -19,6 +19,10 @@ class Decoder:
     whose activations hold `pos` sets `replayable` and gets decode replay."""
 
     replayable = False
+    # The KV cache's element dtype: float32, or float16 (K and V rounded to f16 as they are
+    # stored, half the bytes; the `_kvf16` kernels, vkrt/glsl/kv.glsl). `setup_caches` reads
+    # it; `vkrt.load(kv_cache_dtype=...)` sets it.
+    kv_dtype = "float32"
     _replays: dict | None = None   # (stream serial, ring phase) -> Recording
 
     def forward(self, ids, n_tokens: int, pos0: int, all_logits: bool = False,

@@ -191,7 +191,8 @@ class Llama(LlamaBatch, Decoder):
 
     Build with `Llama.from_gguf(device, gguf)`. `setup_caches(max_seq)` allocates the KV cache:
     one buffer holding, per layer, `k_cache[i]` and `v_cache[i]`, views of
-    `[max_seq, n_head_kv * head_dim]` f32. Decode steps can be replayed (`Decoder`).
+    `[max_seq, n_head_kv * head_dim]` of `kv_dtype` (f32 unless `vkrt.load` says f16). Decode
+    steps can be replayed (`Decoder`).
     Several sequences at once over a paged KV cache: `setup_paged_cache`, `execute_batch`
     (`LlamaBatch`, vkrt/models/llama_batch.py, over vkrt/models/batch.py's `PagedBatch`).
     """
@@ -329,8 +330,8 @@ class Llama(LlamaBatch, Decoder):
 
     # -- buffers ---------------------------------------------------------------------------
     def setup_caches(self, max_seq: int) -> None:
-        """Allocate the KV cache and the RoPE table for sequences of up to `max_seq` tokens
-        (prompt + generated)."""
+        """Allocate the KV cache (of `kv_dtype`) and the RoPE table for sequences of up to
+        `max_seq` tokens (prompt + generated)."""
         hp = self.hp
         self._close_caches()
         table = rope_table(hp.head_dim, hp.rope_theta, max_seq, hp.rope_scale, self.rope_freqs)
@@ -343,7 +344,7 @@ class Llama(LlamaBatch, Decoder):
                                                           max_seq), name="rope_swa")
         self.kv, self.k_cache, self.v_cache = kv_cache(
             self.device, hp.n_layer, max_seq, hp.n_head_kv * hp.head_dim,
-            lambda i, what: f"blk.{i}.{what}")
+            lambda i, what: f"blk.{i}.{what}", self.kv_dtype)
         self.max_seq = max_seq
 
     def _close_caches(self) -> None:
@@ -475,6 +476,9 @@ class Llama(LlamaBatch, Decoder):
         dispatches, each depending on the one before."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         qkv_f, out_f, glu_f, down_f = self._fused[i] if fuse else (False,) * 4
+        # head_norm_rope (the fused path's per-head norms) reads and writes K in f32: an f16
+        # cache takes the unfused Q/K/V, whose K is normed and rotated before it is stored.
+        qkv_f = qkv_f and not (hp.qk_norm and self.kv_dtype != "float32")
         out = self._qkv_fused(i, a, pos0, pos) if qkv_f else self._qkv(i, a, T, pos0, pos)
         out += k.attention(a.q_rope, self.k_cache[i], self.v_cache[i], a.attn, T, hp.n_head,
                            hp.n_head_kv, hp.head_dim, pos0, self.attn_scale, a.attn_part,

@@ -12,9 +12,10 @@ import os
 from typing import Callable, Iterator
 
 from vkrt import config
-from vkrt.errors import VkrtError
+from vkrt.errors import ConfigError, VkrtError
 from vkrt.models.generate import BATCH_SIZE, GenerationResult, Sampling, stream_tokens
 from vkrt.models.registry import Checkpoint, open_checkpoint
+from vkrt.models.scratch import KV_CACHE_DTYPES
 
 
 def default_model_path() -> str:
@@ -65,15 +66,21 @@ class Model:
     `tokenizer`, `device` (a `vkrt.runtime.device.Device`), `lm` (the family's model:
     `step`, `forward`, `logits`, its stream and counters).
     Use as a context manager or call `close()`: it frees the weights and caches, and the
-    device when `load` opened it.
+    device when `load` opened it. `kv_cache_dtype` ("f32" or "f16", `KV_CACHE_DTYPES`): the
+    element type of the KV cache `generate` fills; f16 halves its bytes (a 7B model's 8,192
+    positions: 2.1 GB in f32, 1.07 GB in f16) and rounds K and V to f16 as they are stored.
+    Raises ConfigError for another value and VkrtError for f16 on a device without
+    storageBuffer16BitAccess, before any weight is read.
     """
 
     def __init__(self, checkpoint: Checkpoint, device, owns_device: bool,
-                 progress: bool = False):
+                 progress: bool = False, kv_cache_dtype: str = "f32"):
+        kv_dtype = check_kv_cache_dtype(kv_cache_dtype, device)
         self.checkpoint, self.device, self._owns_device = checkpoint, device, owns_device
         self.path, self.family = checkpoint.path, checkpoint.family
         self.hparams, self.tokenizer = checkpoint.hparams, checkpoint.tokenizer
         self.lm = checkpoint.build(device, progress)
+        self.lm.kv_dtype = kv_dtype
 
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
         """Token ids of a prompt as `generate` takes it (`Checkpoint.encode`)."""
@@ -117,13 +124,29 @@ class Model:
         self.close()
 
 
-def load(path: str | os.PathLike | None = None, device=None, progress: bool = False) -> Model:
+def check_kv_cache_dtype(kv_cache_dtype: str, device) -> str:
+    """The KV cache element dtype (`KV_CACHE_DTYPES`: "f32" -> float32, "f16" -> float16)
+    that `device` can store. Raises ConfigError for a name outside KV_CACHE_DTYPES, VkrtError
+    for f16 on a device without storageBuffer16BitAccess (the f16 stores of vkrt/glsl/kv.glsl)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                          f"{kv_cache_dtype!r}")
+    dtype = KV_CACHE_DTYPES[kv_cache_dtype]
+    if dtype == "float16" and not device.features.get("storageBuffer16BitAccess"):
+        raise VkrtError(f"an f16 KV cache needs the device feature storageBuffer16BitAccess, "
+                        f"which {device.name} lacks")
+    return dtype
+
+
+def load(path: str | os.PathLike | None = None, device=None, progress: bool = False,
+         kv_cache_dtype: str = "f32") -> Model:
     """Load a model for generation: a `.gguf` file or a Hugging Face checkpoint folder, the
     family chosen by `vkrt.models.registry` (`general.architecture` / `model_type`).
 
     path: None means the default model (`default_model_path`). device: None opens the default
     Vulkan device ($VKRT_DEVICE, else the preferred kind) and closes it with the model; an
     int opens that index; a `Device` is used and left open. progress: show a loading bar.
+    kv_cache_dtype: "f32" or "f16", the KV cache's element type (`Model`).
     Raises: ModelFormatError for a file or folder vkrt cannot read (one line naming the file
     and the tensor or key); NoVulkanDriverError; DeviceMemoryError when the weights do not fit.
     Nothing stays allocated when it raises.
@@ -134,7 +157,7 @@ def load(path: str | os.PathLike | None = None, device=None, progress: bool = Fa
     owns = not isinstance(device, Device)
     dev = Device(device) if owns else device
     try:
-        return Model(checkpoint, dev, owns, progress)
+        return Model(checkpoint, dev, owns, progress, kv_cache_dtype)
     except BaseException:
         if owns:
             dev.close()

@@ -273,14 +273,14 @@ class OPT(OPTBatch, Decoder):
     # -- buffers ---------------------------------------------------------------------------
     def setup_caches(self, max_seq: int) -> None:
         """Allocate the KV cache for sequences of up to `max_seq` tokens: per layer,
-        `k_cache[i]`, `v_cache[i]` of `[max_seq, n_embd]` f32."""
+        `k_cache[i]`, `v_cache[i]` of `[max_seq, n_embd]` `kv_dtype` (f32 or f16)."""
         if max_seq > self.hp.n_ctx:
             raise ValueError(f"{max_seq} positions exceed max_position_embeddings "
                              f"{self.hp.n_ctx}")
         self._close_caches()
         self.kv, self.k_cache, self.v_cache = kv_cache(
             self.device, self.hp.n_layer, max_seq, self.hp.n_embd,
-            lambda i, what: f"decoder.layers.{i}.self_attn.{what}")
+            lambda i, what: f"decoder.layers.{i}.self_attn.{what}", self.kv_dtype)
         self.max_seq = max_seq
 
     def _close_caches(self) -> None:

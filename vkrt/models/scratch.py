@@ -14,6 +14,11 @@ import numpy as np
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.tensor import Tensor
 
+# --kv-cache-dtype -> a KV cache's element dtype (`kv_cache`'s dtype: one sequence's cache,
+# `vkrt.load(kv_cache_dtype=)`, and the paged cache, `setup_paged_cache`'s kv_dtype): f32, or
+# f16 (K and V rounded to f16 as they are stored, half the bytes; vkrt/glsl/kv.glsl).
+KV_CACHE_DTYPES = {"f32": "float32", "f16": "float16"}
+
 
 def aligned(nbytes: int, align: int) -> int:
     """`nbytes` rounded up to a multiple of `align`."""

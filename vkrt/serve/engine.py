@@ -39,8 +39,9 @@ from typing import Any, Callable, Iterator
 from vkrt.errors import DeviceMemoryError, VkrtError
 from vkrt.models.batch import KV_MEMORY_FRACTION
 from vkrt.models.generate import check_context
-from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KV_CACHE_DTYPES,
-                                 KVCacheManager, blocks_for)
+from vkrt.models.scratch import KV_CACHE_DTYPES
+from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KVCacheManager,
+                                 blocks_for)
 from vkrt.serve.request import (ABORT, ERROR, STOP, Request, RequestOutput, SamplingParams,
                                 Sequence)
 from vkrt.serve.runner import BatchRunner, SingleSequenceRunner, batched_model

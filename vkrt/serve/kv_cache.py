@@ -20,9 +20,6 @@ from vkrt.errors import VkrtError
 
 DEFAULT_BLOCK_SIZE = 16            # token slots per KV block
 DEFAULT_KV_TOKENS_PER_SEQ = 2048   # the default cache: this many positions per sequence
-# --kv-cache-dtype -> the paged KV cache's element dtype (the model's `setup_paged_cache`
-# kv_dtype): f32, or f16 (K and V rounded to f16 as they are stored, half the bytes).
-KV_CACHE_DTYPES = {"f32": "float32", "f16": "float16"}
 
 
 def blocks_for(n_tokens: int, block_size: int) -> int:
