@@ -5,6 +5,7 @@ its batch-1 run.
 
     python bench/batched.py [--model M] [--seqs 1,8,32,64] [--prompt-tokens 128]
         [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
+        [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K,...]
 
 For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py), N greedy requests
 submitted at once, each of its own `--prompt-tokens` random ids (PCG64 seeded with the
@@ -23,7 +24,9 @@ beside each row, and the ratio. With `--kernels`, each row also has `gpu_us_per_
 and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at position
 `--prompt-tokens`, in its own blocks of the engine's paged cache) timed with timestamp queries
 (recorded, not replayed: timestamps are recorded per dispatch), GPU µs per kernel name
-(`blk.3.ffn_down` -> `ffn_down`). Prints one JSON object.
+(`blk.3.ffn_down` -> `ffn_down`). `--decode-coop-tiles` runs the generated tokens' products on
+`matmul_coop` with the given tiles (split K included) instead of the GPU table's kernel: the
+A/B of bench/README.md, 2026-12-04 second session. Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -159,7 +162,32 @@ def llama_batched_bench(path: str, model: str, seqs: list[int], p: int, n: int) 
     return {r["pl"]: r for r in rows}
 
 
+def coop_decode_tiles(spec: str) -> tuple:
+    """`--decode-coop-tiles`: "MAX:BMxBN:SG_MxSG_NxSG_K,..." -> `vkrt.tuning.BatchCoopTile`s,
+    each for products of at most MAX tokens (MAX empty: any; the last must be), tokens x
+    rows over subgroups, SG_K groups splitting the columns (matmul_coop.comp). Raises
+    SystemExit naming a malformed entry."""
+    from vkrt.tuning import BatchCoopTile
+
+    tiles = []
+    for entry in spec.split(","):
+        try:
+            most, tile, groups = entry.split(":")
+            bm, bn = (int(v) for v in tile.split("x"))
+            sg_m, sg_n, sg_k = (int(v) for v in groups.split("x"))
+        except ValueError:
+            raise SystemExit(f"--decode-coop-tiles: {entry!r} is not MAX:BMxBN:SG_MxSG_NxSG_K")
+        tiles.append(BatchCoopTile(int(most) if most else None, bm, bn, sg_m, sg_n,
+                                   "bench/batched.py --decode-coop-tiles", sg_k))
+    if tiles[-1].max_tokens is not None:
+        raise SystemExit("--decode-coop-tiles: the last tile must cover any count (MAX empty)")
+    return tuple(tiles)
+
+
 def main() -> None:
+    import dataclasses
+
+    from vkrt import tuning
     from vkrt.models.scratch import KV_CACHE_DTYPES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -176,12 +204,22 @@ def main() -> None:
                     help="GPU µs per decode step by kernel (timestamps) for each N")
     ap.add_argument("--check", type=int, default=4,
                     help="sequences compared with their runs alone (default 4)")
+    ap.add_argument("--decode-coop-tiles", default=None, metavar="MAX:BMxBN:SG_MxSG_NxSG_K,...",
+                    help="run the generated tokens' products on matmul_coop with these tiles "
+                         "instead of the GPU table's kernel (e.g. 16:16x32:1x2x4,"
+                         "32:32x32:2x2x4,:32x64:2x2x4)")
     args = ap.parse_args()
     import vkrt
 
+    if args.decode_coop_tiles:
+        tuning.TABLES["gpu"] = dataclasses.replace(
+            tuning.TABLES["gpu"], batch_coop_tiles=coop_decode_tiles(args.decode_coop_tiles),
+            batch_products={**tuning.TABLES["gpu"].batch_products, "decode": "matmul_coop"})
+
     seqs = [int(s) for s in args.seqs.split(",")]
     report = {"model": args.model, "prompt_tokens": args.prompt_tokens,
-              "tokens": args.tokens, "kv_cache_dtype": args.kv_cache_dtype, "runs": []}
+              "tokens": args.tokens, "kv_cache_dtype": args.kv_cache_dtype,
+              "decode_coop_tiles": args.decode_coop_tiles, "runs": []}
     with vkrt.load(args.model, device=args.device) as model:
         report["device"] = model.device.name
         alone = [run(model, 1, args.prompt_tokens, args.tokens, args.max_batched_tokens, i,

@@ -155,3 +155,17 @@ def test_side_by_side_takes_llama_cpp_decode_at_the_asked_depth(tmp_path, depth)
     assert (got["prefill_tok_s"], got["decode_tok_s"]) == (1000.0, 4000.0 if depth else 2000.0)
     args = (tmp_path / "llama-bench.args").read_text()
     assert ("-d 0,300" in args) == bool(depth), args
+
+
+def test_batched_decode_coop_tiles_parse():
+    """bench/batched.py --decode-coop-tiles: MAX:BMxBN:SG_MxSG_NxSG_K entries become the
+    table's batched matmul_coop tiles, the last one for any count; a malformed entry or a
+    last one with a MAX exits naming it."""
+    parse = _bench_script("batched").coop_decode_tiles
+    tiles = parse("16:16x32:1x2x4,32:32x32:2x2x4,:32x64:2x2x4")
+    assert [(t.max_tokens, t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k) for t in tiles] == [
+        (16, 16, 32, 1, 2, 4), (32, 32, 32, 2, 2, 4), (None, 32, 64, 2, 2, 4)]
+    with pytest.raises(SystemExit, match="'16:16x32:1x2' is not MAX:BMxBN:SG_MxSG_NxSG_K"):
+        parse("16:16x32:1x2,:32x64:2x2x4")
+    with pytest.raises(SystemExit, match="the last tile must cover any count"):
+        parse("16:16x32:1x2x4")
