@@ -83,14 +83,18 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=600)
 
 
-def test_cli_json(opt_folder):
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_cli_json(opt_folder, kv):
+    """--json: the device, driver, commit and memory beside the arms; the KV cache's element
+    dtype as the runs held it (--kv-cache-dtype)."""
     p = run_cli("bench", "--model", opt_folder, "--prompt-tokens", "5", "--tokens", "3",
-                "--repeat", "1", "--json")
+                "--repeat", "1", "--json", "--kv-cache-dtype", kv)
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     for key in ("device", "driver", "driver_version", "commit", "vulkan_api", "weight_bytes",
                 "peak_rss_bytes", "arms"):
         assert key in r, key
+    assert r["kv_cache_dtype"] == {"f32": "float32", "f16": "float16"}[kv]
     (arm,) = r["arms"].values()
     assert arm["per_decoded_token"]["dispatches"] > 0
 

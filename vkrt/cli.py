@@ -180,7 +180,8 @@ def _bench(args) -> int:
         report = bench.run(model, args.prompt_tokens, args.tokens, args.repeat,
                            args.batch_size, args.barriers,
                            args.inflight or [config.INFLIGHT.value])
-        report["kv_cache_dtype"] = args.kv_cache_dtype
+        # what the runs' KV cache held (f32 or f16), read back from the model
+        report["kv_cache_dtype"] = model.lm.k_cache[0].dtype
         if args.json:
             report.update(bench.environment(device))
             _write(bench.dumps(report) + "\n")
