@@ -558,17 +558,18 @@ class Kernels:
         width = n_heads * head_dim
         grid = (_groups(width // 2, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
         need = (n_tokens * width, (pos0 + n_tokens) * head_dim, (dst_row + n_tokens) * width)
-        rope, rope_pos = self._rope[neox], self._rope_pos[neox]
         if dst.dtype == F16:           # K into an f16 KV cache
-            spec = {0: ELEMENTWISE_BLOCK, 1: int(neox)}
-            rope = self._batch_op("rope_kvf16", spec, (F32, F32, F16))
-            rope_pos = self._batch_op("rope_pos_kvf16", spec, (F32, F32, F16, U32))
+            module = "rope_pos_kvf16" if pos is not None else "rope_kvf16"
+            op = self._batch_op(module, {0: ELEMENTWISE_BLOCK, 1: int(neox)},
+                                (F32, F32, F16) + ((U32,) if pos is not None else ()))
+        else:
+            op = (self._rope_pos if pos is not None else self._rope)[neox]
         if pos is not None:
-            return rope_pos(src, cos_sin, dst, pos, grid=grid, name=name, need=(*need, 1),
-                            n_heads=n_heads, head_dim=head_dim, pos0=pos0, dst_row=dst_row,
-                            dst_at_pos=int(dst_at_pos))
-        return rope(src, cos_sin, dst, grid=grid, name=name, need=need, n_heads=n_heads,
-                    head_dim=head_dim, pos0=pos0, dst_row=dst_row)
+            return op(src, cos_sin, dst, pos, grid=grid, name=name, need=(*need, 1),
+                      n_heads=n_heads, head_dim=head_dim, pos0=pos0, dst_row=dst_row,
+                      dst_at_pos=int(dst_at_pos))
+        return op(src, cos_sin, dst, grid=grid, name=name, need=need, n_heads=n_heads,
+                  head_dim=head_dim, pos0=pos0, dst_row=dst_row)
 
     def copy_rows(self, src: Tensor, dst: Tensor, n_tokens: int, dst_row: int,
                   name: str = "", pos: Tensor | None = None) -> Dispatch:
@@ -578,15 +579,16 @@ class Kernels:
         width = dst.shape[-1]
         grid = (_groups(width, ELEMENTWISE_BLOCK), *spread(n_tokens, self.limit[1:]))
         need = (n_tokens * width, (dst_row + n_tokens) * width)
-        copy, copy_pos = self._copy_rows, self._copy_rows_pos
         if dst.dtype == F16:           # V into an f16 KV cache
-            spec = {0: ELEMENTWISE_BLOCK}
-            copy = self._batch_op("copy_rows_kvf16", spec, (F32, F16))
-            copy_pos = self._batch_op("copy_rows_pos_kvf16", spec, (F32, F16, U32))
+            module = "copy_rows_pos_kvf16" if pos is not None else "copy_rows_kvf16"
+            op = self._batch_op(module, {0: ELEMENTWISE_BLOCK},
+                                (F32, F16) + ((U32,) if pos is not None else ()))
+        else:
+            op = self._copy_rows_pos if pos is not None else self._copy_rows
         if pos is not None:
-            return copy_pos(src, dst, pos, grid=grid, name=name, need=(*need, 1), width=width,
-                            dst_row=dst_row)
-        return copy(src, dst, grid=grid, name=name, need=need, width=width, dst_row=dst_row)
+            return op(src, dst, pos, grid=grid, name=name, need=(*need, 1), width=width,
+                      dst_row=dst_row)
+        return op(src, dst, grid=grid, name=name, need=need, width=width, dst_row=dst_row)
 
     def rope_kv_write(self, q: Tensor, k: Tensor, v: Tensor, cos_sin: Tensor, positions: Tensor,
                       slots: Tensor, q_out: Tensor, k_cache: Tensor, v_cache: Tensor,
