@@ -579,17 +579,21 @@ def run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode="one-pass", window
     return got[:-3].reshape(q.shape)
 
 
-def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale, window=0):
+def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale, window=0, lanes=None):
     """One query q [H, D] at position pos0: the split kernel over chunks of
-    `attention_chunk(pos0 + 1)` positions (the model's choice), then the combine; [H, D]."""
-    from vkrt.kernels import attention_chunk
+    `attention_chunk(pos0 + 1)` positions (the model's choice), `lanes` invocations scoring
+    each position (the model's choice, `split_score_lanes`, when None), then the combine;
+    [H, D]."""
+    from vkrt.kernels import attention_chunk, split_score_lanes
 
     n_heads, head_dim = q.shape
     chunk = attention_chunk(pos0 + 1, head_dim)
     splits = -(-(pos0 + 1) // chunk)
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     part, bo = gpu.filled(n_heads * splits * (head_dim + 2) + 3), gpu.filled(q.size + 3)
-    gpu.run("attention_split" + kv_suffix(k_cache), {0: head_dim, 1: window},
+    if lanes is None:
+        lanes = split_score_lanes(head_dim, gpu.device.subgroup_size)
+    gpu.run("attention_split" + kv_suffix(k_cache), {0: head_dim, 1: window, 2: lanes},
             (bq, bk, bv, part),
             (n_heads, splits, 1),
             push(n_heads, k_cache.shape[1], head_dim, pos0, chunk, float(scale)))
@@ -701,7 +705,10 @@ def test_attention_decode_chosen_within_its_positions(gpu):
     (16, 1500, 1.0, 1e-6),     # 32 splits of 48 positions (3 blocks each), the last short
     (16, 40, 30.0, 1e-5),      # large scores: each split's own max, then the merge's
 ], ids=["one-position", "partial-split", "hd32", "32-splits-of-3-blocks", "large-scores"])
-def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol):
+@pytest.mark.parametrize("lanes", [1, 2, 4, 8], ids=lambda n: f"{n}-lanes")
+def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol, lanes):
+    """Each position scored by `lanes` invocations (shuffle-added partial dots), 8 where
+    head_dim / 4 allows it and the subgroup holds them, else the model's choice."""
     from vkrt.kernels import attention_chunk
 
     r, n_heads, n_kv_heads = rng(23), 6, 2
@@ -712,10 +719,22 @@ def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol):
     k_cache[pos0 + 1:] = np.nan         # never read past the query's position
     v_cache[pos0 + 1:] = np.nan
     scale = float(np.float32(1.0 / np.sqrt(head_dim)))
-    got = run_attention_decode(gpu, q[0], k_cache, v_cache, pos0, scale)
+    if (head_dim // 4) % lanes or lanes > gpu.sg:
+        lanes = None
+    got = run_attention_decode(gpu, q[0], k_cache, v_cache, pos0, scale, lanes=lanes)
     want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
     assert -(-(pos0 + 1) // attention_chunk(pos0 + 1, head_dim)) <= 64
+
+
+def test_split_score_lanes():
+    """kernels.split_score_lanes: a power of two, at most 8 and the subgroup size, dividing
+    head_dim / 4."""
+    from vkrt.kernels import split_score_lanes
+
+    assert [split_score_lanes(hd, 32) for hd in (4, 12, 16, 24, 32, 64, 128, 256)] == \
+        [1, 1, 4, 2, 8, 8, 8, 8]
+    assert split_score_lanes(128, 4) == 4 and split_score_lanes(128, 1) == 1
 
 
 # One sequence's f16 KV cache (vkrt.load(kv_cache_dtype="f16")): the `_kvf16` variants

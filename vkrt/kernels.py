@@ -43,6 +43,8 @@ F32, U32, F16 = "float32", "uint32", "float16"
 # Splits of the KV cache per head at decode (attention_split): about ATTENTION_TARGET_SPLITS,
 # at most ATTENTION_SPLITS (`attention_chunk`).
 ATTENTION_TARGET_SPLITS, ATTENTION_SPLITS = 32, 64
+# Invocations per scored position in attention_split (at most; `split_score_lanes`).
+SPLIT_SCORE_LANES = 8
 # Decode attention in one dispatch (attention_decode: a workgroup per head, its scores in
 # shared memory) while the cache holds at most DECODE_POSITIONS positions (fewer where the
 # device's shared memory is smaller); split attention past that. One workgroup per head
@@ -67,6 +69,19 @@ def attention_chunk(n_positions: int, head_dim: int) -> int:
     up = -(-per_split // head_dim) * head_dim
     down = max(1, per_split // head_dim) * head_dim
     return min((up, down), key=lambda c: abs(-(-n_positions // c) - ATTENTION_TARGET_SPLITS))
+
+
+def split_score_lanes(head_dim: int, subgroup_size: int) -> int:
+    """Invocations that score one cache position together in attention_split.comp
+    (specialization constant LANES): the largest power of two up to SPLIT_SCORE_LANES that
+    divides head_dim / 4 (whole vec4 columns per lane) and fits in a subgroup (the lanes add
+    their partial dots by subgroup shuffles). 8 lanes read a 128-dim K row of f32 as 8 x 16
+    contiguous bytes per load, a row of f16 as 8 x 8."""
+    lanes = 1
+    while (lanes * 2 <= min(SPLIT_SCORE_LANES, subgroup_size)
+           and (head_dim // 4) % (lanes * 2) == 0):
+        lanes *= 2
+    return lanes
 
 
 def attention_partials(n_heads: int, head_dim: int) -> int:
@@ -194,11 +209,13 @@ class Kernels:
         self._windows: dict[tuple[int, str], tuple] = {}
         self._head_dim = head_dim
         self.decode_threads = self.decode_positions = 0
-        self.decode_dim_splits = 1
+        self.decode_dim_splits = self.split_lanes = 1
         if head_dim:
             self._attention = Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
-            self._attention_split = Op(p("attention_split", {0: head_dim}), (F32, F32, F32, F32))
-            self._attention_split_pos = Op(p("attention_split_pos", {0: head_dim}),
+            self.split_lanes = split_score_lanes(head_dim, sg)
+            split_spec = {0: head_dim, 2: self.split_lanes}
+            self._attention_split = Op(p("attention_split", split_spec), (F32, F32, F32, F32))
+            self._attention_split_pos = Op(p("attention_split_pos", split_spec),
                                            (F32, F32, F32, F32, U32))
             self._attention_combine = Op(p("attention_combine", {0: head_dim}), (F32, F32))
             self.decode_threads, self.decode_positions = _decode_attention_size(
@@ -240,8 +257,10 @@ class Kernels:
                 decode_pos = Op(p("attention_decode_pos" + x, spec), (F32, kv, kv, F32, U32))
             ops = self._windows[window, kv] = (
                 Op(p("attention" + x, {0: hd, 1: window}), (F32, kv, kv, F32)),
-                Op(p("attention_split" + x, {0: hd, 1: window}), (F32, kv, kv, F32)),
-                Op(p("attention_split_pos" + x, {0: hd, 1: window}), (F32, kv, kv, F32, U32)),
+                Op(p("attention_split" + x, {0: hd, 1: window, 2: self.split_lanes}),
+                   (F32, kv, kv, F32)),
+                Op(p("attention_split_pos" + x, {0: hd, 1: window, 2: self.split_lanes}),
+                   (F32, kv, kv, F32, U32)),
                 decode, decode_pos)
         return ops
 

@@ -13,9 +13,16 @@
 // n_splits = ceil((pos0 + 1) / chunk), so every split holds at least one position.
 // Latency, not bandwidth, bounds this kernel at decode: every loop runs to the workgroup size
 // (a specialization constant), so the compiler unrolls it and the loads of a block are in
-// flight together (a loop to a push-constant bound issued one dependent load per trip); an
-// invocation scores its position with vec4 loads; each weight is computed once, by the
-// invocation of its position, and shared.
+// flight together (a loop to a push-constant bound issued one dependent load per trip).
+// A position is scored by LANES consecutive invocations (specialization constant 2; a power
+// of two dividing head_dim / 4 and at most the subgroup size, kernels.split_score_lanes):
+// lane i takes the vec4 columns i, i + LANES, ... of the K row, so a subgroup's loads cover
+// whole rows (coalesced: one K row per invocation, as rows lie n_kv_heads * head_dim apart,
+// touched a sector per invocation per load), and the lanes' partial dots are added by a
+// shuffle tree (subgroupShuffleXor over LANES / 2, ..., 1) in a fixed order, so every lane
+// holds the same sum. A block of head_dim positions takes LANES such passes; the scores go
+// through shared memory to the invocation of their position, which computes its weight once
+// for the block.
 // Push constants: n_heads, n_kv_heads, head_dim, pos0, chunk (u32), scale (f32).
 // Specialization constant 1 WINDOW (as attention.comp): W > 0 attends to the last W
 // positions only; splits wholly before them write an empty state.
@@ -23,6 +30,8 @@
 // grid is then sized for the longest position and splits past the query's position write an
 // empty state (m = -inf, l = 0), which the merge weighs 0.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_control_flow_attributes : require
 #include "reduce.glsl"
 #include "kv.glsl"
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
@@ -36,8 +45,11 @@ layout(push_constant) uniform Push {
 layout(set = 0, binding = 4) readonly buffer Pos { uint pos_buf[]; };
 #endif
 layout(constant_id = 1) const uint WINDOW = 0;
+layout(constant_id = 2) const uint LANES = 1;
 const uint B = gl_WorkGroupSize.x;   // == head_dim
+const uint SLOTS = B / LANES;        // positions scored per pass
 shared vec4 q_s[B / 4];
+shared float s_s[B];
 shared float w_s[B];
 
 #include "inf.glsl"
@@ -62,14 +74,20 @@ void main() {
     q_s[d / 4][d % 4] = q[h * B + d] * pc.scale;
     barrier();
     float m = NEG_INF, l = 0.0, acc = 0.0;
+    uint lane = d % LANES, slot = d / LANES;
     for (uint base = first; base <= last; base += B) {   // uniform: every invocation runs it
-        uint p = base + d;
-        float s = NEG_INF;
-        if (p <= last) {
-            uint k0 = (p * row + kvh * B) / 4;
-            s = 0.0;
-            for (uint j = 0; j < B / 4; ++j) s += dot(q_s[j], vec4(k_cache[k0 + j]));
+        [[unroll]] for (uint r = 0; r < LANES; ++r) {
+            uint i = r * SLOTS + slot, p = min(base + i, last);   // a row the cache holds
+            uint k0 = (p * row + kvh * B) / 4 + lane;
+            float part_dot = 0.0;
+            [[unroll]] for (uint j = 0; j < B / 4; j += LANES)
+                part_dot += dot(q_s[j + lane], vec4(k_cache[k0 + j]));
+            [[unroll]] for (uint o = LANES / 2; o > 0; o /= 2)
+                part_dot += subgroupShuffleXor(part_dot, o);
+            if (lane == 0) s_s[i] = part_dot;
         }
+        barrier();
+        float s = base + d <= last ? s_s[d] : NEG_INF;
         float block_max = max(m, workgroup_max(s));
         float e = weight(s, block_max);        // 0 past `last`
         w_s[d] = e;
