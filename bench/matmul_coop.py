@@ -12,8 +12,8 @@ is finite and the arms can be compared: the report gives each coop arm's relativ
 from the tiled one, ||y_coop - y_tiled|| / ||y_tiled|| (Frobenius). Per arm, `--repeat`
 products are recorded back to back in one submission (each waits for the one before: the
 tracker's WAW barrier on y) and timed by timestamp queries; the median product's GPU time
-gives TFLOP/s = 2 T N K / time. A tiling is BMxBN:SG_MxSG_N (tokens x rows per workgroup,
-subgroups along each); the arms alternate round by round (`--rounds`). Absolute figures
+gives TFLOP/s = 2 T N K / time. A tiling is BMxBN:SG_MxSG_N[xSG_K] (tokens x rows per
+workgroup, subgroups along each, groups of them splitting the columns); the arms alternate round by round (`--rounds`). Absolute figures
 only from a real GPU; compare within one run.
 """
 from __future__ import annotations
@@ -101,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
                     y = stream.upload(np.zeros((T, rows), np.float32), "y_coop")
                     arms["coop"] = (k.linear(xin, w, y, T, name="coop"), y)
                 base = k.coop_spec(rows, T)
-                for bm, bn, sgm, sgn in tiles:
-                    spec = {**base, 0: sgm * sgn * dev.subgroup_size, 4: bm, 5: bn, 6: sgm,
-                            7: sgn}
-                    name = f"coop_{bm}x{bn}_{sgm}x{sgn}"
+                for bm, bn, sgm, sgn, *sgk in tiles:
+                    sgk = sgk[0] if sgk else 1
+                    spec = {**base, 0: sgm * sgn * sgk * dev.subgroup_size, 4: bm, 5: bn,
+                            6: sgm, 7: sgn, 8: sgk}
+                    name = f"coop_{bm}x{bn}_{sgm}x{sgn}" + (f"x{sgk}" if sgk > 1 else "")
                     y = stream.upload(np.zeros((T, rows), np.float32), name)
                     gx, gz = spread(_groups(rows, bn), k.limit)
                     op = k.weight_op("matmul_coop", w, spec=spec)

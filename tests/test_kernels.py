@@ -518,6 +518,43 @@ def test_attention_gqa_causal(gpu, head_dim, n_tokens, pos0, q_scale, atol):
     np.testing.assert_array_equal(got[-3:], SENTINEL)
 
 
+# attention_tile.comp's tiles: queries per workgroup (a partial last tile of queries), lanes
+# per query (1 to 8: the shuffle tree), positions per staged tile (a partial last tile of
+# positions, and tiles longer than the history); bound and NaN tail as
+# test_attention_gqa_causal (measured max abs error below 4e-7 at q_scale 1).
+@pytest.mark.parametrize("tile", [(1, 1, 1), (3, 2, 4), (4, 4, 8), (8, 8, 16), (32, 4, 32)],
+                         ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("head_dim,n_tokens,pos0,q_scale,atol", [
+    (32, 7, 0, 1.0, 1e-6),     # prefill from position 0
+    (32, 13, 45, 1.0, 1e-6),   # a chunk after 45 cached positions
+    (16, 5, 40, 30.0, 1e-5),   # large scores: each tile's max subtracted
+], ids=["hd32-prefill", "hd32-chunk", "hd16-large-scores"])
+def test_attention_tiles(gpu, tile, head_dim, n_tokens, pos0, q_scale, atol):
+    r, n_heads, n_kv_heads = rng(29), 6, 2
+    n_ctx = pos0 + n_tokens + 6
+    q = randn(r, n_tokens, n_heads, head_dim) * np.float32(q_scale)
+    k_cache = randn(r, n_ctx, n_kv_heads, head_dim)
+    v_cache = randn(r, n_ctx, n_kv_heads, head_dim)
+    k_cache[pos0 + n_tokens:] = np.nan
+    v_cache[pos0 + n_tokens:] = np.nan
+    scale = float(np.float32(1.0 / np.sqrt(head_dim)))
+    got = run_attention_tiles(gpu, q, k_cache, v_cache, pos0, scale, tile=tile)
+    want = attention_reference(q, k_cache, v_cache, pos0, scale)
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+
+
+def test_attention_tile_shape():
+    """kernels.attention_tile_shape: LQ a power of two dividing head_dim / 4 within the
+    subgroup, KT halved until K and V fit shared memory."""
+    from vkrt.kernels import attention_tile_shape
+
+    assert attention_tile_shape(128, 32, 49152, (32, 4, 32)) == (32, 4, 32)
+    assert attention_tile_shape(128, 32, 16383, (32, 4, 32)) == (32, 4, 8)
+    assert attention_tile_shape(24, 32, 49152, (16, 8, 32)) == (16, 2, 32)
+    assert attention_tile_shape(64, 2, 49152, (16, 8, 32)) == (16, 2, 32)
+    assert attention_tile_shape(4, 32, 49152, (16, 8, 32)) == (16, 1, 32)
+
+
 F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -547,9 +584,13 @@ def safe_attention_reference(q, k_cache, v_cache, pos0, scale):
     return out
 
 
-# The three attention kernels: prefill's one pass over every query token, and each token as
-# a decode step, split over the cache and merged or in one workgroup per head.
-ATTENTION_MODES = ["one-pass", "split", "decode"]
+# The four attention kernels: prefill's one pass over every query token (one workgroup per
+# head and token, or on tiles of query tokens), and each token as a decode step, split over
+# the cache and merged or in one workgroup per head.
+ATTENTION_MODES = ["one-pass", "tiles", "split", "decode"]
+# attention_tile.comp's (QT queries, LQ lanes at most, KT positions per tile) in the "tiles"
+# mode: small, so that the tests' few tokens and positions span several of each.
+TEST_TILE = (2, 4, 8)
 
 
 def kv_suffix(k_cache) -> str:
@@ -565,6 +606,8 @@ def run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode="one-pass", window
     attention_split.comp + attention_combine.comp (`run_attention_decode`) or
     attention_decode.comp (`run_attention_one_dispatch`). `window`: specialization constant
     WINDOW (a sliding-window layer)."""
+    if mode == "tiles":
+        return run_attention_tiles(gpu, q, k_cache, v_cache, pos0, scale, window)
     if mode != "one-pass":
         run = run_attention_decode if mode == "split" else run_attention_one_dispatch
         return np.stack([run(gpu, q[t], k_cache, v_cache, pos0 + t, scale, window=window)
@@ -574,6 +617,25 @@ def run_attention(gpu, q, k_cache, v_cache, pos0, scale, mode="one-pass", window
     bo = gpu.filled(q.size + 3)
     gpu.run("attention" + kv_suffix(k_cache), {0: head_dim, 1: window}, (bq, bk, bv, bo), (n_heads, n_tokens, 1),
             push(n_heads, k_cache.shape[1], head_dim, pos0, float(scale)))
+    got = gpu.read(bo)
+    np.testing.assert_array_equal(got[-3:], SENTINEL)
+    return got[:-3].reshape(q.shape)
+
+
+def run_attention_tiles(gpu, q, k_cache, v_cache, pos0, scale, window=0, tile=TEST_TILE):
+    """attention_tile.comp on q [T, H, D] (as `run_attention`), for the table-like `tile`
+    (QT, LQ, KT) fitted to the device by kernels.attention_tile_shape; returns [T, H, D]."""
+    from vkrt.kernels import attention_tile_shape
+
+    n_tokens, n_heads, head_dim = q.shape
+    qt, lq, kt = attention_tile_shape(head_dim, gpu.sg,
+                                      gpu.device.limits.maxComputeSharedMemorySize, tile)
+    bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
+    bo = gpu.filled(q.size + 3)
+    gpu.run("attention_tile" + kv_suffix(k_cache),
+            {0: qt * lq, 1: window, 2: head_dim, 3: qt, 4: kt}, (bq, bk, bv, bo),
+            (n_heads, -(-n_tokens // qt), 1),
+            push(n_heads, k_cache.shape[1], head_dim, pos0, n_tokens, float(scale)))
     got = gpu.read(bo)
     np.testing.assert_array_equal(got[-3:], SENTINEL)
     return got[:-3].reshape(q.shape)

@@ -84,6 +84,23 @@ def split_score_lanes(head_dim: int, subgroup_size: int) -> int:
     return lanes
 
 
+def attention_tile_shape(head_dim: int, subgroup_size: int, shared_bytes: int,
+                         tile: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(QT, LQ, KT) of attention_tile.comp for the table's `tile` (QT queries per
+    workgroup, at most LQ lanes per query and KT positions per staged tile): LQ the largest
+    power of two up to tile's and the subgroup size that divides head_dim / 4 (whole vec4
+    columns per lane), KT the largest power of two up to tile's whose K and V stage
+    (2 * KT * head_dim * 4 bytes) fits `shared_bytes` (maxComputeSharedMemorySize)."""
+    qt, lq_max, kt_max = tile
+    lq = 1
+    while lq * 2 <= min(lq_max, subgroup_size) and (head_dim // 4) % (lq * 2) == 0:
+        lq *= 2
+    kt = kt_max
+    while kt > 1 and 2 * kt * head_dim * 4 > shared_bytes:
+        kt //= 2
+    return qt, lq, kt
+
+
 def attention_partials(n_heads: int, head_dim: int) -> int:
     """f32 elements of the decode attention's partial states (`Kernels.attention` part)."""
     return n_heads * ATTENTION_SPLITS * (head_dim + 2)
@@ -210,9 +227,17 @@ class Kernels:
         self._head_dim = head_dim
         self.decode_threads = self.decode_positions = 0
         self.decode_dim_splits = self.split_lanes = 1
+        # Prefill attention on query tiles (attention_tile.comp): its (QT, LQ, KT), or None
+        # for one workgroup per (head, token) (attention.comp); the table's prefill_attention.
+        self.attention_tile: tuple[int, int, int] | None = None
+        self._attention_tiles: dict[tuple[int, str], Op] = {}
         if head_dim:
             self._attention = Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
             self.split_lanes = split_score_lanes(head_dim, sg)
+            if self.tuning.prefill_attention is not None and head_dim % 4 == 0:
+                self.attention_tile = attention_tile_shape(
+                    head_dim, sg, pipelines.device.limits.maxComputeSharedMemorySize,
+                    self.tuning.prefill_attention)
             split_spec = {0: head_dim, 2: self.split_lanes}
             self._attention_split = Op(p("attention_split", split_spec), (F32, F32, F32, F32))
             self._attention_split_pos = Op(p("attention_split_pos", split_spec),
@@ -731,12 +756,23 @@ class Kernels:
                        chunk=chunk, scale=scale),
                     self._attention_combine(part, out, grid=(n_heads, 1, 1), name=name,
                                             need=(pn, qn), head_dim=head_dim, n_splits=splits)]
-        op = attention
-        assert op is not None and op.pipeline.local_size[0] == head_dim, "built for head_dim"
         if head_dim % 4:
             raise ShaderInterfaceError(f"attention: head_dim {head_dim} is not a multiple of 4 "
                                        "(vec4 loads)")
         qn = n_tokens * n_heads * head_dim
+        if self.attention_tile is not None:
+            qt, lq, kt = self.attention_tile
+            op = self._attention_tiles.get((window, kv))
+            if op is None:
+                spec = {0: qt * lq, 1: window, 2: head_dim, 3: qt, 4: kt}
+                op = self._attention_tiles[window, kv] = Op(self._pipelines.get_pipeline(
+                    "attention_tile" + KV_DTYPES[kv], spec), (F32, kv, kv, F32))
+            return [op(q, k_cache, v_cache, out, name=name,
+                       grid=(n_heads, *spread(_groups(n_tokens, qt), self.limit[1:])),
+                       need=(qn, kvn, kvn, qn), n_heads=n_heads, n_kv_heads=n_kv_heads,
+                       head_dim=head_dim, pos0=pos0, n_tokens=n_tokens, scale=scale)]
+        op = attention
+        assert op is not None and op.pipeline.local_size[0] == head_dim, "built for head_dim"
         return [op(q, k_cache, v_cache, out, grid=(n_heads, *spread(n_tokens, self.limit[1:])),
                    name=name,
                    need=(qn, kvn, kvn, qn), n_heads=n_heads, n_kv_heads=n_kv_heads,

@@ -92,6 +92,11 @@ class Table:
     batch_products: dict[str, str] = field(default_factory=dict)
     batch_tiles: tuple[BatchTile, ...] = ()    # the first whose max_tokens covers the count
     batch_coop_tiles: tuple[BatchCoopTile, ...] = ()   # likewise, for "matmul_coop"
+    # Prefill attention (more than one query token): attention_tile.comp on tiles of (QT
+    # queries, at most LQ lanes per query, at most KT cache positions per staged tile;
+    # kernels.attention_tile_shape fits LQ and KT to the device), or None for
+    # attention.comp (one workgroup per head and token).
+    prefill_attention: tuple[int, int, int] | None = None
     sources: dict[str, str] = field(default_factory=dict)   # the scalar entries' measurements
 
     def decode_rule(self, kernel: str, n_rows: int, block: int, dtype: str = "") -> Decode:
@@ -122,6 +127,11 @@ class Table:
             Decode(None, "any", subgroups, rows, "override", stage_x, split, integer_x),)})
 
 
+_TILES = ("bench/README.md, 2026-12-04, third session (bench/attention_prefill.py, H200, "
+          "7B heads at 4096 tokens, two commands): 128x2x32 5.9 ms per layer, 64x2x16 6.0, "
+          "64x2x32 8.3-8.5, 32x4x32 10.4, 64x1x32 39.8, attention.comp 80.1-85.6")
+_TILES_CPU = ("bench/README.md, 2026-12-04, third session: attention_tile.comp on lavapipe, "
+              "SmolLM2's heads at 256 tokens: 32x4x32 56 ms, attention.comp 222 ms")
 _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
 _SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
 _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "
@@ -212,12 +222,14 @@ GPU = Table(
     # 928.9 -> 1387.7 tok/s at 32 sequences but 614.1 -> 294.2 at 8, 113.5 -> 38.4 at 1).
     batch_coop_tiles=(BatchCoopTile(None, 32, 128, 2, 4, _PRODUCTS + ": coop 32x128:2x4 "
                                     "1036-1242 us, matmul 1x8 122-1661 us"),),
+    prefill_attention=(64, 2, 32),
     sources={"batch_products": _BATCHED,
              "norm_subgroups": _NORMS,
              "argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
              "attention_threads": _SESSION2 + ": 1024 invocations per head (512: 949)",
              "attention_dim_splits": _SESSION2 + ": attention 4 workgroups per head",
-             "prefill_tiled": _SESSION2 + ": prefill products tiled, 32 rows x 64 tokens"},
+             "prefill_tiled": _SESSION2 + ": prefill products tiled, 32 rows x 64 tokens",
+             "prefill_attention": _TILES},
 )
 
 _LAVAPIPE_DECODE = ("glsl/reduce.glsl: lavapipe barriers; f32 x (bench/README.md 2026-12-03, "
@@ -233,8 +245,10 @@ CPU = Table(
     norm_subgroups=1, batch_products={"decode": "matmul", "prompt": "matmul_tiled"},
     batch_tiles=(BatchTile(None, 1, 8, "lavapipe: matmul's tile of 8 tokens, one row "
                                        "(the first session's choice, not timed)"),),
+    prefill_attention=(32, 4, 32),
     sources={"batch_products": "the GPU's, so the roles' kernels differ where CI runs too "
                                "(the tiled matmul no slower here: prefill_tiled's source)",
+             "prefill_attention": _TILES_CPU,
              "prefill_tiled": "lavapipe, test_llama's teacher-forced logits: tiled 64-68 s, "
                               "matmul 40-80 s (other jobs sharing the box)",
              "argmax_threads": "lavapipe: 256 (the first session's choice, not timed)",
