@@ -222,7 +222,7 @@ GPU = Table(
     # 928.9 -> 1387.7 tok/s at 32 sequences but 614.1 -> 294.2 at 8, 113.5 -> 38.4 at 1).
     batch_coop_tiles=(BatchCoopTile(None, 32, 128, 2, 4, _PRODUCTS + ": coop 32x128:2x4 "
                                     "1036-1242 us, matmul 1x8 122-1661 us"),),
-    prefill_attention=(64, 2, 32),
+    prefill_attention=(128, 2, 32),
     sources={"batch_products": _BATCHED,
              "norm_subgroups": _NORMS,
              "argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
