@@ -757,6 +757,33 @@ def test_attention_decode_chosen_within_its_positions(gpu):
         assert [d.pipeline.name for d in ds] == kernels
 
 
+def test_prefill_attention_follows_the_table(gpu):
+    """Kernels.attention runs a prompt of several tokens on attention_tile.comp, one workgroup
+    per head and tile of QT queries, where the table names tiles (both device classes' do),
+    and on attention.comp, one per head and token, where it names none; the tile's
+    specialization is the fitted shape."""
+    import dataclasses
+
+    from vkrt import tuning
+    from vkrt.kernels import Kernels, attention_partials
+
+    table = tuning.for_kind(gpu.device.info.kind)
+    assert table.prefill_attention is not None
+    q, out = gpu.filled(70 * 9 * 64), gpu.filled(70 * 9 * 64)
+    k_cache, v_cache = gpu.filled(80 * 3 * 64), gpu.filled(80 * 3 * 64)
+    part = gpu.filled(attention_partials(9, 64))
+    k = Kernels(gpu.cache, head_dim=64)
+    (d,) = k.attention(q, k_cache, v_cache, out, 70, 9, 3, 64, 5, 0.125, part)
+    qt, lq, kt = k.attention_tile
+    assert d.pipeline.name == "attention_tile"
+    assert d.grid[0] == 9 and d.grid[1] * d.grid[2] >= -(-70 // qt)
+    assert d.pipeline.local_size[0] == qt * lq
+    k = Kernels(gpu.cache, head_dim=64,
+                tuning=dataclasses.replace(table, prefill_attention=None))
+    (d,) = k.attention(q, k_cache, v_cache, out, 70, 9, 3, 64, 5, 0.125, part)
+    assert d.pipeline.name == "attention" and d.grid[0] == 9 and d.grid[1] * d.grid[2] >= 70
+
+
 # Decode attention split over the cache: one query token, splits of whole head_dim blocks
 # (kernels.attention_chunk: at most ATTENTION_SPLITS = 64 splits), merged. Bound as
 # test_attention_gqa_causal (the merge adds one rescaling per split).
