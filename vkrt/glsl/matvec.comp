@@ -9,7 +9,8 @@
 // of 32 weights at a time (weights.glsl unit_dot: the unit's scales read once), units k =
 // lane, lane + local_size_x, ... of the row, their x loaded by unit_x.glsl (STAGE_X,
 // specialization constant 7: through shared memory); the others (f32, f16, bf16) 4 columns
-// at a time. Each row is then summed over the workgroup (reduce.glsl). vkrt/tuning.py picks
+// at a time. The rows are then summed over the workgroup together (reduce_rows.glsl: one
+// barrier), row r stored by invocation r. vkrt/tuning.py picks
 // both constants per device class and shape.
 // Dispatch: spread(ceil(n_rows / ROWS)) workgroups (grid.glsl); rows past n_rows (the last
 // workgroup's) are neither read nor written. n_cols % 4 == 0 (% 32 for block types) and
@@ -32,6 +33,8 @@ layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint n_cols; uint x_offset; uint n_rows; } pc;
 
 layout(constant_id = 1) const uint ROWS = 1;
+const uint REDUCE_ROWS = ROWS;
+#include "reduce_rows.glsl"
 
 vec4 x_at(uint i) { return x[pc.x_offset / 4 + i]; }
 #ifdef WEIGHT_BLOCK
@@ -67,12 +70,13 @@ void main() {
         for (uint r = 0; r < ROWS; ++r) acc[r] += dot(weight4(min(n0 + r, last), k, pc.n_cols), xv);
     }
 #endif
-    for (uint r = 0; r < ROWS; ++r) {
-        float s = workgroup_sum(acc[r]);    // every invocation: uniform control flow
+    for (uint r = 0; r < ROWS; ++r) reduce_rows_put(r, acc[r]);   // uniform control flow
+    barrier();
+    for (uint r = lane; r < ROWS && n0 + r < pc.n_rows; r += width) {   // row r by lane r
 #ifdef ADD_OUT
-        if (lane == 0 && n0 + r < pc.n_rows) y[n0 + r] += s;
+        y[n0 + r] += reduce_rows_get(r);
 #else
-        if (lane == 0 && n0 + r < pc.n_rows) y[n0 + r] = s;
+        y[n0 + r] = reduce_rows_get(r);
 #endif
     }
 }

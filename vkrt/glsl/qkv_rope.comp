@@ -23,7 +23,8 @@
 // rotates together ((2i, 2i + 1), or with NEOX (h D + j, h D + j + D / 2) for pair
 // i = h D / 2 + j), so a workgroup owns whole rotations; V's pairs are adjacent rows. Which
 // matrix a workgroup's pairs fall in is uniform per workgroup (PAIRS divides D / 2).
-// Each row is summed over the workgroup, every x load serving all 2 PAIRS rows; block types
+// Each row is summed over the workgroup (all 2 PAIRS rows together, reduce_rows.glsl; pair j
+// finished by invocation j), every x load serving all of them; block types
 // are walked a unit of 32 weights at a time (weights.glsl unit_dot, x through unit_x.glsl:
 // STAGE_X, specialization constant 7), as matvec.comp.
 // n_cols % 4 == 0 (% 32 for block types).
@@ -59,6 +60,8 @@ layout(constant_id = 1) const uint NEOX = 0;
 layout(constant_id = 2) const uint BIAS = 0;
 layout(constant_id = 3) const uint QK_NORM = 0;
 layout(constant_id = 4) const uint PAIRS = 1;
+const uint REDUCE_ROWS = 2 * PAIRS;
+#include "reduce_rows.glsl"
 layout(push_constant) uniform Push {
     uint n_cols; uint n_heads; uint n_kv_heads; uint head_dim; uint pos0; uint use_pos;
     float eps;
@@ -137,9 +140,13 @@ void main() {
     else if (m == 1) pairs_k(i0 - base, d, false);
     else pairs_v(i0 - base, 1, true);
     uint kv_width = 2 * kv_pairs;
-    for (uint j = 0; j < PAIRS; ++j) {
-        vec2 acc = vec2(workgroup_sum(pair_acc[j].x), workgroup_sum(pair_acc[j].y)) * s;
-        if (gl_LocalInvocationID.x != 0) continue;
+    for (uint j = 0; j < PAIRS; ++j) {           // uniform control flow
+        reduce_rows_put(2 * j, pair_acc[j].x);
+        reduce_rows_put(2 * j + 1, pair_acc[j].y);
+    }
+    barrier();
+    for (uint j = gl_LocalInvocationID.x; j < PAIRS; j += gl_WorkGroupSize.x) {   // pair j by lane j
+        vec2 acc = vec2(reduce_rows_get(2 * j), reduce_rows_get(2 * j + 1)) * s;
         uint i = i0 - base + j;                  // the pair within its matrix
         uint r = m == 2 ? 2 * i : first_row(i);
         if (BIAS != 0) {
