@@ -325,6 +325,19 @@ def test_matvec_rows_per_workgroup(gpu, rows):
     np.testing.assert_array_equal(got[n_rows:], SENTINEL)
 
 
+def test_decode_launch_reads_the_columns(gpu):
+    """Kernels.decode_launch looks the table's rule up by the product's columns too: the GPU
+    table's Q4_1 rule for many columns (a 7B ffn_down, vkrt/tuning.py) runs 8 subgroups,
+    the same rows of fewer columns 4."""
+    from vkrt import tuning
+
+    kernels = Kernels(gpu.cache, tuning=tuning.GPU)
+    for n_cols, subgroups in ((8192, 8), (4096, 4)):
+        w = upload_weight(gpu, "q4_1", np.zeros(2048 * n_cols // 32 * 20, np.uint8),
+                          (2048, n_cols))
+        assert kernels.decode_launch("matvec_add", w, 2048)[0] == subgroups * gpu.sg
+
+
 def test_linear_many_rows_per_workgroup(gpu):
     """Kernels.linear over many rows with the GPU table (vkrt/tuning.py: past 8192 rows, 4
     rows per workgroup): the grid counts workgroups of 4 rows and every row is computed."""

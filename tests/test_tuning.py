@@ -3,6 +3,7 @@ launch, each citing the measurement that chose it (no device needed)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -14,8 +15,9 @@ def test_every_product_has_a_cited_launch(table):
     t = tuning.TABLES[table]
     for kernel in ("matvec", "matvec_add", "matvec_glu", "qkv_rope"):
         for wt in weight_types.TYPES:
-            for n_rows in (1, 576, 1024, 1025, 8192, 8193, 49152):
-                rule = t.decode_rule(kernel, n_rows, wt.block, wt.dtype)
+            for n_rows, n_cols in itertools.product((1, 576, 1024, 1025, 8192, 8193, 49152),
+                                                    (0, 576, 4096, 14336)):
+                rule = t.decode_rule(kernel, n_rows, wt.block, wt.dtype, n_cols)
                 assert rule.subgroups >= 1 and rule.rows >= 1 and rule.split in (1, 2, 4)
                 assert rule.source, (table, kernel, wt.dtype, n_rows)
 
@@ -29,6 +31,12 @@ def test_rules_apply_in_order():
     assert not gpu.decode_rule("matvec", 4096, 256, "q4_k").stage_x
     assert gpu.decode_rule("matvec", 4096, 256, "iq4_xs").stage_x
     assert gpu.decode_rule("matvec", 49152, 32, "q8_0").rows == 4
+    # Q4_1 of many columns (a 7B ffn_down): 8 subgroups; the same rows of fewer columns, or
+    # of unknown columns, 4.
+    assert gpu.decode_rule("matvec_add", 4096, 32, "q4_1", 14336).subgroups == 8
+    assert gpu.decode_rule("matvec_add", 4096, 32, "q4_1", 4096).subgroups == 4
+    assert gpu.decode_rule("matvec_add", 4096, 32, "q4_1").subgroups == 4
+    assert gpu.decode_rule("matvec_add", 4096, 32, "q8_0", 14336).subgroups == 4
     assert tuning.device_class("cpu") == "cpu" and tuning.device_class("discrete") == "gpu"
 
 

@@ -320,7 +320,7 @@ class Kernels:
         wt = weight_types.BY_DTYPE.get(weight.dtype)
         block = wt.block if wt is not None else 1     # unknown dtypes: weight_op refuses them
         quantized = block > 1
-        rule = self.tuning.decode_rule(kernel, n_rows, block, weight.dtype)
+        rule = self.tuning.decode_rule(kernel, n_rows, block, weight.dtype, weight.shape[-1])
         threads, spec = rule.subgroups * self.sg, {}
         if quantized and rule.split > 1 and threads % rule.split == 0:
             spec[6] = rule.split
@@ -329,21 +329,22 @@ class Kernels:
             spec[7] = 1
         return threads, rule.rows, spec
 
-    def decode_integer_x(self, kernel: str, dtype: str, n_rows: int) -> bool:
+    def decode_integer_x(self, kernel: str, dtype: str, n_rows: int, n_cols: int = 0) -> bool:
         """Whether decode product `kernel` (a key of `XQ_KERNELS`) over `n_rows` rows of
-        `dtype` runs its `_xq` variant: the table's rule says so (vkrt/tuning.py
+        `n_cols` columns (0: unknown) of `dtype` runs its `_xq` variant: the table's rule says
+        so (vkrt/tuning.py
         `integer_x`), the type has an integer form (`WeightType.integer_x`), and VKRT_XQ and
         the device allow it (`integer_x`). A rule that splits units (SPLIT > 1) runs the
         variant's float path (glsl/unit_x.glsl)."""
         t = weight_types.BY_DTYPE.get(dtype)
         if not (self.integer_x and t is not None and t.integer_x):
             return False
-        return self.tuning.decode_rule(kernel, n_rows, t.block, dtype).integer_x
+        return self.tuning.decode_rule(kernel, n_rows, t.block, dtype, n_cols).integer_x
 
     def decode_module(self, kernel: str, weight: Tensor, n_rows: int) -> str:
         """The weight kernel (a key of `WEIGHT_KERNELS`) decode product `kernel` runs over
         `n_rows` rows of `weight`: `kernel`, or `<kernel>_xq` (`decode_integer_x`)."""
-        if self.decode_integer_x(kernel, weight.dtype, n_rows):
+        if self.decode_integer_x(kernel, weight.dtype, n_rows, weight.shape[-1]):
             return f"{kernel}_xq"
         return kernel
 

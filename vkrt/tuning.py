@@ -34,11 +34,13 @@ class Decode:
     stage_x: bool = False
     split: int = 1
     integer_x: bool = False  # the `_xq` variant (x as 16-bit integers per unit) where it can
+    min_cols: int = 0        # products of at least this many columns
 
-    def matches(self, n_rows: int, block: int, dtype: str = "") -> bool:
-        """For a product of n_rows rows of `dtype`, `block` elements per block (1: scalar)."""
+    def matches(self, n_rows: int, block: int, dtype: str = "", n_cols: int = 0) -> bool:
+        """For a product of n_rows rows of n_cols columns (0: unknown, matching only rules
+        without `min_cols`) of `dtype`, `block` elements per block (1: scalar)."""
         kinds = ("any", "scalar") if block == 1 else ("any", "blocks", f"blocks{block}")
-        return ((self.max_rows is None or n_rows <= self.max_rows)
+        return ((self.max_rows is None or n_rows <= self.max_rows) and n_cols >= self.min_cols
                 and (self.weights in kinds or self.weights == dtype))
 
 
@@ -99,11 +101,13 @@ class Table:
     prefill_attention: tuple[int, int, int] | None = None
     sources: dict[str, str] = field(default_factory=dict)   # the scalar entries' measurements
 
-    def decode_rule(self, kernel: str, n_rows: int, block: int, dtype: str = "") -> Decode:
+    def decode_rule(self, kernel: str, n_rows: int, block: int, dtype: str = "",
+                    n_cols: int = 0) -> Decode:
         """The rule of decode kernel `kernel` (matvec_add reads matvec's) for `n_rows` rows of
-        `dtype`, a type of `block` elements per block (1: f32, f16, bf16)."""
+        `n_cols` columns (0: unknown) of `dtype`, a type of `block` elements per block (1:
+        f32, f16, bf16)."""
         rules = self.decode["matvec" if kernel == "matvec_add" else kernel]
-        return next(r for r in rules if r.matches(n_rows, block, dtype))
+        return next(r for r in rules if r.matches(n_rows, block, dtype, n_cols))
 
     def batch_tile(self, n_tokens: int) -> BatchTile:
         """The `matmul` launch of a batched product of `n_tokens` tokens."""
@@ -132,6 +136,8 @@ _TILES = ("bench/README.md, 2026-12-04, third session (bench/attention_prefill.p
           "64x2x32 8.3-8.5, 32x4x32 10.4, 64x1x32 39.8, attention.comp 80.1-85.6")
 _TILES_CPU = ("bench/README.md, 2026-12-04, third session: attention_tile.comp on lavapipe, "
               "SmolLM2's heads at 256 tokens: 32x4x32 56 ms, attention.comp 222 ms")
+_REDUCE_ROWS = ("bench/README.md, 2026-12-04, third session (bench/matvec_types.py "
+                "--configs, H200, rows summed by reduce_rows.glsl)")
 _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
 _SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
 _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "
@@ -165,6 +171,9 @@ GPU = Table(
             # at 576 rows 2 subgroups, 2 rows (101 against 80 GB/s); past 8192 rows unstaged
             # 1x4 (logits Q4_1 797 against 620).
             Decode(1024, "blocks", 2, 2, _BLOCKS + ": [576, 1536] 2x2s", stage_x=True),
+            # Q4_1 of many columns (a 7B ffn_down, [4096, 14336]): 8 subgroups, 8 rows.
+            Decode(8192, "q4_1", 8, 8, _REDUCE_ROWS + ": [4096, 14336] Q4_1 8x8i 1522, 4x8i "
+                   "1369, 4x16i 1236 GB/s", integer_x=True, min_cols=8192),
             Decode(8192, "blocks32", 4, 8, _XQ + ": 7B Q4_1 ffn_down 1003 us per token "
                    "(1x4s 1167), attn_output 441 (443); 4x8 f32 x 1138, 476", integer_x=True),
             Decode(8192, "iq4_xs", 1, 4, _BLOCKS + ": IQ4_XS 1x4s 1040, 4x4 876 GB/s",
