@@ -1514,7 +1514,8 @@ def test_norms_take_the_tables_subgroups(gpu):
 UNIT_LAUNCHES = {"2-subgroups-3-rows-staged": (2, 3, True, 1, False),
                  "2-subgroups-3-rows-staged-xq": (2, 3, True, 1, True),
                  "1-subgroup-5-rows-2-per-unit-xq": (1, 5, False, 2, True),
-                 "2-subgroups-2-rows-4-per-unit": (2, 2, False, 4, False)}
+                 "2-subgroups-2-rows-4-per-unit": (2, 2, False, 4, False),
+                 "8-subgroups-8-rows-xq": (8, 8, False, 1, True)}   # the GPU's ffn_down
 
 
 @pytest.mark.parametrize("launch", list(UNIT_LAUNCHES))
@@ -1534,7 +1535,8 @@ def test_matvec_units_odd_sizes(gpu, dtype, blocks, n_rows, launch):
     tx, ty = gpu.upload(x), gpu.filled(n_rows + 3)
     d = k.linear(tx, tw, ty, 1, x_row=1)
     assert d.grid[0] * d.grid[1] == -(-n_rows // rows)
-    assert k.decode_launch("matvec", tw, n_rows)[2] == ({6: split} if split > 1 else {7: 1})
+    assert k.decode_launch("matvec", tw, n_rows)[2] == (
+        {6: split} if split > 1 else {7: 1} if stage else {})
     gpu.stream.record([d])
     got = gpu.read(ty)
     terms = values * decode_x(k, dtype, x[1], n_rows)
