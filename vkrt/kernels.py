@@ -51,8 +51,11 @@ SPLIT_SCORE_LANES = 8
 # reads the whole cache of its head, so its time grows with the context faster than the
 # split's: on the H200 (vkrt bench, prompts of 256 / 768 / 1536 / 3072 tokens + 128) one
 # dispatch decoded 1063 / 947 / 797 / 606 tok/s, split 963 / 945 / 893 / 767: even at a cache
-# of 1024 positions. Its workgroup size and workgroups per head (each weighing V for a share
-# of the head's dims) are vkrt/tuning.py's attention_threads and attention_dim_splits.
+# of 1024 positions. With the split's 8-lane scores (split_score_lanes) one dispatch still
+# wins at 576 positions (bench/README.md, 2026-12-04 third session: 7B 214.8 against 210.7,
+# 135M 886.3 against 790.5 tok/s). Its workgroup size and workgroups per head (each weighing
+# V for a share of the head's dims) are vkrt/tuning.py's attention_threads and
+# attention_dim_splits.
 DECODE_POSITIONS = 1024
 
 

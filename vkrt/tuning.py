@@ -134,8 +134,9 @@ class Table:
 _TILES = ("bench/README.md, 2026-12-04, third session (bench/attention_prefill.py, H200, "
           "7B heads at 4096 tokens, two commands): 128x2x32 5.9 ms per layer, 64x2x16 6.0, "
           "64x2x32 8.3-8.5, 32x4x32 10.4, 64x1x32 39.8, attention.comp 80.1-85.6")
-_TILES_CPU = ("bench/README.md, 2026-12-04, third session: attention_tile.comp on lavapipe, "
-              "SmolLM2's heads at 256 tokens: 32x4x32 56 ms, attention.comp 222 ms")
+_TILES_CPU = ("bench/README.md, 2026-12-04, third session (bench/attention_prefill.py, "
+              "lavapipe, SmolLM2's heads at 256 tokens): 32x4x32 50.2 ms, 32x2x32 49.1, "
+              "attention.comp 227.1")
 _REDUCE_ROWS = ("bench/README.md, 2026-12-04, third session (bench/matvec_types.py "
                 "--configs, H200, rows summed by reduce_rows.glsl)")
 _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
