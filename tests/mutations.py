@@ -250,7 +250,8 @@ MUTATIONS = [
      "uint n0 = (gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x) * ROWS;",
      "uint n0 = gl_WorkGroupID.x * ROWS;", ["tests/test_grids.py"]),
     ("grid: matvec rows past n_rows written (a partial last workgroup)", "vkrt/glsl/matvec.comp",
-     "if (lane == 0 && n0 + r < pc.n_rows) y[n0 + r] = s;", "if (lane == 0) y[n0 + r] = s;",
+     "for (uint r = lane; r < ROWS && n0 + r < pc.n_rows; r += width) {",
+     "for (uint r = lane; r < ROWS; r += width) {",
      ["tests/test_grids.py", "tests/test_kernels.py"]),
     ("grid: not spread (x keeps every workgroup)", "vkrt/kernels.py",
      "    x = min(groups, limit[0])", "    x = groups", ["tests/test_grids.py"]),
@@ -271,7 +272,7 @@ MUTATIONS = [
      ["tests/test_kernels.py::test_attention_scores_past_f32_range"]),
     # -- fused decode kernels (matvec_add, matvec_glu, qkv_rope; Llama._layer) ----------------
     ("fused: the output projection overwrites the residual instead of adding",
-     "vkrt/glsl/matvec.comp", "y[n0 + r] += s;", "y[n0 + r] = s;",
+     "vkrt/glsl/matvec.comp", "y[n0 + r] += reduce_rows_get(r);", "y[n0 + r] = reduce_rows_get(r);",
      ["tests/test_kernels.py::test_matvec_add_accumulates_into_y"]),
     ("fused: the norm's scale dropped from the gate/up products", "vkrt/glsl/matvec_glu.comp",
      "float gs = workgroup_sum(g[r]) * s;", "float gs = workgroup_sum(g[r]);",
