@@ -499,6 +499,19 @@ def attention_reference(q, k_cache, v_cache, pos0, scale, window=0):
     return out
 
 
+def causal_case(r, n_tokens, pos0, head_dim, q_scale, n_heads=6, n_kv_heads=2):
+    """(q [T, H, D] times q_scale, k_cache, v_cache [pos0 + T + 6, H_kv, D]) of standard
+    normals. Positions after the last query must never be read: they hold NaN, which poisons
+    any output that touches them (score or value)."""
+    n_ctx = pos0 + n_tokens + 6
+    q = randn(r, n_tokens, n_heads, head_dim) * np.float32(q_scale)
+    k_cache = randn(r, n_ctx, n_kv_heads, head_dim)
+    v_cache = randn(r, n_ctx, n_kv_heads, head_dim)
+    k_cache[pos0 + n_tokens:] = np.nan
+    v_cache[pos0 + n_tokens:] = np.nan
+    return q, k_cache, v_cache
+
+
 # atol: scores are fp32 dots of head_dim terms, exp and the online rescaling add a few ulp
 # per block, and the output is a convex combination of values ~N(0, 1). Score errors are
 # relative to |q|.|k|, so the bound grows with q_scale. Measured max abs error: 3.1e-7,
@@ -511,15 +524,8 @@ def attention_reference(q, k_cache, v_cache, pos0, scale, window=0):
                                # max is subtracted (the online softmax's stability)
 ], ids=["hd16-3blocks", "hd32-prefill", "hd32-decode", "hd16-large-scores"])
 def test_attention_gqa_causal(gpu, head_dim, n_tokens, pos0, q_scale, atol):
-    r, n_heads, n_kv_heads = rng(9), 6, 2
-    n_ctx = pos0 + n_tokens + 6
-    q = randn(r, n_tokens, n_heads, head_dim) * np.float32(q_scale)
-    k_cache = randn(r, n_ctx, n_kv_heads, head_dim)
-    v_cache = randn(r, n_ctx, n_kv_heads, head_dim)
-    # Positions after the last query must never be read: NaN there poisons any output that
-    # touches them (score or value).
-    k_cache[pos0 + n_tokens:] = np.nan
-    v_cache[pos0 + n_tokens:] = np.nan
+    n_heads, n_kv_heads = 6, 2
+    q, k_cache, v_cache = causal_case(rng(9), n_tokens, pos0, head_dim, q_scale)
     scale = 1.0 / np.sqrt(head_dim)
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     bo = gpu.filled(q.size + 3)
@@ -543,13 +549,7 @@ def test_attention_gqa_causal(gpu, head_dim, n_tokens, pos0, q_scale, atol):
     (16, 5, 40, 30.0, 1e-5),   # large scores: each tile's max subtracted
 ], ids=["hd32-prefill", "hd32-chunk", "hd16-large-scores"])
 def test_attention_tiles(gpu, tile, head_dim, n_tokens, pos0, q_scale, atol):
-    r, n_heads, n_kv_heads = rng(29), 6, 2
-    n_ctx = pos0 + n_tokens + 6
-    q = randn(r, n_tokens, n_heads, head_dim) * np.float32(q_scale)
-    k_cache = randn(r, n_ctx, n_kv_heads, head_dim)
-    v_cache = randn(r, n_ctx, n_kv_heads, head_dim)
-    k_cache[pos0 + n_tokens:] = np.nan
-    v_cache[pos0 + n_tokens:] = np.nan
+    q, k_cache, v_cache = causal_case(rng(29), n_tokens, pos0, head_dim, q_scale)
     scale = float(np.float32(1.0 / np.sqrt(head_dim)))
     got = run_attention_tiles(gpu, q, k_cache, v_cache, pos0, scale, tile=tile)
     want = attention_reference(q, k_cache, v_cache, pos0, scale)
