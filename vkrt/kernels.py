@@ -335,9 +335,8 @@ class Kernels:
     def decode_integer_x(self, kernel: str, dtype: str, n_rows: int, n_cols: int = 0) -> bool:
         """Whether decode product `kernel` (a key of `XQ_KERNELS`) over `n_rows` rows of
         `n_cols` columns (0: unknown) of `dtype` runs its `_xq` variant: the table's rule says
-        so (vkrt/tuning.py
-        `integer_x`), the type has an integer form (`WeightType.integer_x`), and VKRT_XQ and
-        the device allow it (`integer_x`). A rule that splits units (SPLIT > 1) runs the
+        so (vkrt/tuning.py `integer_x`), the type has an integer form
+        (`WeightType.integer_x`), and VKRT_XQ and the device allow it (`integer_x`). A rule that splits units (SPLIT > 1) runs the
         variant's float path (glsl/unit_x.glsl)."""
         t = weight_types.BY_DTYPE.get(dtype)
         if not (self.integer_x and t is not None and t.integer_x):
@@ -726,8 +725,10 @@ class Kernels:
         is split over the cache (`attention_split`: heads x splits of
         `attention_chunk(pos0 + 1)` positions, partial states in `part`, f32 [n_heads *
         ATTENTION_SPLITS * (head_dim + 2)] at least) and merged (`attention_combine`): two
-        dispatches. More tokens (prefill) run one workgroup per (head, token) (`attention`):
-        one dispatch. `pos` ([1] u32, P at run time; one token):
+        dispatches. More tokens (prefill) run one dispatch: on tiles of query tokens
+        (`attention_tile`, `attention_tile` (QT, LQ, KT): a workgroup per head and QT
+        tokens) where the table names them (`Table.prefill_attention`), else one workgroup
+        per head and token (`attention`). `pos` ([1] u32, P at run time; one token):
         the query is at position pos0 + P (a replayed step), and the splits cover every row
         of the cache (those past the query do nothing). `window` > 0: a query at position p
         attends to positions p - window + 1 ..= p only (a sliding-window layer); 0: all.

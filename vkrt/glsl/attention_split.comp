@@ -16,9 +16,10 @@
 // flight together (a loop to a push-constant bound issued one dependent load per trip).
 // A position is scored by LANES consecutive invocations (specialization constant 2; a power
 // of two dividing head_dim / 4 and at most the subgroup size, kernels.split_score_lanes):
-// lane i takes the vec4 columns i, i + LANES, ... of the K row, so a subgroup's loads cover
-// whole rows (coalesced: one K row per invocation, as rows lie n_kv_heads * head_dim apart,
-// touched a sector per invocation per load), and the lanes' partial dots are added by a
+// lane i takes the vec4 columns i, i + LANES, ... of the K row, so each load of a subgroup
+// covers LANES adjacent vec4 of a row (where one invocation per row, the rows
+// n_kv_heads * head_dim apart, touched one sector per invocation), and the lanes' partial
+// dots are added by a
 // shuffle tree (subgroupShuffleXor over LANES / 2, ..., 1) in a fixed order, so every lane
 // holds the same sum. A block of head_dim positions takes LANES such passes; the scores go
 // through shared memory to the invocation of their position, which computes its weight once
