@@ -130,20 +130,24 @@ def test_row_kernels_spread_with_a_lowered_limit(gpu, monkeypatch):
     # The grid holds 12 workgroups for 9 rows: the last three write nothing.
     np.testing.assert_array_equal(got[n_rows:], -7.0)
     np.testing.assert_allclose(stream.read(yT), x64 @ w64.T, rtol=1e-5, atol=1e-5)
-    # attention: one head of dim 8 over 5 positions, tokens spread over y (2) and z (3).
+    # attention: one head of dim 8 over 5 positions, tokens (attention.comp) or tiles of one
+    # token (attention_tile.comp) spread over y (2) and z (3).
     q = r.standard_normal((T, 8)).astype(np.float32)
     kv = r.standard_normal((2, T, 8)).astype(np.float32)
     tq, tk, tv = stream.upload(q), stream.upload(kv[0]), stream.upload(kv[1])
     out = stream.upload(np.zeros((T, 8), np.float32))
     part = stream.upload(np.zeros(64, np.float32))      # decode's partials: unused here
-    (d,) = k.attention(tq, tk, tv, out, T, 1, 1, 8, 0, 0.25, part)
-    assert d.grid == (1, 2, 3)
-    stream.record([d])
     s = (q.astype(np.float64) * 0.25) @ kv[0].T.astype(np.float64)
     s[np.triu_indices(T, 1)] = -np.inf
     p = np.exp(s - s.max(1, keepdims=True))
     want = (p / p.sum(1, keepdims=True)) @ kv[1].astype(np.float64)
-    np.testing.assert_allclose(stream.read(out), want, rtol=1e-5, atol=1e-5)
+    for tile, kernel in ((None, "attention"), ((1, 1, 8), "attention_tile")):
+        monkeypatch.setattr(k, "attention_tile", tile)
+        (d,) = k.attention(tq, tk, tv, out, T, 1, 1, 8, 0, 0.25, part)
+        assert d.grid == (1, 2, 3) and d.pipeline.name == kernel
+        stream.write(out, np.zeros((T, 8), np.float32))
+        stream.record([d])
+        np.testing.assert_allclose(stream.read(out), want, rtol=1e-5, atol=1e-5)
     for t in (tw, tx, tn, rows, normed, y1, yT, tq, tk, tv, out, part):
         t.buffer.close()
 
