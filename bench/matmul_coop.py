@@ -12,9 +12,11 @@ is finite and the arms can be compared: the report gives each coop arm's relativ
 from the tiled one, ||y_coop - y_tiled|| / ||y_tiled|| (Frobenius). Per arm, `--repeat`
 products are recorded back to back in one submission (each waits for the one before: the
 tracker's WAW barrier on y) and timed by timestamp queries; the median product's GPU time
-gives TFLOP/s = 2 T N K / time. A tiling is BMxBN:SG_MxSG_N[xSG_K] (tokens x rows per
-workgroup, subgroups along each, groups of them splitting the columns); the arms alternate round by round (`--rounds`). Absolute figures
-only from a real GPU; compare within one run.
+gives TFLOP/s = 2 T N K / time. A tiling is BMxBN:SG_MxSG_N[xSG_K[xNBUF]] (tokens x rows
+per workgroup, subgroups along each, groups of them splitting the columns, shared buffers;
+`Kernels.coop_spec` refuses a tiling past the device's shared memory, which NVIDIA's driver
+hung on rather than refused); the arms alternate round by round (`--rounds`). Absolute
+figures only from a real GPU; compare within one run.
 """
 from __future__ import annotations
 
@@ -100,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
                 with config.COOPMAT.override("1"):     # the tile linear picks
                     y = stream.upload(np.zeros((T, rows), np.float32), "y_coop")
                     arms["coop"] = (k.linear(xin, w, y, T, name="coop"), y)
-                base = k.coop_spec(rows, T)
-                for bm, bn, sgm, sgn, *sgk in tiles:
-                    sgk = sgk[0] if sgk else 1
-                    spec = {**base, 0: sgm * sgn * sgk * dev.subgroup_size, 4: bm, 5: bn,
-                            6: sgm, 7: sgn, 8: sgk}
-                    name = f"coop_{bm}x{bn}_{sgm}x{sgn}" + (f"x{sgk}" if sgk > 1 else "")
+                for tile in tiles:
+                    spec = k.coop_spec(rows, T, tile)
+                    bm, bn = spec[4], spec[5]
+                    name = (f"coop_{bm}x{bn}_{spec[6]}x{spec[7]}"
+                            + (f"x{spec[8]}" if spec[8] > 1 else "")
+                            + (f"_b{spec[9]}" if spec[9] > 1 else ""))
                     y = stream.upload(np.zeros((T, rows), np.float32), name)
                     gx, gz = spread(_groups(rows, bn), k.limit)
                     op = k.weight_op("matmul_coop", w, spec=spec)

@@ -180,7 +180,7 @@ def test_matmul_tiled_spills_row_tiles_into_z(gpu, monkeypatch):
 
 def test_matmul_coop_spills_row_tiles_into_z(gpu, monkeypatch):
     """matmul_coop (prefill on cooperative matrices) spreads its tiles of BN rows over x and
-    z as matmul_tiled does: 600 rows are 5 tiles of 128 (COOP_TILE), against a limit of 4 a
+    z as matmul_tiled does: 600 rows are 5 tiles of 128 (the table's BN), against a limit of 4 a
     grid of (4, 1, 2) for 70 tokens, the last three workgroups past the rows. Runs where the
     device has cooperative matrices."""
     device, stream, k = gpu

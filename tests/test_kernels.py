@@ -24,10 +24,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import vkrt.kernels
-from vkrt import config, weight_types
+from vkrt import config, tuning, weight_types
 from vkrt.errors import ShaderInterfaceError, VkrtError
-from vkrt.kernels import COOP_LARGE_ROWS, COOP_MIN_TOKENS, Kernels
+from vkrt.kernels import COOP_MIN_TOKENS, Kernels, coop_shared_bytes, fit_coop_tile
 from vkrt.models.llama import rope_table
 from vkrt.runtime.device import CoopShape, Device
 from vkrt.runtime.dispatch import Dispatch
@@ -329,8 +328,6 @@ def test_decode_launch_reads_the_columns(gpu):
     """Kernels.decode_launch looks the table's rule up by the product's columns too: the GPU
     table's Q4_1 rule for many columns (a 7B ffn_down, vkrt/tuning.py) runs 8 subgroups,
     the same rows of fewer columns 4."""
-    from vkrt import tuning
-
     kernels = Kernels(gpu.cache, tuning=tuning.GPU)
     for n_cols, subgroups in ((8192, 8), (4096, 4)):
         w = upload_weight(gpu, "q4_1", np.zeros(2048 * n_cols // 32 * 20, np.uint8),
@@ -341,8 +338,6 @@ def test_decode_launch_reads_the_columns(gpu):
 def test_linear_many_rows_per_workgroup(gpu):
     """Kernels.linear over many rows with the GPU table (vkrt/tuning.py: past 8192 rows, 4
     rows per workgroup): the grid counts workgroups of 4 rows and every row is computed."""
-    from vkrt import tuning
-
     kernels = Kernels(gpu.cache, tuning=tuning.GPU)
     r, n_rows, n_cols = rng(35), 8192 + 3, 32
     w, x = randn(r, n_rows, n_cols), randn(r, n_cols)
@@ -558,7 +553,8 @@ def test_attention_tiles(gpu, tile, head_dim, n_tokens, pos0, q_scale, atol):
 
 def test_attention_tile_shape():
     """kernels.attention_tile_shape: LQ a power of two dividing head_dim / 4 within the
-    subgroup, KT halved until K and V fit shared memory."""
+    subgroup, QT halved until QT * LQ invocations fit the device's limit, KT halved until K
+    and V fit shared memory."""
     from vkrt.kernels import attention_tile_shape
 
     assert attention_tile_shape(128, 32, 49152, (32, 4, 32)) == (32, 4, 32)
@@ -566,6 +562,10 @@ def test_attention_tile_shape():
     assert attention_tile_shape(24, 32, 49152, (16, 8, 32)) == (16, 2, 32)
     assert attention_tile_shape(64, 2, 49152, (16, 8, 32)) == (16, 2, 32)
     assert attention_tile_shape(4, 32, 49152, (16, 8, 32)) == (16, 1, 32)
+    # The GPU table's 128 x 2 on a device of the spec's least limit, 128 invocations.
+    assert attention_tile_shape(128, 32, 49152, (128, 2, 32), 256) == (128, 2, 32)
+    assert attention_tile_shape(128, 32, 49152, (128, 2, 32), 128) == (64, 2, 32)
+    assert attention_tile_shape(128, 32, 49152, (128, 4, 32), 100) == (16, 4, 32)
 
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -738,7 +738,6 @@ def test_attention_decode_one_dispatch(gpu, head_dim, pos0, threads, q_scale, at
 def test_attention_decode_size_fits_the_device(gpu):
     """The host's workgroup and position count (kernels._decode_attention_size) fit the
     device's limits and leave room for every shared array of attention_decode.comp."""
-    from vkrt import tuning
     from vkrt.kernels import DECODE_POSITIONS, _decode_attention_size
 
     limits = gpu.device.limits
@@ -775,10 +774,7 @@ def test_prefill_attention_follows_the_table(gpu):
     per head and tile of QT queries, where the table names tiles (both device classes' do),
     and on attention.comp, one per head and token, where it names none; the tile's
     specialization is the fitted shape."""
-    import dataclasses
-
-    from vkrt import tuning
-    from vkrt.kernels import Kernels, attention_partials
+    from vkrt.kernels import attention_partials
 
     table = tuning.for_kind(gpu.device.info.kind)
     assert table.prefill_attention is not None
@@ -1334,24 +1330,36 @@ def coop_or_skip(kernels):
 # over the whole output instead; this bound is per element and worst case). F16 weights are
 # exact in f16, so their products carry only x's rounding. A wrong block, scale, nibble or tile is off by ~1e-2 or
 # more in these units.
-# Both workgroup tiles run: COOP_TILE, and COOP_TILE_LARGE with its thresholds lowered
-# (256 tokens x 128 rows: one partial token tile of 70 or 129 tokens, one partial row tile),
-# and a split-K tile in COOP_TILE's place: 3 groups of 2 subgroups over 32 tokens x 32 rows
-# (a step of 96 columns: the scalar types' 100 take a second step of 4, the group sums
-# added through shared memory).
-@pytest.mark.parametrize("tile", ["tile", "large", "splitk"])
+# Each of the table's workgroup tiles runs (vkrt/tuning.py prefill_coop_tiles, each rule in
+# the table's place: 256 tokens x 128 rows is one partial token tile of 70 or 129 tokens and
+# one partial row tile; 128 x 64 splits the columns in two), as fit_coop_tile fits it to the
+# device's shared memory, and a split-K tile in their place: 3 groups of 2
+# subgroups over 32 tokens x 32 rows (a step of 96 columns: the scalar types' 100 take a
+# second step of 4, the group sums added through shared memory), and a double-buffered tile
+# (64 x 64 over 2 x 2, two shared buffers: one barrier per step).
+@pytest.mark.parametrize("tile", [f"rule{i}" for i in range(len(tuning.GPU.prefill_coop_tiles))]
+                         + ["splitk", "double"])
 @pytest.mark.parametrize("n_tokens,n_rows", [(70, 37), (129, 72)], ids=["70x37", "129x72"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
 def test_linear_coop_weights_as_stored(gpu, kernels, dtype, n_tokens, n_rows, tile,
                                        monkeypatch):
     coop_or_skip(kernels)
-    if tile == "large":
-        monkeypatch.setattr(vkrt.kernels, "COOP_LARGE_ROWS", 1)
-        monkeypatch.setattr(vkrt.kernels, "COOP_LARGE_TOKENS", 1)
-        assert kernels.coop_spec(n_rows, n_tokens)[4] == vkrt.kernels.COOP_TILE_LARGE[0]
+    rules = kernels.tuning.prefill_coop_tiles
+    first = dataclasses.replace(rules[0], min_rows=0, min_tokens=0)
+    if tile.startswith("rule"):
+        rule = dataclasses.replace(rules[int(tile[4:])], min_rows=0, min_tokens=0)
+        monkeypatch.setattr(kernels, "tuning", dataclasses.replace(
+            kernels.tuning, prefill_coop_tiles=(rule,)))
     if tile == "splitk":
-        monkeypatch.setattr(vkrt.kernels, "COOP_TILE", (32, 32, 1, 2, 3))
+        split = dataclasses.replace(first, bm=32, bn=32, sg_m=1, sg_n=2, sg_k=3)
+        monkeypatch.setattr(kernels, "tuning", dataclasses.replace(
+            kernels.tuning, prefill_coop_tiles=(split,)))
         assert kernels.coop_spec(n_rows, n_tokens)[8] == 3
+    if tile == "double":
+        double = dataclasses.replace(first, bm=64, bn=64, sg_m=2, sg_n=2, nbuf=2)
+        monkeypatch.setattr(kernels, "tuning", dataclasses.replace(
+            kernels.tuning, prefill_coop_tiles=(double,)))
+        assert kernels.coop_spec(n_rows, n_tokens)[9] == 2
     r = rng(43)
     n_cols = cols(dtype) + (4 if not weight_types.BY_DTYPE[dtype].quantized else 0)
     tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=43)
@@ -1393,15 +1401,51 @@ def test_prefill_kernel_choice(gpu, kernels):
         assert kernels.prefill_kernel(2) == "matmul_coop"
     with config.COOPMAT.override("0"):
         assert kernels.prefill_kernel(4096) == fallback
-    # 128 tokens x 128 rows over 2 x 4 subgroups of the device's width; 256 x 128 over 4 x 2
-    # from COOP_LARGE_ROWS rows and 256 tokens.
-    spec = {0: 8 * gpu.sg, 1: 16, 2: 16, 3: 16, 4: 128, 5: 128, 6: 2, 7: 4, 8: 1}
-    assert kernels.coop_spec(4096, 512) == spec
-    assert kernels.coop_spec(COOP_LARGE_ROWS, 255) == spec
-    assert kernels.coop_spec(COOP_LARGE_ROWS, 256) == {**spec, 4: 256, 6: 4, 7: 2}
+    # The table's tiles (vkrt/tuning.py prefill_coop_tiles, the same on both device classes,
+    # tests/test_tuning.py has the rules), fitted to the device's shared memory
+    # (fit_coop_tile): 128 x 128 over 4 x 4 subgroups of the device's width at 4096 rows and
+    # 512 tokens needs 36864 bytes, which the H200 has (49152) and lavapipe not (32768):
+    # there BM is halved to 64 (31744 bytes).
+    limit = gpu.device.limits.maxComputeSharedMemorySize
+    assert coop_shared_bytes(128, 128, 4, 4, 1, 1, FAKE_SHAPE) == 20480 + 16384
+    assert coop_shared_bytes(256, 128, 4, 4, 1, 1, FAKE_SHAPE) == 30720 + 16384
+    assert coop_shared_bytes(32, 32, 2, 2, 4, 1, FAKE_SHAPE) == 20480 + 4096
+    assert coop_shared_bytes(64, 64, 2, 2, 1, 2, FAKE_SHAPE) == 20480 + 4096
+    for n_rows, n_tokens in ((4096, 512), (8192, 256), (2048, 512), (64, 2048)):
+        r = kernels.tuning.prefill_coop_tile(n_rows, n_tokens)
+        bm, bn, sg_m, sg_n, sg_k, nbuf = fit_coop_tile(
+            (r.bm, r.bn, r.sg_m, r.sg_n, r.sg_k, r.nbuf), FAKE_SHAPE, limit)
+        assert kernels.coop_spec(n_rows, n_tokens) == {
+            0: sg_m * sg_n * sg_k * gpu.sg, 1: 16, 2: 16, 3: 16, 4: bm, 5: bn, 6: sg_m,
+            7: sg_n, 8: sg_k, 9: nbuf}
+    assert kernels.coop_spec(4096, 512)[4] == (128 if limit >= 36864 else 64)
+    spec = kernels.coop_spec(4096, 512)
     # A split-K tile (the batched runner's): 4 groups of 2 x 2 subgroups, 16 in all.
     assert kernels.coop_spec(4096, 32, (32, 32, 2, 2, 4)) == {
         **spec, 0: 16 * gpu.sg, 4: 32, 5: 32, 6: 2, 7: 2, 8: 4}
+    # A tile names its shared buffers (1 when it does not).
+    assert kernels.coop_spec(4096, 512, (32, 32, 1, 2, 1, 2))[9] == 2
+    # A tile past the device's shared memory is refused, naming both sizes.
+    with pytest.raises(VkrtError, match=f"matmul_coop tile 256x128:4x2x2 with 1 shared "
+                                        f"buffers needs 69632 bytes of shared memory; "
+                                        f".* has {limit}"):
+        kernels.coop_spec(4096, 512, (256, 128, 4, 2, 2))
+
+
+def test_fit_coop_tile():
+    """fit_coop_tile: a tile that fits stays; else the second buffer goes, then the column
+    split, then BM and BN are halved, then the subgroups; the Vulkan minimum of 16 KB still
+    gets a tile."""
+    big = (256, 128, 4, 4, 2, 2)
+    assert fit_coop_tile(big, FAKE_SHAPE, 1 << 20) == big
+    assert fit_coop_tile(big, FAKE_SHAPE, 65536) == (256, 128, 4, 4, 1, 1)   # 47104 bytes
+    assert fit_coop_tile(big, FAKE_SHAPE, 32768) == (64, 128, 4, 4, 1, 1)    # 31744
+    assert fit_coop_tile(big, FAKE_SHAPE, 16384) == (32, 32, 2, 2, 1, 1)     # 9216
+    assert fit_coop_tile(big, FAKE_SHAPE, 0) == (16, 16, 1, 1, 1, 1)
+    for limit in (16384, 24576, 32768, 49152):
+        bm, bn, sg_m, sg_n, sg_k, nbuf = fit_coop_tile((128, 64, 4, 4, 2, 1), FAKE_SHAPE, limit)
+        assert coop_shared_bytes(bm, bn, sg_m, sg_n, sg_k, nbuf, FAKE_SHAPE) <= limit
+        assert bm % (sg_m * 16) == 0 and bn % (sg_n * 16) == 0
 
 
 def test_coop_shape_choice():
@@ -1485,8 +1529,6 @@ ROW_LAUNCHES = {"1-subgroup-rows-xq": (1, 1, False, 1, True),
 def row_kernels(gpu, request):
     """Kernels whose decode products run `param` = (subgroups, rows) per workgroup, so both
     reductions and partial last workgroups run here."""
-    from vkrt import tuning
-
     subgroups, rows, stage, split, integer_x = request.param
     # head_norm_rope (qkv_rope's second dispatch) on as many subgroups.
     table = dataclasses.replace(tuning.CPU, norm_subgroups=subgroups)
@@ -1499,8 +1541,6 @@ def row_kernels(gpu, request):
 def test_norms_take_the_tables_subgroups(gpu):
     """rmsnorm, rmsnorm_add and head_norm_rope run a row on the table's norm_subgroups
     subgroups (vkrt/tuning.py; the GPU's 8, lavapipe's 1)."""
-    from vkrt import tuning
-
     for n in (1, 3):
         k = Kernels(gpu.cache, tuning=dataclasses.replace(tuning.CPU, norm_subgroups=n))
         for op in (k._rmsnorm, k._rmsnorm_add, *k._head_norm_rope.values()):
@@ -1522,8 +1562,6 @@ UNIT_LAUNCHES = {"2-subgroups-3-rows-staged": (2, 3, True, 1, False),
 @pytest.mark.parametrize("blocks,n_rows", [(1, 7), (-1, 11)], ids=["one-block", "many-blocks"])
 @pytest.mark.parametrize("dtype", [t.dtype for t in weight_types.TYPES if t.quantized])
 def test_matvec_units_odd_sizes(gpu, dtype, blocks, n_rows, launch):
-    from vkrt import tuning
-
     t = weight_types.BY_DTYPE[dtype]
     blocks = blocks if blocks > 0 else (67 if t.block == 32 else 9)
     subgroups, rows, stage, split, integer_x = UNIT_LAUNCHES[launch]
@@ -1557,8 +1595,6 @@ def test_matvec_xq_units_at_the_edges(gpu, dtype):
     the float path, no step of 2^130) and of zeros, an infinity and a NaN in one unit each
     (the float path: IEEE results, as the f32 kernels give them). Each row against numpy's
     x^ (quantize_units) with the float kernels' bound; non-finite outputs exactly."""
-    from vkrt import tuning
-
     kernels = Kernels(gpu.cache, tuning=tuning.CPU.with_decode(1, 1, integer_x=True))
     assert kernels.decode_integer_x("matvec", dtype, 9), \
         "lavapipe and the H200 have shaderIntegerDotProduct"

@@ -69,3 +69,31 @@ def test_batch_coop_tiles_keep_one_column_split():
         tuning.BatchCoopTile(None, 32, 32, 1, 1, "test", 2)))
     with pytest.raises(ValueError, match=r"sg_k \[2, 4\]\): batch invariance needs one"):
         mixed.batch_coop_tile(9)
+
+
+@pytest.mark.parametrize("table", list(tuning.TABLES))
+def test_every_prefill_product_has_a_cited_coop_tile(table):
+    """Every prefill product's shape finds a matmul_coop tile (the last rule matches any),
+    each cited, whole cooperative matrices of 16 per subgroup."""
+    t = tuning.TABLES[table]
+    assert t.prefill_coop_tiles[-1].min_rows == t.prefill_coop_tiles[-1].min_tokens == 0
+    for n_rows, n_tokens in itertools.product((1, 576, 4096, 8192, 14336, 152064),
+                                              (2, 64, 255, 256, 2047, 2048, 8192)):
+        r = t.prefill_coop_tile(n_rows, n_tokens)
+        assert r.bm % (r.sg_m * 16) == 0 and r.bn % (r.sg_n * 16) == 0 and r.source
+
+
+def test_prefill_coop_tiles_by_shape():
+    """The GPU table's prefill tiles (bench/README.md, 2026-12-04 fourth session): 256 tokens x
+    128 rows from 8192 rows and 256 tokens, or from 4096 rows and 2048 tokens; 128 x 128
+    from 4096 rows; 128 x 64 split in two from 2048 rows; 64 x 64 below."""
+    tiles = {(n, t): (lambda r: (r.bm, r.bn, r.sg_k))(tuning.GPU.prefill_coop_tile(n, t))
+             for n, t in itertools.product((2047, 2048, 4095, 4096, 8191, 8192),
+                                           (255, 256, 2047, 2048))}
+    large, square, split, small = (256, 128, 1), (128, 128, 1), (128, 64, 2), (64, 64, 1)
+    assert tiles == {
+        **{(2047, t): small for t in (255, 256, 2047, 2048)},
+        **{(n, t): split for n in (2048, 4095) for t in (255, 256, 2047, 2048)},
+        **{(n, t): square for n in (4096, 8191) for t in (255, 256, 2047)},
+        (4096, 2048): large, (8191, 2048): large, (8192, 255): square,
+        **{(8192, t): large for t in (256, 2047, 2048)}}

@@ -29,16 +29,9 @@ MATMUL_TOKENS = 8        # tokens per matmul workgroup (each W row read once per
 TILE_ROWS, TILE_TOKENS = 32, 64
 # Prefill products on cooperative matrices (matmul_coop: f16 operands, f32 accumulation) on a
 # device that lists an f16 x f16 -> f32 subgroup shape (`Device.coop_shape`), for products of
-# at least COOP_MIN_TOKENS tokens (VKRT_COOPMAT=auto). Workgroup tiles (BM tokens, BN rows,
-# subgroups along tokens, along rows): COOP_TILE, or COOP_TILE_LARGE for products of at
-# least COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS tokens (its BM). On the H200 at 512 tokens (bench/README.md,
-# bench/matmul_coop.py), 128 x 128 over 2 x 4 subgroups was the best single tile over the
-# three 7B shapes and Q4_1 / Q4_K / F16 (58-109 TFLOP/s; 64 x 64 over 2 x 2: 27-89), and
-# 256 x 128 over 4 x 2 faster at 14336 rows (89-109 against 61-94) but slower at 4096 (36-67).
+# at least COOP_MIN_TOKENS tokens (VKRT_COOPMAT=auto); their workgroup tiles are the device
+# class's table's (vkrt/tuning.py prefill_coop_tiles).
 COOP_MIN_TOKENS = 64
-COOP_TILE = (128, 128, 2, 4)
-COOP_TILE_LARGE = (256, 128, 4, 2)
-COOP_LARGE_ROWS, COOP_LARGE_TOKENS = 8192, 256
 F32, U32, F16 = "float32", "uint32", "float16"
 # Splits of the KV cache per head at decode (attention_split): about ATTENTION_TARGET_SPLITS,
 # at most ATTENTION_SPLITS (`attention_chunk`).
@@ -88,20 +81,58 @@ def split_score_lanes(head_dim: int, subgroup_size: int) -> int:
 
 
 def attention_tile_shape(head_dim: int, subgroup_size: int, shared_bytes: int,
-                         tile: tuple[int, int, int]) -> tuple[int, int, int]:
+                         tile: tuple[int, int, int],
+                         max_invocations: int = 1 << 30) -> tuple[int, int, int]:
     """(QT, LQ, KT) of attention_tile.comp for the table's `tile` (QT queries per
     workgroup, at most LQ lanes per query and KT positions per staged tile): LQ the largest
     power of two up to tile's and the subgroup size that divides head_dim / 4 (whole vec4
-    columns per lane), KT the largest power of two up to tile's whose K and V stage
-    (2 * KT * head_dim * 4 bytes) fits `shared_bytes` (maxComputeSharedMemorySize)."""
+    columns per lane), QT the table's halved until QT * LQ invocations fit `max_invocations`
+    (maxComputeWorkGroupInvocations, and maxComputeWorkGroupSize[0]), KT the largest power
+    of two up to tile's whose K and V stage (2 * KT * head_dim * 4 bytes) fits
+    `shared_bytes` (maxComputeSharedMemorySize)."""
     qt, lq_max, kt_max = tile
     lq = 1
     while lq * 2 <= min(lq_max, subgroup_size) and (head_dim // 4) % (lq * 2) == 0:
         lq *= 2
+    while qt > 1 and qt * lq > max_invocations:
+        qt //= 2
     kt = kt_max
     while kt > 1 and 2 * kt * head_dim * 4 > shared_bytes:
         kt //= 2
     return qt, lq, kt
+
+
+def coop_shared_bytes(bm: int, bn: int, sg_m: int, sg_n: int, sg_k: int, nbuf: int,
+                      shape) -> int:
+    """Bytes of shared memory matmul_coop.comp declares for a tile: NBUF * SG_K * (BM + BN)
+    rows of a step's 32 columns padded to 40 f16 (80 bytes), and SG_M * SG_N staging tiles
+    of the cooperative-matrix `shape`'s M x N f32."""
+    return nbuf * sg_k * (bm + bn) * 80 + sg_m * sg_n * shape.m * shape.n * 4
+
+
+def fit_coop_tile(tile: tuple[int, int, int, int, int, int], shape,
+                  limit: int) -> tuple[int, int, int, int, int, int]:
+    """A table's matmul_coop tile (BM, BN, SG_M, SG_N, SG_K, NBUF) made to fit `limit` bytes
+    of shared memory (maxComputeSharedMemorySize; `coop_shared_bytes`), giving up in this
+    order: the second buffer, the column split, then halving BM, BN, and the subgroups
+    along both (their staging tiles). The tile unchanged when it fits; every tile ends at
+    one 16 x 16 matrix per subgroup of one subgroup at worst (3,584 bytes)."""
+    bm, bn, sg_m, sg_n, sg_k, nbuf = tile
+    while coop_shared_bytes(bm, bn, sg_m, sg_n, sg_k, nbuf, shape) > limit:
+        if nbuf > 1:
+            nbuf = 1
+        elif sg_k > 1:
+            sg_k = 1
+        elif bm > sg_m * shape.m:
+            bm //= 2
+        elif bn > sg_n * shape.n:
+            bn //= 2
+        elif sg_m * sg_n > 1:
+            sg_m, sg_n = max(1, sg_m // 2), max(1, sg_n // 2)
+            bm, bn = sg_m * shape.m, sg_n * shape.n
+        else:
+            break
+    return bm, bn, sg_m, sg_n, sg_k, nbuf
 
 
 def attention_partials(n_heads: int, head_dim: int) -> int:
@@ -238,9 +269,11 @@ class Kernels:
             self._attention = Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
             self.split_lanes = split_score_lanes(head_dim, sg)
             if self.tuning.prefill_attention is not None and head_dim % 4 == 0:
+                limits = pipelines.device.limits
                 self.attention_tile = attention_tile_shape(
-                    head_dim, sg, pipelines.device.limits.maxComputeSharedMemorySize,
-                    self.tuning.prefill_attention)
+                    head_dim, sg, limits.maxComputeSharedMemorySize,
+                    self.tuning.prefill_attention,
+                    min(limits.maxComputeWorkGroupInvocations, limits.maxComputeWorkGroupSize[0]))
             split_spec = {0: head_dim, 2: self.split_lanes}
             self._attention_split = Op(p("attention_split", split_spec), (F32, F32, F32, F32))
             self._attention_split_pos = Op(p("attention_split_pos", split_spec),
@@ -404,18 +437,31 @@ class Kernels:
 
     def coop_spec(self, n_rows: int, n_tokens: int, tile: tuple | None = None) -> dict:
         """matmul_coop's specialization constants for a product of n_tokens x n_rows on the
-        shape `coop`: workgroup size, TM, TN, TK, BM (tokens), BN (rows), SG_M, SG_N, SG_K
-        (`tile` (BM, BN, SG_M, SG_N, SG_K) when given, else COOP_TILE, or COOP_TILE_LARGE
-        from COOP_LARGE_ROWS rows and COOP_LARGE_TOKENS tokens; SG_K groups of SG_M x SG_N
-        subgroups split the columns: matmul_coop.comp)."""
+        shape `coop`: workgroup size, TM, TN, TK, BM (tokens), BN (rows), SG_M, SG_N, SG_K,
+        NBUF (`tile` (BM, BN, SG_M, SG_N[, SG_K[, NBUF]]) when given, else the table's
+        `prefill_coop_tile` as `fit_coop_tile` fits it to the device's shared memory; SG_K
+        groups of SG_M x SG_N subgroups split the columns, NBUF shared buffers:
+        matmul_coop.comp). Raises VkrtError for a tile whose shared memory
+        (`coop_shared_bytes`) the device does not have: a pipeline past
+        maxComputeSharedMemorySize may hang the driver rather than fail."""
+        limit = self._pipelines.device.limits.maxComputeSharedMemorySize
+        c = self.coop
         if tile is None:
-            tile = COOP_TILE_LARGE if (n_rows >= COOP_LARGE_ROWS
-                                       and n_tokens >= COOP_LARGE_TOKENS) else COOP_TILE
-        (bm, bn, sg_m, sg_n, *k), c = tile, self.coop
+            r = self.tuning.prefill_coop_tile(n_rows, n_tokens)
+            tile = fit_coop_tile((r.bm, r.bn, r.sg_m, r.sg_n, r.sg_k, r.nbuf), c, limit)
+        bm, bn, sg_m, sg_n, *k = tile
         sg_k = k[0] if k else 1
+        nbuf = k[1] if len(k) > 1 else 1
         assert bm % (sg_m * c.m) == 0 and bn % (sg_n * c.n) == 0 and sg_k >= 1, (tile, c)
+        assert nbuf in (1, 2), tile
+        need = coop_shared_bytes(bm, bn, sg_m, sg_n, sg_k, nbuf, c)
+        if need > limit:
+            raise VkrtError(f"matmul_coop tile {bm}x{bn}:{sg_m}x{sg_n}x{sg_k} with {nbuf} "
+                            f"shared buffers needs {need} bytes of shared memory; "
+                            f"{self._pipelines.device.name} has {limit} "
+                            "(maxComputeSharedMemorySize)")
         return {0: sg_m * sg_n * sg_k * self._pipelines.device.subgroup_size, 1: c.m, 2: c.n,
-                3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n, 8: sg_k}
+                3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n, 8: sg_k, 9: nbuf}
 
     def batch_kernel(self, role: str) -> str:
         """The kernel of the batched runner's products of tokens of `role` ("decode" or
@@ -766,6 +812,8 @@ class Kernels:
                                        "(vec4 loads)")
         qn = n_tokens * n_heads * head_dim
         if self.attention_tile is not None:
+            # The tiles' pipelines are built for this Kernels' head_dim (HEAD_DIM).
+            assert head_dim == self._head_dim, "built for head_dim"
             qt, lq, kt = self.attention_tile
             op = self._attention_tiles.get((window, kv))
             if op is None:

@@ -80,6 +80,28 @@ class BatchCoopTile:
 
 
 @dataclass(frozen=True)
+class PrefillCoopTile:
+    """A prefill product's `matmul_coop` launch (vkrt/glsl/matmul_coop.comp) for products of
+    at least `min_rows` rows and `min_tokens` tokens: a workgroup tile of `bm` tokens x `bn`
+    rows over `sg_m` x `sg_n` subgroups, `sg_k` groups of them splitting the columns, `nbuf`
+    shared buffers (2: double-buffered). `Kernels.coop_spec` halves `bm` on a device whose
+    shared memory the tile does not fit. Prefill promises no batch invariance, so the tile
+    may change with the shape."""
+    min_rows: int
+    min_tokens: int
+    bm: int
+    bn: int
+    sg_m: int
+    sg_n: int
+    source: str
+    sg_k: int = 1
+    nbuf: int = 1
+
+    def matches(self, n_rows: int, n_tokens: int) -> bool:
+        return n_rows >= self.min_rows and n_tokens >= self.min_tokens
+
+
+@dataclass(frozen=True)
 class Table:
     decode: dict[str, tuple[Decode, ...]]
     argmax_threads: int              # argmax's one workgroup
@@ -99,6 +121,9 @@ class Table:
     # kernels.attention_tile_shape fits LQ and KT to the device), or None for
     # attention.comp (one workgroup per head and token).
     prefill_attention: tuple[int, int, int] | None = None
+    # Prefill products on matmul_coop (where the device has cooperative matrices): the first
+    # rule that matches the product's rows and tokens; the last matches any.
+    prefill_coop_tiles: tuple[PrefillCoopTile, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)   # the scalar entries' measurements
 
     def decode_rule(self, kernel: str, n_rows: int, block: int, dtype: str = "",
@@ -108,6 +133,11 @@ class Table:
         f32, f16, bf16)."""
         rules = self.decode["matvec" if kernel == "matvec_add" else kernel]
         return next(r for r in rules if r.matches(n_rows, block, dtype, n_cols))
+
+    def prefill_coop_tile(self, n_rows: int, n_tokens: int) -> PrefillCoopTile:
+        """The `matmul_coop` tile of a prefill product of `n_rows` rows and `n_tokens`
+        tokens."""
+        return next(r for r in self.prefill_coop_tiles if r.matches(n_rows, n_tokens))
 
     def batch_tile(self, n_tokens: int) -> BatchTile:
         """The `matmul` launch of a batched product of `n_tokens` tokens."""
@@ -139,6 +169,8 @@ _TILES_CPU = ("bench/README.md, 2026-12-04, third session (bench/attention_prefi
               "attention.comp 227.1")
 _REDUCE_ROWS = ("bench/README.md, 2026-12-04, third session (bench/matvec_types.py "
                 "--configs, H200, rows summed by reduce_rows.glsl)")
+_COOP16 = ("bench/README.md, 2026-12-04, fourth session (bench/matmul_coop.py --tiles, H200, "
+           "Q4_1 7B shapes, one tile per process, TFLOP/s)")
 _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
 _SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
 _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "
@@ -233,6 +265,26 @@ GPU = Table(
     batch_coop_tiles=(BatchCoopTile(None, 32, 128, 2, 4, _PRODUCTS + ": coop 32x128:2x4 "
                                     "1036-1242 us, matmul 1x8 122-1661 us"),),
     prefill_attention=(128, 2, 32),
+    # 16 subgroups per workgroup, each 32 or 64 tokens x 32 rows: more subgroups in flight
+    # on the few workgroups of a 4096-row product (128 at 512 tokens on 132 SMs); fewer
+    # rows, smaller tiles and the columns split in two, so that the workgroups fill the
+    # GPU. One shared buffer: double-buffering was no faster (128x128:2x4 at 512 tokens, 2
+    # buffers against 1: 173.0 against 166.8 us, 820.1 against 815.2, 766.6 against 763.0).
+    prefill_coop_tiles=(
+        PrefillCoopTile(8192, 256, 256, 128, 4, 4, _COOP16 + ": [14336, 4096] at 512 tokens "
+                        "256x128:4x4 111.8-112.0, 128x128:4x4 93.1-93.6, 256x128:4x2 98.3; "
+                        "[8192, 2048] 127.5"),
+        PrefillCoopTile(4096, 2048, 256, 128, 4, 4, _COOP16 + ": at 2048 tokens 256x128:4x4 "
+                        "124.9-129.3, 128x128:4x4 101.7-110.2, 128x128:2x4x2 86.9-92.8"),
+        PrefillCoopTile(4096, 0, 128, 128, 4, 4, _COOP16 + ": at 512 tokens [4096, 4096] "
+                        "128x128:4x4 129.2, 2x4 96.4-102.9, 256x64:8x2 120.3; [4096, 14336] "
+                        "100.0, 2x4 77.5, 256x128:4x4 62.3"),
+        PrefillCoopTile(2048, 0, 128, 64, 4, 4, _COOP16 + ": at 512 tokens [2048, 2048] "
+                        "128x64:4x4x2 91.6, 128x128:4x4 62.5, 64x128:4x4x2 83.8; [2048, 8192] "
+                        "92.0, 60.2, 94.3", sg_k=2),
+        PrefillCoopTile(0, 0, 64, 64, 4, 4, _COOP16 + ": at 512 tokens [1024, 4096] 64x64:4x4 "
+                        "63.2, 128x128:4x4 32.8, 128x64:4x4x2 50.1; [512, 2048] 29.9, 14.6, "
+                        "21.7")),
     sources={"batch_products": _BATCHED,
              "norm_subgroups": _NORMS,
              "argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
@@ -256,6 +308,8 @@ CPU = Table(
     batch_tiles=(BatchTile(None, 1, 8, "lavapipe: matmul's tile of 8 tokens, one row "
                                        "(the first session's choice, not timed)"),),
     prefill_attention=(32, 4, 32),
+    # lavapipe lists no cooperative matrices; the GPU's tiles, for a pretend shape in tests.
+    prefill_coop_tiles=GPU.prefill_coop_tiles,
     sources={"batch_products": "the GPU's, so the roles' kernels differ where CI runs too "
                                "(the tiled matmul no slower here: prefill_tiled's source)",
              "prefill_attention": _TILES_CPU,

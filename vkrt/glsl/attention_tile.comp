@@ -66,8 +66,9 @@ float weight(float s, float mx) {
 void main() {
     uint h = gl_WorkGroupID.x, t0 = token_index() * QT, tid = gl_LocalInvocationID.x;
     if (t0 >= pc.n_tokens) return;                       // uniform per workgroup
-    uint lane = tid % LQ, t = min(t0 + tid / LQ, pc.n_tokens - 1);   // tokens past the end
-    uint kvh = h / (pc.n_heads / pc.n_kv_heads);         // repeat the last and store nothing
+    // Queries past the last token repeat it and store nothing.
+    uint lane = tid % LQ, t = min(t0 + tid / LQ, pc.n_tokens - 1);
+    uint kvh = h / (pc.n_heads / pc.n_kv_heads);
     uint row4 = pc.n_kv_heads * D4;                      // vec4 per cache position
     uint last = pc.pos0 + t;                             // this query's positions, inclusive
     uint first = WINDOW != 0 && last >= WINDOW ? last + 1 - WINDOW : 0;

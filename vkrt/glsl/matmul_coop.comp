@@ -30,9 +30,17 @@
 // The groups' accumulators are then added in the order g = 0, 1, ..., SG_K - 1 through
 // the staging tiles (a fixed order: deterministic; split-K as in CUTLASS's "serial split-K",
 // kept inside one workgroup).
+// NBUF = 2: the x and W tiles are double-buffered in shared memory: step s's products read
+// buffer s % 2 while its invocations store step s + 1's tiles (fetched during the step
+// before) into the other, and one barrier per step ends both (the stores of step s + 1 go
+// to the buffer step s - 1's products read, which all finished before the barrier ending
+// step s - 1). NBUF = 1: one buffer, two barriers per step (every subgroup is done with
+// the step before, then the stores are visible). The products and their order are the
+// same either way, and so are the bits.
 // Specialization constants: 0 = local_size_x, 1 = TM, 2 = TN, 3 = TK (the cooperative matrix
 // shape; TK divides 32 and TM, TN, TK are multiples of 8), 4 = BM, 5 = BN (multiples of
-// SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N, 8 = SG_K. Dispatch: (min(row tiles, limit_x),
+// SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N, 8 = SG_K, 9 = NBUF (1 or 2; shared memory:
+// NBUF * SG_K * (BM + BN) * 80 bytes of tiles, SG_M * SG_N * TM * TN * 4 of staging). Dispatch: (min(row tiles, limit_x),
 // ceil(n_tokens / BM), ceil(row tiles / limit_x)) with row tiles = ceil(n_rows / BN): tiles
 // past maxComputeWorkGroupCount.x spill into z. Push constants: n_cols, n_rows, n_tokens,
 // token0 (the first token row of x and y the product covers: rows token0 .. token0 +
@@ -58,6 +66,7 @@ layout(constant_id = 5) const uint BN = 64;
 layout(constant_id = 6) const uint SG_M = 2;
 layout(constant_id = 7) const uint SG_N = 2;
 layout(constant_id = 8) const uint SG_K = 1;
+layout(constant_id = 9) const uint NBUF = 1;
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; uint token0; }
@@ -71,13 +80,44 @@ const uint XP = (XL + NT - 1) / NT, WP = (WL + NT - 1) / NT;   // per invocation
 const uint S4 = (BK + 8) / 4;             // f16vec4 per shared row: 80 bytes
 const uint SM = BM / SG_M, SN = BN / SG_N;  // one subgroup's tokens and rows
 const uint CM = SM / TM, CN = SN / TN;    // its accumulators along tokens and rows
-shared f16vec4 xs[SG_K * BM * S4];        // [group][token][k]
-shared f16vec4 ws[SG_K * BN * S4];        // [group][row][k]: W^T column-major
+shared f16vec4 xs[NBUF * SG_K * BM * S4]; // [buffer][group][token][k]
+shared f16vec4 ws[NBUF * SG_K * BN * S4]; // [buffer][group][row][k]: W^T column-major
 shared float stage[SG_M * SG_N * TM * TN];
+
+// Step k0's x and W tiles (vec4 columns k0 .. k0 + KQ - 1) into this invocation's registers.
+// Element i of a step's x tile is token i / KQ, column quad i % KQ, which is group
+// (i % KQ) / (BK / 4)'s; the W tile likewise by row.
+void fetch(out vec4 xr[XP], out vec4 wr[WP], uint k0, uint t0, uint n0, uint cols4) {
+    [[unroll]] for (uint p = 0; p < XP; ++p) {
+        uint i = gl_LocalInvocationID.x + p * NT, t = i / KQ, q = k0 + i % KQ;
+        xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4
+                ? x[(pc.token0 + t0 + t) * cols4 + q] : vec4(0.0);
+    }
+    [[unroll]] for (uint p = 0; p < WP; ++p) {
+        uint i = gl_LocalInvocationID.x + p * NT, r = i / KQ, q = k0 + i % KQ;
+        wr[p] = i < WL && n0 + r < pc.n_rows && q < cols4 ? weight4(n0 + r, q, pc.n_cols)
+                                                         : vec4(0.0);
+    }
+}
+
+// The registers' tiles into shared buffer `buf`, rounded to f16; in shared memory each
+// group's columns are a tile of their own: [buffer][group][token or row][k].
+void store(vec4 xr[XP], vec4 wr[WP], uint buf) {
+    [[unroll]] for (uint p = 0; p < XP; ++p) {
+        uint i = gl_LocalInvocationID.x + p * NT, q = i % KQ;
+        if (i < XL)
+            xs[((buf * SG_K + q / (BK / 4)) * BM + i / KQ) * S4 + q % (BK / 4)] = f16vec4(xr[p]);
+    }
+    [[unroll]] for (uint p = 0; p < WP; ++p) {
+        uint i = gl_LocalInvocationID.x + p * NT, q = i % KQ;
+        if (i < WL)
+            ws[((buf * SG_K + q / (BK / 4)) * BN + i / KQ) * S4 + q % (BK / 4)] = f16vec4(wr[p]);
+    }
+}
 
 void main() {
     uint tile = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
-    uint n0 = tile * BN, t0 = gl_WorkGroupID.y * BM, tid = gl_LocalInvocationID.x;
+    uint n0 = tile * BN, t0 = gl_WorkGroupID.y * BM;
     if (n0 >= pc.n_rows) return;  // uniform per workgroup
     uint cols4 = pc.n_cols / 4;
     uint sg = gl_SubgroupID, g = sg / (SG_M * SG_N), sr = sg % (SG_M * SG_N);
@@ -89,56 +129,38 @@ void main() {
     // (loads in flight across the products: a register double buffer); every loop runs to
     // specialization constants and is unrolled, so the accumulators and buffers stay in
     // registers.
-    vec4 xr[XP], wr[WP];
-    // Element i of a step's x tile is token i / KQ, column quad i % KQ, which is group
-    // (i % KQ) / (BK / 4)'s; the W tile likewise by row. In shared memory each group's
-    // columns are a tile of their own: [group][token or row][k].
-    [[unroll]] for (uint p = 0; p < XP; ++p) {
-        uint i = tid + p * NT, t = i / KQ, q = i % KQ;
-        xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4
-                ? x[(pc.token0 + t0 + t) * cols4 + q] : vec4(0.0);
-    }
-    [[unroll]] for (uint p = 0; p < WP; ++p) {
-        uint i = tid + p * NT, r = i / KQ, q = i % KQ;
-        wr[p] = i < WL && n0 + r < pc.n_rows && q < cols4 ? weight4(n0 + r, q, pc.n_cols)
-                                                         : vec4(0.0);
-    }
-    for (uint k0 = 0; k0 < cols4; k0 += KQ) {
-        barrier();                        // every subgroup is done with the last step's tiles
-        [[unroll]] for (uint p = 0; p < XP; ++p) {
-            uint i = tid + p * NT, q = i % KQ;
-            if (i < XL) xs[(q / (BK / 4) * BM + i / KQ) * S4 + q % (BK / 4)] = f16vec4(xr[p]);
-        }
-        [[unroll]] for (uint p = 0; p < WP; ++p) {
-            uint i = tid + p * NT, q = i % KQ;
-            if (i < WL) ws[(q / (BK / 4) * BN + i / KQ) * S4 + q % (BK / 4)] = f16vec4(wr[p]);
-        }
+    vec4 xr[XP];
+    vec4 wr[WP];
+    fetch(xr, wr, 0, t0, n0, cols4);
+    if (NBUF == 2) {
+        store(xr, wr, 0);
         barrier();
+    }
+    for (uint k0 = 0, s = 0; k0 < cols4; k0 += KQ, ++s) {
         uint k1 = k0 + KQ;                // the next step; out-of-range columns load as 0
-        if (k1 < cols4) {
-            [[unroll]] for (uint p = 0; p < XP; ++p) {
-                uint i = tid + p * NT, t = i / KQ, q = k1 + i % KQ;
-                xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4
-                        ? x[(pc.token0 + t0 + t) * cols4 + q] : vec4(0.0);
-            }
-            [[unroll]] for (uint p = 0; p < WP; ++p) {
-                uint i = tid + p * NT, r = i / KQ, q = k1 + i % KQ;
-                wr[p] = i < WL && n0 + r < pc.n_rows && q < cols4 ? weight4(n0 + r, q, pc.n_cols)
-                                                                 : vec4(0.0);
-            }
+        if (NBUF == 1) {
+            barrier();                    // every subgroup is done with the last step's tiles
+            store(xr, wr, 0);
+            barrier();
         }
+        if (k1 < cols4) fetch(xr, wr, k1, t0, n0, cols4);
+        uint xb = (s % NBUF) * SG_K * BM, wb = (s % NBUF) * SG_K * BN;
         [[unroll]] for (uint kk = 0; kk < BK / TK; ++kk) {
             coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b[CN];
             [[unroll]] for (uint j = 0; j < CN; ++j)
-                coopMatLoad(b[j], ws, (g * BN + sn0 + j * TN) * S4 + kk * TK / 4, S4,
+                coopMatLoad(b[j], ws, (wb + g * BN + sn0 + j * TN) * S4 + kk * TK / 4, S4,
                             gl_CooperativeMatrixLayoutColumnMajor);
             [[unroll]] for (uint i = 0; i < CM; ++i) {
                 coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
-                coopMatLoad(a, xs, (g * BM + sm0 + i * TM) * S4 + kk * TK / 4, S4,
+                coopMatLoad(a, xs, (xb + g * BM + sm0 + i * TM) * S4 + kk * TK / 4, S4,
                             gl_CooperativeMatrixLayoutRowMajor);
                 [[unroll]] for (uint j = 0; j < CN; ++j)
                     acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);
             }
+        }
+        if (NBUF == 2) {
+            if (k1 < cols4) store(xr, wr, (s + 1) % 2);
+            barrier();                    // the next step's tiles stored; this step's read
         }
     }
     // Split K: group gg - 1 leaves the sum of groups 0 .. gg - 1 in `stage`, one
