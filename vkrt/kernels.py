@@ -273,7 +273,8 @@ class Kernels:
                 self.attention_tile = attention_tile_shape(
                     head_dim, sg, limits.maxComputeSharedMemorySize,
                     self.tuning.prefill_attention,
-                    min(limits.maxComputeWorkGroupInvocations, limits.maxComputeWorkGroupSize[0]))
+                    min(limits.maxComputeWorkGroupInvocations,
+                        limits.maxComputeWorkGroupSize[0]))
             split_spec = {0: head_dim, 2: self.split_lanes}
             self._attention_split = Op(p("attention_split", split_spec), (F32, F32, F32, F32))
             self._attention_split_pos = Op(p("attention_split_pos", split_spec),

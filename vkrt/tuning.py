@@ -84,9 +84,9 @@ class PrefillCoopTile:
     """A prefill product's `matmul_coop` launch (vkrt/glsl/matmul_coop.comp) for products of
     at least `min_rows` rows and `min_tokens` tokens: a workgroup tile of `bm` tokens x `bn`
     rows over `sg_m` x `sg_n` subgroups, `sg_k` groups of them splitting the columns, `nbuf`
-    shared buffers (2: double-buffered). `Kernels.coop_spec` halves `bm` on a device whose
-    shared memory the tile does not fit. Prefill promises no batch invariance, so the tile
-    may change with the shape."""
+    shared buffers (2: double-buffered). `kernels.fit_coop_tile` shrinks it on a device whose
+    shared memory it does not fit. Prefill promises no batch invariance, so the tile may
+    change with the shape."""
     min_rows: int
     min_tokens: int
     bm: int
@@ -170,7 +170,7 @@ _TILES_CPU = ("bench/README.md, 2026-12-04, third session (bench/attention_prefi
 _REDUCE_ROWS = ("bench/README.md, 2026-12-04, third session (bench/matvec_types.py "
                 "--configs, H200, rows summed by reduce_rows.glsl)")
 _COOP16 = ("bench/README.md, 2026-12-04, fourth session (bench/matmul_coop.py --tiles, H200, "
-           "Q4_1 7B shapes, one tile per process, TFLOP/s)")
+           "Q4_1 7B and 1.2B shapes, one tile per process, TFLOP/s)")
 _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
 _SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
 _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "

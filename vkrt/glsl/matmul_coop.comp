@@ -40,9 +40,9 @@
 // Specialization constants: 0 = local_size_x, 1 = TM, 2 = TN, 3 = TK (the cooperative matrix
 // shape; TK divides 32 and TM, TN, TK are multiples of 8), 4 = BM, 5 = BN (multiples of
 // SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N, 8 = SG_K, 9 = NBUF (1 or 2; shared memory:
-// NBUF * SG_K * (BM + BN) * 80 bytes of tiles, SG_M * SG_N * TM * TN * 4 of staging). Dispatch: (min(row tiles, limit_x),
-// ceil(n_tokens / BM), ceil(row tiles / limit_x)) with row tiles = ceil(n_rows / BN): tiles
-// past maxComputeWorkGroupCount.x spill into z. Push constants: n_cols, n_rows, n_tokens,
+// NBUF * SG_K * (BM + BN) * 80 bytes of tiles, SG_M * SG_N * TM * TN * 4 of staging).
+// Dispatch: (min(row tiles, limit_x), ceil(n_tokens / BM), ceil(row tiles / limit_x)) with
+// row tiles = ceil(n_rows / BN): tiles past maxComputeWorkGroupCount.x spill into z. Push constants: n_cols, n_rows, n_tokens,
 // token0 (the first token row of x and y the product covers: rows token0 .. token0 +
 // n_tokens - 1; the batched runner's roles, vkrt/models/batch.py).
 // An output's sum is the same chains of coopMatMulAdd over the k steps in order (one chain
