@@ -1330,13 +1330,13 @@ def coop_or_skip(kernels):
 # over the whole output instead; this bound is per element and worst case). F16 weights are
 # exact in f16, so their products carry only x's rounding. A wrong block, scale, nibble or tile is off by ~1e-2 or
 # more in these units.
-# Each of the table's workgroup tiles runs (vkrt/tuning.py prefill_coop_tiles, each rule in
-# the table's place: 256 tokens x 128 rows is one partial token tile of 70 or 129 tokens and
-# one partial row tile; 128 x 64 splits the columns in two), as fit_coop_tile fits it to the
-# device's shared memory, and a split-K tile in their place: 3 groups of 2
-# subgroups over 32 tokens x 32 rows (a step of 96 columns: the scalar types' 100 take a
-# second step of 4, the group sums added through shared memory), and a double-buffered tile
-# (64 x 64 over 2 x 2, two shared buffers: one barrier per step).
+# Each rule of the table's tiles runs in turn as the only rule (vkrt/tuning.py
+# prefill_coop_tiles, fitted to the device's shared memory by fit_coop_tile): 256 tokens x
+# 128 rows makes one partial token tile of 70 or 129 tokens and one partial row tile, and
+# 128 x 64 splits the columns in two. Then a split-K tile: 3 groups of 2 subgroups over 32
+# tokens x 32 rows (a step of 96 columns: the scalar types' 100 take a second step of 4, the
+# group sums added through shared memory); and a double-buffered tile (64 x 64 over 2 x 2,
+# two shared buffers: one barrier per step).
 @pytest.mark.parametrize("tile", [f"rule{i}" for i in range(len(tuning.GPU.prefill_coop_tiles))]
                          + ["splitk", "double"])
 @pytest.mark.parametrize("n_tokens,n_rows", [(70, 37), (129, 72)], ids=["70x37", "129x72"])
