@@ -56,7 +56,8 @@ KV_OWNER = ["tests/test_serve_batch.py::test_one_engine_runs_a_model_at_a_time"]
 # block type at odd sizes, split and staged.
 UNITS = ["tests/test_kernels.py::test_matvec_units_odd_sizes"]
 # qkv_rope's pairs of rows per workgroup: the launches of more than one pair (3 and 8 rows;
-# a launch of one pair cannot tell a pair's rows from another's).
+# a launch of one pair cannot tell a pair's rows from another's). A test list may carry
+# pytest options (`-k EXPR`): they go to pytest as they are.
 QKV_PAIRS = ["tests/test_kernels.py::test_qkv_rope_writes_q_and_the_cache_row",
              "-k", "3-rows or 8-rows"]
 # x quantized per unit (glsl/unit_xq.glsl): its edges (the clamp, the float path's units).
