@@ -42,9 +42,10 @@
 // SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N, 8 = SG_K, 9 = NBUF (1 or 2; shared memory:
 // NBUF * SG_K * (BM + BN) * 80 bytes of tiles, SG_M * SG_N * TM * TN * 4 of staging).
 // Dispatch: (min(row tiles, limit_x), ceil(n_tokens / BM), ceil(row tiles / limit_x)) with
-// row tiles = ceil(n_rows / BN): tiles past maxComputeWorkGroupCount.x spill into z. Push constants: n_cols, n_rows, n_tokens,
-// token0 (the first token row of x and y the product covers: rows token0 .. token0 +
-// n_tokens - 1; the batched runner's roles, vkrt/models/batch.py).
+// row tiles = ceil(n_rows / BN): tiles past maxComputeWorkGroupCount.x spill into z. Push
+// constants: n_cols, n_rows, n_tokens, token0 (the first token row of x and y the product
+// covers: rows token0 .. token0 + n_tokens - 1; the batched runner's roles,
+// vkrt/models/batch.py).
 // An output's sum is the same chains of coopMatMulAdd over the k steps in order (one chain
 // per k group, the chains added in group order) whatever BM, BN, SG_M and SG_N are, so its
 // bits depend on SG_K but not on the rest of the tile (the batched runner's batch
