@@ -16,7 +16,8 @@ every sequence decodes the same count. Timed on the host with `time.perf_counter
 - `total_tok_s`: (prompt + generated tokens of all N) over the whole run, as llama.cpp's S;
 - TTFT and TPOT (p50, p99) of the requests (`RequestOutput.ttft_s` / `tpot_s`);
 - `batch_1_identical`: the tokens of sequences 0 .. `--check` - 1 in the batch equal their
-  runs alone (each prompt at N = 1 first), which the batched forward's bit-identity gives.
+  runs alone in an engine of the same max_batch (which fixes the products' kernels,
+  vkrt/tuning.py `WideBatchDecode`), which the batched forward's bit-identity gives.
 With `--llama-batched-bench PATH` (llama.cpp's tool, built as bench/README.md says) the same
 command then runs `llama-batched-bench -m M -npp P -ntg N -npl SEQS -ngl 99 --output-format
 jsonl` on the same file and reports its S_TG (`speed_tg`: pl * tg over its generation time)
@@ -48,9 +49,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
-        first_index: int = 0, kv_cache_dtype: str = "f32") -> tuple[dict, list]:
+        first_index: int = 0, kv_cache_dtype: str = "f32",
+        max_batch: int | None = None) -> tuple[dict, list]:
     """N = `n` greedy sequences at once, prompts `bench_prompt(n_vocab, p, first_index + i)`,
-    `tokens` tokens each, the engine's KV cache of `kv_cache_dtype`: (the report row: tok/s,
+    `tokens` tokens each, in an engine of `max_batch` (None: n) sequences per step whose KV
+    cache holds `kv_cache_dtype`: (the report row: tok/s,
     TTFT and TPOT in ms, the token lists of the n sequences). Raises SystemExit when a
     request fails or the family cannot batch n."""
     from vkrt.bench import bench_prompt
@@ -65,9 +68,11 @@ def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
     last: dict[int, float] = {}
     stats = []
     if batched_model(model) is not None:
-        batching = {"max_batch": n, "max_batched_tokens": max(max_batched_tokens, n),
+        max_batch = max_batch or n
+        batching = {"max_batch": max_batch,
+                    "max_batched_tokens": max(max_batched_tokens, max_batch),
                     "kv_cache_dtype": kv_cache_dtype}
-    elif n == 1:
+    elif n == 1 and max_batch in (None, 1):
         batching = {}   # a family without a batched forward runs one sequence at a time
     else:
         raise SystemExit(f"{model.family}: no batched forward (execute_batch); --seqs 1 only")
@@ -222,9 +227,10 @@ def main() -> None:
               "decode_coop_tiles": args.decode_coop_tiles, "runs": []}
     with vkrt.load(args.model, device=args.device) as model:
         report["device"] = model.device.name
-        alone = [run(model, 1, args.prompt_tokens, args.tokens, args.max_batched_tokens, i,
-                     args.kv_cache_dtype)[1][0] for i in range(args.check)]
         for n in seqs:
+            alone = [run(model, 1, args.prompt_tokens, args.tokens, args.max_batched_tokens,
+                         i, args.kv_cache_dtype, max_batch=n)[1][0]
+                     for i in range(min(n, args.check))]
             row, toks = run(model, n, args.prompt_tokens, args.tokens, args.max_batched_tokens,
                             kv_cache_dtype=args.kv_cache_dtype)
             k = min(n, args.check)

@@ -80,6 +80,7 @@ class FakePagedLM:
 
     def __init__(self):
         self.kv_tokens = self.kv_pos = self.kv_prompt = self.paged_kv_dtype = None
+        self.paged_products = None
         self.steps, self.tokens_per_step, self.seqs_per_step, self.setups = 0, [], [], 0
         self.delay_s = 0.0
 
@@ -92,13 +93,19 @@ class FakePagedLM:
         """As a device with room for `max_slots` token slots (a class attribute tests set)."""
         return self.max_slots // block_size
 
+    def batch_products(self, max_batch=None) -> dict:
+        """As a table whose engines of 16 or more sequences decode on another kernel."""
+        return {"decode": "wide" if max_batch and max_batch >= 16 else "narrow",
+                "prompt": "prompt"}
+
     def setup_paged_cache(self, num_blocks: int, block_size: int,
-                          kv_dtype: str = "float32") -> None:
+                          kv_dtype: str = "float32", max_batch=None) -> None:
         if num_blocks * block_size > self.max_slots:
             from vkrt.errors import DeviceMemoryError
             raise DeviceMemoryError(f"allocating {num_blocks * block_size} slots on the fake "
                                     f"device: {self.max_slots} fit")
         self.paged_kv_dtype = kv_dtype
+        self.paged_products = self.batch_products(max_batch)
         self.block_size = block_size
         self.kv_tokens = np.zeros(num_blocks * block_size, np.int64)
         self.kv_pos = np.full(num_blocks * block_size, -1, np.int64)    # -1: never written

@@ -75,15 +75,15 @@ class Pages:
 
 
 def run_schedule(model, schedule, prompts: dict[str, list[int]], n_new: int, seed: int = 0,
-                 all_logits: bool = True, kv_dtype: str = "float32"):
+                 all_logits: bool = True, kv_dtype: str = "float32", max_batch=None):
     """Run sequences through steps as `schedule(state)` groups them, greedy, the logits of
     every token kept (`all_logits`; else those of the sampled tokens only): returns
     ({(seq, pos): logits row}, {seq: generated tokens}). `schedule(done, tokens, generated,
     n_new)` gets, per sequence, how many of its tokens are in the KV cache, its tokens so far
     and its generated ones, and returns the parts of the next step ((seq, count) pairs: the
-    next `count` tokens of seq). `kv_dtype`: the paged cache's."""
+    next `count` tokens of seq). `kv_dtype`, `max_batch`: the paged cache's."""
     pages = Pages(NUM_BLOCKS, BLOCK_SIZE, seed)
-    model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE, kv_dtype)
+    model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE, kv_dtype, max_batch)
     tokens = {s: list(p) for s, p in prompts.items()}
     done = {s: 0 for s in prompts}        # tokens of s whose K/V are in the cache
     logits, generated = {}, {s: [] for s in prompts}
@@ -149,27 +149,29 @@ def check_prefill_logits(model, ids: list[int], ref, label: str,
 F16_KV_LOGIT_REL = 1e-3
 
 
-def check_invariance(model, prompts, n_new, chunks=(3, 5), kv_dtype="float32"):
+def check_invariance(model, prompts, n_new, chunks=(3, 5), kv_dtype="float32",
+                     max_batch=None):
     """Each sequence alone (the logits of its sampled tokens: R < T in its prefill step),
     then all mixed with prefill chunks of each size (every token's logits with the first,
     the sampled ones with the others), and last all recorded (no replay): every logits row
     the alone runs have bit-identical, the same greedy tokens. Returns the alone runs'
-    tokens. `kv_dtype`: the paged cache's, in every run."""
+    tokens. `kv_dtype`, `max_batch`: the paged cache's, in every run."""
     ref_logits, ref_tokens = {}, {}
     for s in prompts:
         lg, toks = run_schedule(model, alone(s), {s: prompts[s]}, n_new, seed=len(s),
-                                all_logits=False, kv_dtype=kv_dtype)
+                                all_logits=False, kv_dtype=kv_dtype, max_batch=max_batch)
         ref_logits.update(lg)
         ref_tokens.update(toks)
     runs = [(f"chunks of {c}", lambda c=c: run_schedule(model, mixed(c), prompts, n_new,
                                                         all_logits=c == chunks[0],
-                                                        kv_dtype=kv_dtype))
+                                                        kv_dtype=kv_dtype,
+                                                        max_batch=max_batch))
             for c in chunks]
 
     def recorded():
         with config.REPLAY.override("0"):
             return run_schedule(model, mixed(chunks[0]), prompts, n_new, seed=7,
-                                kv_dtype=kv_dtype)
+                                kv_dtype=kv_dtype, max_batch=max_batch)
     runs.append(("recorded", recorded))
     for what, run in runs:
         lg, toks = run()
@@ -224,6 +226,38 @@ def test_batch_family_matches_transformers_and_is_batch_invariant(arch, kv_dtype
         model.close()
 
 
+def test_wide_engine_decodes_on_its_kernel_batch_invariant(device, tmp_path):
+    """An engine of many sequences (max_batch at or past a `WideBatchDecode` rule) runs its
+    generated tokens' products on the rule's kernel (here matmul_tiled, which lavapipe has;
+    the GPU table's is matmul_coop) for the paged cache's life: its steps record that
+    kernel, every sequence's logits are bit-identical alone and in any batch, the greedy
+    tokens equal transformers'; a cache set up for fewer sequences keeps the table's."""
+    from vkrt.tuning import WideBatchDecode
+
+    path = write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), "qwen2", "F32")
+    ref = TransformersReference(str(path), **ORACLE_CONFIG.get("qwen2", {}))
+    rng = np.random.default_rng(5)
+    prompts = {s: [int(i) for i in rng.integers(0, N_VOCAB, n)]
+               for s, n in {"a": 9, "b": 3, "c": 6}.items()}
+    model = Llama.from_gguf(device, load_gguf(path))
+    try:
+        model.k.tuning = dataclasses.replace(
+            model.k.tuning, batch_products={"decode": "matmul", "prompt": "matmul"},
+            wide_batch_decode=(WideBatchDecode(4, "matmul_tiled", "test"),))
+        tokens = check_invariance(model, prompts, 5, max_batch=4)
+        assert model.paged_products == {"decode": "matmul_tiled", "prompt": "matmul"}
+        for s, ids in prompts.items():
+            assert tokens[s] == ref.greedy(ids, 5), s
+        ds = model.batch_step(model._inputs(3, True), StepShape(decode=2, prompt=1, logits=2))
+        kernels = {d.pipeline.name for d in ds if d.name in ("blk.0.attn_q", "output")}
+        assert kernels == {"matmul_tiled_f32", "matmul_f32"}, kernels
+        assert [d.pipeline.name for d in ds if d.name == "output"] == ["matmul_tiled_f32"]
+        model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE, max_batch=3)
+        assert model.paged_products == {"decode": "matmul", "prompt": "matmul"}
+    finally:
+        model.close()
+
+
 def test_batch_buckets_capture_once_each(llama):
     """A step is captured once per (T bucket, R bucket) and replayed after; T past the largest
     bucket is recorded."""
@@ -250,13 +284,13 @@ def test_batch_products_take_their_roles_kernels(llama, monkeypatch):
     """A step's products run the generated tokens' rows (first) on the table's "decode"
     kernel and the prompt tokens' rows (after the decode bucket) on its "prompt" kernel, each
     from its first row (token0); the logit rows' product on the "decode" kernel. Either way
-    round the table is read."""
-    llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
-    inputs = llama._inputs(6, True)
+    round the table is read, when the paged cache is set up."""
     for decode, prompt in (("matmul", "matmul_tiled"), ("matmul_tiled", "matmul")):
         monkeypatch.setattr(llama.k, "tuning", dataclasses.replace(
             llama.k.tuning, batch_products={"decode": decode, "prompt": prompt}))
-        ds = llama.batch_step(inputs, StepShape(decode=2, prompt=4, logits=3))
+        llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)    # the cache fixes the kernels
+        assert llama.paged_products == {"decode": decode, "prompt": prompt}
+        ds = llama.batch_step(llama._inputs(6, True), StepShape(decode=2, prompt=4, logits=3))
 
         def products(name):
             return [(d.pipeline.name.removesuffix("_" + d.tensors[0].dtype),

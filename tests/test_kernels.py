@@ -2029,8 +2029,8 @@ def test_argmax_rows_one_row_each(gpu):
     ("matmul_coop", ((16, 32, 1, 2, 4), (32, 16, 2, 1, 4), (64, 64, 2, 2, 4), (16, 16, 1, 1, 4)))],
     ids=["matmul", "matmul-tiles", "matmul_tiled", "matmul_coop-tiles", "matmul_coop-splitk"])
 def test_batched_linear_rows_independent_of_the_token_count(gpu, kernels, kernel, tiles):
-    """Kernels.linear(batched=role), the batched runner's products on the kernel the table
-    names for the role (`Table.batch_products`): token t's row has the same bits whether 1,
+    """Kernels.linear(batched=kernel), the batched runner's products on the kernel the table
+    names for a role (`Kernels.batch_products`): token t's row has the same bits whether 1,
     2, 3, 5, 8 or 70 tokens run, whichever row the product starts at (token0) and, for
     matmul and matmul_coop, whatever tile the table gives (`Table.batch_tiles`: rows per
     workgroup x tokens per tile; `batch_coop_tiles`: tokens x rows over subgroups, one
@@ -2057,7 +2057,8 @@ def test_batched_linear_rows_independent_of_the_token_count(gpu, kernels, kernel
         kernels.tuning = dataclasses.replace(kernels.tuning, **change)
         for token0, role in ((0, "decode"), (70 - n, "prompt")):
             by = gpu.filled(70 * n_rows)
-            d = kernels.linear(bx, bw, by, n, batched=role, token0=token0)
+            d = kernels.linear(bx, bw, by, n, batched=kernels.batch_products()[role],
+                               token0=token0)
             assert d.pipeline.name == f"{kernel}_f32"
             gpu.stream.record([d])
             got = gpu.read(by).reshape(70, n_rows)
@@ -2072,21 +2073,31 @@ def test_batched_linear_rows_independent_of_the_token_count(gpu, kernels, kernel
     # change the batched products' kernel.
     kernels.prefill_kernel = lambda n_tokens: ("matmul_tiled" if kernel == "matmul_coop"
                                                else "matmul_coop")
-    d = kernels.linear(bx, bw, gpu.filled(70 * n_rows), 70, batched="prompt")
+    d = kernels.linear(bx, bw, gpu.filled(70 * n_rows), 70,
+                       batched=kernels.batch_products()["prompt"])
     assert d.pipeline.name == f"{kernel}_f32"
 
 
-def test_batch_kernel_falls_back_to_matmul_without_coop(kernels):
-    """`Kernels.batch_kernel`: the table's matmul_coop where the device lists a shape and
-    VKRT_COOPMAT allows it, else matmul; the other kernels as the table names them."""
+def test_batch_products_fall_back_to_matmul_without_coop(kernels):
+    """`Kernels.batch_products`: the table's matmul_coop where the device lists a shape and
+    VKRT_COOPMAT allows it, else matmul; the other kernels as the table names them; the
+    same for a kernel the table chooses by the engine's max_batch."""
+    from vkrt.tuning import WideBatchDecode
+
     kernels.tuning = dataclasses.replace(kernels.tuning, batch_products={
         "decode": "matmul_coop", "prompt": "matmul_tiled"})
     kernels.coop = None
-    assert (kernels.batch_kernel("decode"), kernels.batch_kernel("prompt")) == (
-        "matmul", "matmul_tiled")
+    assert kernels.batch_products() == {"decode": "matmul", "prompt": "matmul_tiled"}
     kernels.coop = SimpleNamespace(m=16, n=16, k=16)
-    assert kernels.batch_kernel("decode") == "matmul_coop"
+    assert kernels.batch_products()["decode"] == "matmul_coop"
     with config.COOPMAT.override("0"):
-        assert kernels.batch_kernel("decode") == "matmul"
+        assert kernels.batch_products()["decode"] == "matmul"
     with config.COOPMAT.override("1"):
-        assert kernels.batch_kernel("decode") == "matmul_coop"
+        assert kernels.batch_products()["decode"] == "matmul_coop"
+    kernels.tuning = dataclasses.replace(kernels.tuning, batch_products={
+        "decode": "matmul", "prompt": "matmul_tiled"}, wide_batch_decode=(
+        WideBatchDecode(16, "matmul_coop", "test"),))
+    assert kernels.batch_products(16)["decode"] == "matmul_coop"
+    assert kernels.batch_products(15)["decode"] == "matmul"
+    kernels.coop = None
+    assert kernels.batch_products(16) == {"decode": "matmul", "prompt": "matmul_tiled"}

@@ -337,6 +337,35 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
         Engine(FakeModel(n_ctx=256), block_size=8)
 
 
+def test_engine_fixes_the_products_kernels_by_max_batch():
+    """The engine's max_batch chooses the products' kernels (the fake's table: "wide" from 16
+    sequences), which the paged cache keeps: an engine of another max_batch but the same
+    kernels keeps the model's cache; one whose kernels differ sets it up anew (its steps
+    captured again); a running engine whose kernels were replaced by hand refuses its step."""
+    model = FakeModel(n_ctx=256)
+    narrow = Engine(model, max_batch=3, block_size=8, kv_blocks=5)
+    assert model.lm.paged_products["decode"] == "narrow" and model.lm.setups == 1
+    Engine(model, max_batch=8, block_size=8, kv_blocks=5)
+    assert model.lm.setups == 1                   # the same kernels: the cache kept
+    wide = Engine(model, max_batch=16, block_size=8, kv_blocks=5)
+    assert model.lm.paged_products["decode"] == "wide" and model.lm.setups == 2
+    wide.start(thread=False)
+    a = Collect()
+    wide.add_request([5] * 3, SamplingParams(max_tokens=2), a)
+    while wide.scheduler.has_unfinished():
+        wide.step()
+    assert a.tokens[0] == reference([5] * 3, 2)
+    model.lm.setup_paged_cache(5, 8)              # the narrow kernels, by hand
+    b = Collect()
+    wide.add_request([5] * 3, SamplingParams(max_tokens=2), b)
+    wide.step()
+    assert b.done and "KV cache was replaced" in b.outs[-1].error
+    wide.shutdown()
+    narrow.start(thread=False)
+    assert model.lm.paged_products["decode"] == "narrow"
+    narrow.shutdown()
+
+
 def test_one_engine_runs_a_model_at_a_time():
     """While an engine runs a model (started, not shut down), another engine with another
     cache is refused (the model untouched) and a second engine cannot start; once it is shut
@@ -345,7 +374,9 @@ def test_one_engine_runs_a_model_at_a_time():
     model = FakeModel(n_ctx=256)
     engine = Engine(model, max_batch=3, block_size=8, kv_blocks=5).start(thread=False)
     with pytest.raises(VkrtError, match=r"the model runs in another engine, whose KV cache "
-                                        r"has 5 blocks of 8 \(float32\): shut it down"):
+                                        r"has 5 blocks of 8 \(float32, max_batch 3\): shut "
+                                        r"it down before making one with 96 blocks of 8 "
+                                        r"\(float16, max_batch 3\)"):
         Engine(model, max_batch=3, block_size=8, kv_cache_dtype="f16")
     same = Engine(model, max_batch=3, block_size=8, kv_blocks=5)
     with pytest.raises(VkrtError, match="already runs in another engine"):

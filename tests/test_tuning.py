@@ -56,6 +56,30 @@ def test_every_batched_product_has_a_cited_kernel_and_tile(table):
             assert coop.bm % (coop.sg_m * 16) == 0 and coop.source, (table, n)
 
 
+@pytest.mark.parametrize("table", list(tuning.TABLES))
+def test_wide_batch_decode_rules_are_cited(table):
+    """Every rule choosing the "decode" role's kernel by the engine's max_batch names a
+    kernel the batched runner has and cites its measurement."""
+    for r in tuning.TABLES[table].wide_batch_decode:
+        assert r.min_max_batch >= 2 and r.source
+        assert r.kernel in ("matmul", "matmul_tiled", "matmul_coop")
+
+
+def test_batch_products_by_max_batch():
+    """`Table.batch_products_for`: the rule of the largest min_max_batch at or below the
+    engine's max_batch replaces the "decode" role's kernel; below every rule, or max_batch
+    None, the table's batch_products; the "prompt" role's kernel never changes."""
+    t = dataclasses.replace(tuning.CPU, batch_products={"decode": "matmul",
+                                                        "prompt": "matmul_tiled"},
+                            wide_batch_decode=(tuning.WideBatchDecode(32, "matmul_coop", "t"),
+                                               tuning.WideBatchDecode(8, "matmul_tiled", "t")))
+    got = {n: t.batch_products_for(n)["decode"] for n in (None, 1, 7, 8, 31, 32, 64)}
+    assert got == {None: "matmul", 1: "matmul", 7: "matmul", 8: "matmul_tiled",
+                   31: "matmul_tiled", 32: "matmul_coop", 64: "matmul_coop"}
+    assert {t.batch_products_for(n)["prompt"] for n in (None, 1, 8, 64)} == {"matmul_tiled"}
+    assert t.batch_products == {"decode": "matmul", "prompt": "matmul_tiled"}   # not changed
+
+
 def test_batch_coop_tiles_keep_one_column_split():
     """A token's bits under matmul_coop depend on its column split (`sg_k`,
     matmul_coop.comp), so a table whose tiles split the columns two ways is refused when a

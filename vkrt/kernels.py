@@ -464,15 +464,15 @@ class Kernels:
         return {0: sg_m * sg_n * sg_k * self._pipelines.device.subgroup_size, 1: c.m, 2: c.n,
                 3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n, 8: sg_k, 9: nbuf}
 
-    def batch_kernel(self, role: str) -> str:
-        """The kernel of the batched runner's products of tokens of `role` ("decode" or
-        "prompt"): the table's (`Table.batch_products`), "matmul" instead of "matmul_coop"
-        where the device lists no cooperative-matrix shape or VKRT_COOPMAT=0. Fixed for the
-        process (batch invariance: vkrt/models/batch.py)."""
-        kernel = self.tuning.batch_products[role]
-        if kernel == "matmul_coop" and (self.coop is None or config.COOPMAT.value == "off"):
-            return "matmul"
-        return kernel
+    def batch_products(self, max_batch: int | None = None) -> dict[str, str]:
+        """The kernel of the batched runner's products per token role ("decode", "prompt") in
+        an engine of `max_batch` sequences per step (None: the table's `batch_products`;
+        `Table.batch_products_for`), "matmul" instead of "matmul_coop" where the device lists
+        no cooperative-matrix shape or VKRT_COOPMAT=0. The paged KV cache holds the choice for
+        its engine's life (batch invariance: vkrt/models/batch.py)."""
+        coop = self.coop is not None and config.COOPMAT.value != "off"
+        return {role: "matmul" if kernel == "matmul_coop" and not coop else kernel
+                for role, kernel in self.tuning.batch_products_for(max_batch).items()}
 
     def prefill_kernel(self, n_tokens: int) -> str:
         """The kernel `linear` runs a product of `n_tokens` > 1 tokens on: `matmul_coop`
@@ -501,10 +501,10 @@ class Kernels:
         where the device has them, else `matmul_tiled` where the table says so (a GPU),
         `matmul` otherwise. `accumulate` (one token only): y += the product instead
         (`matvec_add`: a residual add folded into the projection).
-        `batched` ("decode" or "prompt"): the batched runner's product of tokens of that role
-        over rows token0 .. token0 + n_tokens - 1 of x and y, on the kernel `batch_kernel`
-        names for the role (`matmul` or `matmul_tiled` in f32, or `matmul_coop`, even for
-        one token; never the decode matvecs), its tile from the table. These kernels compute
+        `batched` ("matmul", "matmul_tiled" or "matmul_coop": a kernel of `batch_products`): the
+        batched runner's product of its tokens' role over rows token0 .. token0 + n_tokens - 1
+        of x and y on that kernel (even for one token; never the decode matvecs), its tile
+        from the table. These kernels compute
         a token's row in an order fixed by that row alone, whatever the tile, so it does not
         depend on how many tokens run with it (vkrt/models/batch.py: batch invariance)."""
         n_out, n_in = weight.shape
@@ -520,8 +520,9 @@ class Kernels:
         assert x_row == 0 and not accumulate, "matmul reads x from row 0 and overwrites y"
         assert batched is not None or token0 == 0, "token0 is the batched runner's"
         need = (None, (token0 + n_tokens) * n_in, (token0 + n_tokens) * n_out)
-        kernel = (self.batch_kernel(batched) if batched is not None
-                  else self.prefill_kernel(n_tokens))
+        assert batched in (None, "matmul", "matmul_tiled", "matmul_coop"), batched
+        assert batched != "matmul_coop" or self.coop is not None, "no cooperative matrices"
+        kernel = batched if batched is not None else self.prefill_kernel(n_tokens)
         if kernel == "matmul_coop":
             tile = None
             if batched is not None:

@@ -80,6 +80,19 @@ class BatchCoopTile:
 
 
 @dataclass(frozen=True)
+class WideBatchDecode:
+    """The generated tokens' products (the "decode" role) of an engine that batches at least
+    `min_max_batch` sequences per step (`Engine(max_batch=...)`, vkrt/serve/engine.py):
+    `kernel` instead of `Table.batch_products["decode"]`. An engine's max_batch is fixed for
+    its life and its paged KV cache holds the kernels it chose (vkrt/models/batch.py), so each
+    of its requests runs on one kernel whatever shares its step: batch invariance within an
+    engine. A request's bits may differ between engines of different max_batch."""
+    min_max_batch: int
+    kernel: str
+    source: str
+
+
+@dataclass(frozen=True)
 class PrefillCoopTile:
     """A prefill product's `matmul_coop` launch (vkrt/glsl/matmul_coop.comp) for products of
     at least `min_rows` rows and `min_tokens` tokens: a workgroup tile of `bm` tokens x `bn`
@@ -116,6 +129,9 @@ class Table:
     batch_products: dict[str, str] = field(default_factory=dict)
     batch_tiles: tuple[BatchTile, ...] = ()    # the first whose max_tokens covers the count
     batch_coop_tiles: tuple[BatchCoopTile, ...] = ()   # likewise, for "matmul_coop"
+    # The "decode" role's kernel by the engine's max_batch: the rule of the largest
+    # min_max_batch <= max_batch, or batch_products["decode"] below every rule.
+    wide_batch_decode: tuple[WideBatchDecode, ...] = ()
     # Prefill attention (more than one query token): attention_tile.comp on tiles of (QT
     # queries, at most LQ lanes per query, at most KT cache positions per staged tile;
     # kernels.attention_tile_shape fits LQ and KT to the device), or None for
@@ -138,6 +154,16 @@ class Table:
         """The `matmul_coop` tile of a prefill product of `n_rows` rows and `n_tokens`
         tokens."""
         return next(r for r in self.prefill_coop_tiles if r.matches(n_rows, n_tokens))
+
+    def batch_products_for(self, max_batch: int | None) -> dict[str, str]:
+        """The batched runner's kernel per token role ("decode", "prompt") in an engine of
+        `max_batch` sequences per step (None: `batch_products` as the table has it)."""
+        rules = [r for r in self.wide_batch_decode
+                 if max_batch is not None and r.min_max_batch <= max_batch]
+        if not rules:
+            return dict(self.batch_products)
+        wide = max(rules, key=lambda r: r.min_max_batch)
+        return {**self.batch_products, "decode": wide.kernel}
 
     def batch_tile(self, n_tokens: int) -> BatchTile:
         """The `matmul` launch of a batched product of `n_tokens` tokens."""
@@ -187,6 +213,9 @@ _XQ = ("bench/README.md, 2026-12-03 (vkrt bench, 7B shapes, A/B of launches and 
        "H200)")
 _PRODUCTS = ("bench/README.md, 2026-12-02 third session (bench/batched_products.py, H200, "
              "us summed over six shapes)")
+
+_SPLIT8 = ("bench/README.md, 2026-12-04 fifth session (bench/batched.py, 7B Q4_1, H200): "
+           "the engine's decode on matmul_coop split 8 ways")
 
 GPU = Table(
     decode={
@@ -262,8 +291,8 @@ GPU = Table(
     # 32 tokens against matmul's 122-882; only at 64 tokens 1242 against 1661; split K over
     # 4 groups, bench/README.md 2026-12-04 second session: the 7B shape's serving decode
     # 928.9 -> 1387.7 tok/s at 32 sequences but 614.1 -> 294.2 at 8, 113.5 -> 38.4 at 1).
-    batch_coop_tiles=(BatchCoopTile(None, 32, 128, 2, 4, _PRODUCTS + ": coop 32x128:2x4 "
-                                    "1036-1242 us, matmul 1x8 122-1661 us"),),
+    batch_coop_tiles=(BatchCoopTile(None, 32, 32, 2, 2, _SPLIT8 + ": 32x32:2x2x8", 8),),
+    wide_batch_decode=(WideBatchDecode(16, "matmul_coop", _SPLIT8 + ": PENDING"),),
     prefill_attention=(128, 2, 32),
     # 16 subgroups per workgroup, each 32 or 64 tokens x 32 rows: more subgroups in flight
     # on the few workgroups of a 4096-row product (128 at 512 tokens on 132 SMs); fewer

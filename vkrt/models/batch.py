@@ -37,12 +37,14 @@ step, unpadded.
 Batch invariance (what each family's `batch_step` keeps): a sequence's logits are
 bit-identical whatever else is in the batch and however its prompt is chunked. Every kernel
 of the step computes each token's row alone in an order fixed by its own data. The products
-run on the kernel the device's table names for the token's role (`Table.batch_products`,
-vkrt/tuning.py): a generated token ("decode": few columns, one weight row per workgroup,
-`matmul`) or a prompt token ("prompt": `matmul_tiled` on a GPU), each f32 and computing a
-token's row in one order whatever the token count (never the decode matvecs, nor
-`matmul_coop`, whose f16 operands the single-sequence prefill takes from COOP_MIN_TOKENS
-tokens). A token's role is a property of the token (`BatchInput.prompt`: is its position
+run on the kernel the device's table names for the token's role and the engine's max_batch
+(`Table.batch_products_for`, vkrt/tuning.py), chosen when the paged KV cache is set up and
+fixed for its life: a generated token ("decode": `matmul`, few columns, one weight row per
+workgroup; in engines of many sequences on the GPU, `matmul_coop` with the columns split K
+ways) or a prompt token ("prompt": `matmul_tiled` on a GPU). Each computes a token's row in
+one order whatever the token count (never the decode matvecs). So a request's bits do not
+depend on what shares its steps, but may differ between engines of different max_batch.
+A token's role is a property of the token (`BatchInput.prompt`: is its position
 inside its prompt), not of the step, so a prompt chunked differently, or generated tokens
 recomputed after a preemption, keep their kernels. Every logit row takes the "decode"
 product. Norms run one row per workgroup, attention one workgroup per (head, token) over
@@ -122,6 +124,7 @@ class PagedCache:
     tables: dict
     max_positions: int
     table_width: int
+    products: dict      # token role ("decode", "prompt") -> its products' kernel
 
     @property
     def scratch_slot(self) -> int:
@@ -208,15 +211,21 @@ class PagedBatch:
                       shape: StepShape) -> list[Dispatch]:
         """y = x W^T (+ b) for the step's f32 rows (x [T, in], y [T, out]; W = the model's
         `name`.weight, b = `name`.bias when present): the generated tokens' rows on the
-        table's "decode" product, the prompt tokens' on its "prompt" product (batch
-        invariance, the module docstring)."""
+        "decode" role's kernel, the prompt tokens' on the "prompt" role's (`_role_kernel`;
+        batch invariance, the module docstring)."""
         k, w = self.k, self.w
-        out = [k.linear(x, w[name + ".weight"], y, n, name=name, batched=role, token0=row0)
+        out = [k.linear(x, w[name + ".weight"], y, n, name=name,
+                        batched=self._role_kernel(role), token0=row0)
                for role, row0, n in (("decode", 0, shape.decode),
                                      ("prompt", shape.decode, shape.prompt)) if n]
         if name + ".bias" in w:
             out.append(k.bias_add(y, w[name + ".bias"], shape.tokens, name=name + ".bias"))
         return out
+
+    def _role_kernel(self, role: str) -> str:
+        """The kernel of the products of tokens of `role` ("decode": generated tokens and
+        every logit row; "prompt"), fixed with the paged KV cache (`setup_paged_cache`)."""
+        return self._paged.products[role]
 
     # -- the KV cache --------------------------------------------------------------------
     @staticmethod
@@ -266,12 +275,15 @@ class PagedBatch:
         return n
 
     def setup_paged_cache(self, num_blocks: int, block_size: int,
-                          kv_dtype: str = "float32") -> None:
+                          kv_dtype: str = "float32", max_batch: int | None = None) -> None:
         """Allocate the paged KV cache: `num_blocks` blocks of `block_size` slots per layer
         for K and V of `kv_dtype` (float32, like `setup_caches`' cache, or float16: K and V
         rounded to f16 as they are stored, all arithmetic f32; vkrt/glsl/kv.glsl) and one
         scratch slot, and the family's tables for positions below min(n_ctx, num_blocks *
         block_size); frees a previous paged cache (its recorded steps are captured again).
+        `max_batch` (the engine's sequences per step; None: not known) chooses the products'
+        kernel per token role for the cache's life (`Kernels.batch_products`,
+        `paged_products`).
         Raises: ValueError for num_blocks or block_size < 1, a kv_dtype no kernel reads or
         float16 on a device without storageBuffer16BitAccess, or when one layer's K (or V)
         cache passes the device's maxStorageBufferRange; DeviceMemoryError when the device
@@ -303,7 +315,8 @@ class PagedBatch:
             buffer.close()      # nothing half-allocated stays
             raise
         self._paged = PagedCache(int(num_blocks), int(block_size), buffer, k, v, tables,
-                                 max_positions, -(-max_positions // block_size))
+                                 max_positions, -(-max_positions // block_size),
+                                 self.k.batch_products(max_batch))
 
     @staticmethod
     def _paged_kv_name(i: int, what: str) -> str:
@@ -314,6 +327,17 @@ class PagedBatch:
         """(num_blocks, block_size) of the paged KV cache, or None before `setup_paged_cache`."""
         p = self._paged
         return None if p is None else (p.num_blocks, p.block_size)
+
+    def batch_products(self, max_batch: int | None = None) -> dict[str, str]:
+        """The products' kernel per token role that `setup_paged_cache(..., max_batch)` would
+        choose (`Kernels.batch_products`)."""
+        return self.k.batch_products(max_batch)
+
+    @property
+    def paged_products(self) -> dict[str, str] | None:
+        """The kernel of the products per token role ("decode", "prompt") that the paged KV
+        cache's steps run, or None before `setup_paged_cache`."""
+        return None if self._paged is None else dict(self._paged.products)
 
     @property
     def paged_kv_dtype(self) -> str | None:

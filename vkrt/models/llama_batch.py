@@ -13,7 +13,7 @@ hp.rope_theta_swa), `attention_paged` (the layer's window), the output product a
 and residual; then the logit rows gathered from x, the final RMSNorm, the output product
 (slice by slice when the table is split) and `argmax_rows`. Every product over the step's
 tokens through `PagedBatch._batch_linear` (each token's row on its role's kernel), the output
-product over the logit rows through `linear(..., batched="decode")` (batch invariance:
+product over the logit rows on the "decode" role's kernel (batch invariance:
 vkrt/models/batch.py).
 """
 from __future__ import annotations
@@ -76,11 +76,12 @@ class LlamaBatch(PagedBatch):
         name = self._output_name()
         if name not in self.slices:
             out.append(k.linear(a.xn, w[name], a.logits, R, name="output",
-                                batched="decode"))
+                                batched=self._role_kernel("decode")))
         else:
             for row0, wt in self.slices[name]:
                 n = wt.shape[0]
-                out += [k.linear(a.xn, wt, a.head, R, name="output", batched="decode"),
+                out += [k.linear(a.xn, wt, a.head, R, name="output",
+                                 batched=self._role_kernel("decode")),
                         k.copy_block(a.head, a.logits, R, n, row0, name="output.copy")]
         out.append(k.argmax_rows(a.logits, inputs.argmax, hp.n_vocab, R, name="argmax"))
         return out

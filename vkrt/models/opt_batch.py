@@ -19,8 +19,9 @@ several sequences, each at its own position p:
   (when word_embed_proj_dim != hidden_size), the logits over lm_head's slices (tied to
   embed_tokens) and `argmax_rows`.
 Every product over the step's tokens through `PagedBatch._batch_linear` (each token's row on
-its role's kernel), every product over the logit rows through `linear(..., batched="decode")`,
-LayerNorm one row per workgroup (batch invariance: vkrt/models/batch.py). Dispatches are named after transformers' parameters, as
+its role's kernel), every product over the logit rows on the "decode" role's kernel,
+LayerNorm one row per workgroup (batch invariance: vkrt/models/batch.py). Dispatches are
+named after transformers' parameters, as
 `OPT.step`'s. Positions run below min(max_position_embeddings, num_blocks * block_size):
 `validate_batch` refuses a position at or past it.
 """
@@ -98,14 +99,16 @@ class OPTBatch(PagedBatch):
             h = a.xn
         if hp.n_proj != hp.n_embd:
             out.append(k.linear(h, w["decoder.project_out.weight"], a.emb, R,
-                                name="decoder.project_out", batched="decode"))
+                                name="decoder.project_out",
+                                batched=self._role_kernel("decode")))
             h = a.emb
         if len(self.head) == 1:
             out.append(k.linear(h, self.head[0][1], a.logits, R, name="lm_head",
-                                batched="decode"))
+                                batched=self._role_kernel("decode")))
         else:
             for row0, wt in self.head:
-                out += [k.linear(h, wt, a.head, R, name="lm_head", batched="decode"),
+                out += [k.linear(h, wt, a.head, R, name="lm_head",
+                                 batched=self._role_kernel("decode")),
                         k.copy_block(a.head, a.logits, R, wt.shape[0], row0,
                                      name="lm_head.copy")]
         out.append(k.argmax_rows(a.logits, inputs.argmax, hp.n_vocab, R, name="argmax"))

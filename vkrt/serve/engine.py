@@ -176,7 +176,8 @@ class Engine:
                                 f"({self.max_batch}), so that every running sequence can "
                                 f"decode each step; got {max_batched_tokens!r}")
             self.scheduler = Scheduler(max_queue, self.max_batch, max_batched_tokens, self.kv)
-            self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids, kv_dtype)
+            self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids, kv_dtype,
+                                      self.max_batch)
             try:   # now, so that a cache that does not fit fails here, not every request
                 self.runner.setup_cache()
             except (ValueError, DeviceMemoryError) as e:

@@ -68,27 +68,34 @@ _ACTIVE_LOCK = threading.Lock()
 class BatchRunner:
     """One `execute_batch` per step over a paged KV cache.
 
-    lm: has `setup_paged_cache(num_blocks, block_size, kv_dtype)` (by `setup_cache`: the
-    engine calls it when it is made, before its thread starts, and `activate` when it
-    starts), `paged_cache_info`, `paged_kv_dtype` and `execute_batch(BatchInput,
+    lm: has `setup_paged_cache(num_blocks, block_size, kv_dtype, max_batch)` (by
+    `setup_cache`: the engine calls it when it is made, before its thread starts, and
+    `activate` when it starts), `paged_cache_info`, `paged_kv_dtype`, `paged_products`,
+    `batch_products(max_batch)` and `execute_batch(BatchInput,
     want_logits) -> BatchOutput` (vkrt.models.batch). kv: the block manager whose tables the
-    slots come from; kv_dtype: the cache's elements (float32 or float16). stop_ids:
+    slots come from; kv_dtype: the cache's elements (float32 or float16); max_batch: the
+    engine's sequences per step, which chooses the products' kernels (the cache keeps them
+    for its life: vkrt/models/batch.py, batch invariance). stop_ids:
     end-of-generation ids (`Tokenizer.eog_ids`). Counters: `steps`, `batched_tokens`
     (tokens over every step), `max_seqs_in_step`."""
 
-    def __init__(self, lm, kv: KVCacheManager, stop_ids=(), kv_dtype: str = "float32"):
-        self.lm, self.kv, self.kv_dtype = lm, kv, kv_dtype
+    def __init__(self, lm, kv: KVCacheManager, stop_ids=(), kv_dtype: str = "float32",
+                 max_batch: int | None = None):
+        self.lm, self.kv, self.kv_dtype, self.max_batch = lm, kv, kv_dtype, max_batch
+        self.products = lm.batch_products(max_batch)
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self._rngs: dict[Sequence, tuple[Sampling, np.random.Generator | None]] = {}
         self.steps = self.batched_tokens = self.max_seqs_in_step = 0
 
     def _cache_is_mine(self) -> bool:
         return (self.lm.paged_cache_info == (self.kv.num_blocks, self.kv.block_size)
-                and self.lm.paged_kv_dtype == self.kv_dtype)
+                and self.lm.paged_kv_dtype == self.kv_dtype
+                and self.lm.paged_products == self.products)
 
     def setup_cache(self) -> None:
-        """Allocate the model's paged KV cache for `kv`'s blocks of `kv_dtype`, or keep the one
-        the model has when it has those blocks of that dtype already (another engine's, made
+        """Allocate the model's paged KV cache for `kv`'s blocks of `kv_dtype` and the
+        products' kernels of `max_batch`, or keep the one the model has when it has those
+        already (another engine's, made
         before: the model is not touched then). Raises VkrtError when another engine that
         runs the model (started, not shut down) holds a cache of other blocks or dtype;
         what `setup_paged_cache` raises (ValueError, DeviceMemoryError)."""
@@ -98,10 +105,12 @@ class BatchRunner:
             if busy is not None and busy is not self:
                 raise VkrtError(
                     f"the model runs in another engine, whose KV cache has "
-                    f"{busy.kv.num_blocks} blocks of {busy.kv.block_size} ({busy.kv_dtype}): "
-                    f"shut it down before making one with {self.kv.num_blocks} blocks of "
-                    f"{self.kv.block_size} ({self.kv_dtype})")
-            self.lm.setup_paged_cache(self.kv.num_blocks, self.kv.block_size, self.kv_dtype)
+                    f"{busy.kv.num_blocks} blocks of {busy.kv.block_size} ({busy.kv_dtype}, "
+                    f"max_batch {busy.max_batch}): shut it down before making one with "
+                    f"{self.kv.num_blocks} blocks of {self.kv.block_size} ({self.kv_dtype}, "
+                    f"max_batch {self.max_batch})")
+            self.lm.setup_paged_cache(self.kv.num_blocks, self.kv.block_size, self.kv_dtype,
+                                      self.max_batch)
 
     def activate(self) -> None:
         """The engine starts: this runner's engine runs the model from now on (its KV cache
