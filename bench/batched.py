@@ -5,9 +5,11 @@ its batch-1 run.
 
     python bench/batched.py [--model M] [--seqs 1,8,32,64] [--prompt-tokens 128]
         [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
+        [--max-batch B]
         [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K,...]
 
-For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py), N greedy requests
+For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py; with `--max-batch B`,
+max(B, N): a server started with `vkrt serve --max-batch B` serving N), N greedy requests
 submitted at once, each of its own `--prompt-tokens` random ids (PCG64 seeded with the
 sequence's index), `max_tokens` = `--tokens`, end-of-generation ids ignored (`ignore_eos`), so
 every sequence decodes the same count. Timed on the host with `time.perf_counter`:
@@ -202,6 +204,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--max-batched-tokens", type=int, default=512)
+    ap.add_argument("--max-batch", type=int, default=None,
+                    help="every engine's max_batch (default: each row's --seqs)")
     ap.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="f32",
                     help="the engine's paged KV cache (vkrt serve's option)")
     ap.add_argument("--llama-batched-bench", default=None, help="llama.cpp's tool, for S_TG")
@@ -228,11 +232,13 @@ def main() -> None:
     with vkrt.load(args.model, device=args.device) as model:
         report["device"] = model.device.name
         for n in seqs:
+            b = max(n, args.max_batch or n)
             alone = [run(model, 1, args.prompt_tokens, args.tokens, args.max_batched_tokens,
-                         i, args.kv_cache_dtype, max_batch=n)[1][0]
+                         i, args.kv_cache_dtype, max_batch=b)[1][0]
                      for i in range(min(n, args.check))]
             row, toks = run(model, n, args.prompt_tokens, args.tokens, args.max_batched_tokens,
-                            kv_cache_dtype=args.kv_cache_dtype)
+                            kv_cache_dtype=args.kv_cache_dtype, max_batch=b)
+            row["max_batch"] = b
             k = min(n, args.check)
             row["batch_1_identical"] = f"{sum(toks[i] == alone[i] for i in range(k))}/{k}"
             if args.kernels:

@@ -52,6 +52,11 @@ OPT_BATCH_TESTS = [
 KV_SIZING = [
     "tests/test_serve_batch.py::test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made"]
 KV_OWNER = ["tests/test_serve_batch.py::test_one_engine_runs_a_model_at_a_time"]
+# The products' kernels an engine's max_batch fixes (vkrt/tuning.py WideBatchDecode).
+WIDE = ["tests/test_tuning.py::test_batch_products_by_max_batch",
+        "tests/test_kernels.py::test_batch_products_fall_back_to_matmul_without_coop",
+        "tests/test_serve_batch.py::test_engine_fixes_the_products_kernels_by_max_batch",
+        "tests/test_batch.py::test_wide_engine_decodes_on_its_kernel_batch_invariant"]
 # The block-level reader's (weights.glsl unit_part, glsl/unit_x.glsl): decode products of every
 # block type at odd sizes, split and staged.
 UNITS = ["tests/test_kernels.py::test_matvec_units_odd_sizes"]
@@ -1170,8 +1175,7 @@ MUTATIONS = [
      ["tests/test_kernels.py::test_rope_kv_write_is_rope_positions_and_kv_write"]),
     ("batch: the batched products take the prefill's kernel (matmul_coop from 64 tokens)",
      "vkrt/kernels.py",
-     "        kernel = (self.batch_kernel(batched) if batched is not None\n"
-     "                  else self.prefill_kernel(n_tokens))\n",
+     "        kernel = batched if batched is not None else self.prefill_kernel(n_tokens)\n",
      "        kernel = self.prefill_kernel(n_tokens)\n",
      ["tests/test_kernels.py::test_batched_linear_rows_independent_of_the_token_count"]),
     ("batch: a product's rows start at row 0 whatever token0 says", "vkrt/glsl/matmul.comp",
@@ -1193,12 +1197,13 @@ MUTATIONS = [
      ["tests/test_kernels.py::test_batched_linear_rows_independent_of_the_token_count"]),
     ("batch: a step's products on one kernel for all its rows (chosen by the step, not the "
      "token's role)", "vkrt/models/batch.py",
-     '        out = [k.linear(x, w[name + ".weight"], y, n, name=name, batched=role, token0=row0)\n'
+     '        out = [k.linear(x, w[name + ".weight"], y, n, name=name,\n'
+     '                        batched=self._role_kernel(role), token0=row0)\n'
      '               for role, row0, n in (("decode", 0, shape.decode),\n'
      '                                     ("prompt", shape.decode, shape.prompt)) if n]\n',
      '        role = "prompt" if shape.prompt else "decode"\n'
      '        out = [k.linear(x, w[name + ".weight"], y, shape.tokens, name=name, '
-     'batched=role)]\n', BATCH_TESTS),
+     'batched=self._role_kernel(role))]\n', BATCH_TESTS),
     ("batch: the logit rows not moved with their tokens", "vkrt/models/batch.py",
      '"logit_rows": np.concatenate([row[batch.logit_tokens].astype(np.uint32),',
      '"logit_rows": np.concatenate([batch.logit_tokens,', BATCH_TESTS),
@@ -1208,9 +1213,9 @@ MUTATIONS = [
      ["tests/test_batch.py::test_batch_places_tokens_in_their_roles_rows"]),
     ("batch: the logits' product on the prompt tokens' kernel", "vkrt/models/llama_batch.py",
      '            out.append(k.linear(a.xn, w[name], a.logits, R, name="output",\n'
-     '                                batched="decode"))\n',
+     '                                batched=self._role_kernel("decode")))\n',
      '            out.append(k.linear(a.xn, w[name], a.logits, R, name="output",\n'
-     '                                batched="prompt"))\n',
+     '                                batched=self._role_kernel("prompt")))\n',
      ["tests/test_batch.py::test_batch_products_take_their_roles_kernels"]),
     ("batch (OPT): the learned position read at the token's index, not its position",
      "vkrt/models/opt_batch.py",
@@ -1288,6 +1293,26 @@ MUTATIONS = [
     ("serve batch: a step runs on a KV cache that is no longer its engine's",
      "vkrt/serve/runner.py", "        if not self._cache_is_mine():\n            raise",
      "        if False:\n            raise", KV_OWNER),
+    ("serve batch: an engine keeps a cache whose products' kernels are another max_batch's",
+     "vkrt/serve/runner.py", "                and self.lm.paged_products == self.products)",
+     "                and True)", WIDE),
+    ("serve batch: the engine's max_batch not given to its runner", "vkrt/serve/engine.py",
+     "kv_dtype,\n                                      self.max_batch)", "kv_dtype)", WIDE),
+    ("batch: the paged cache's kernels chosen without the engine's max_batch",
+     "vkrt/models/batch.py", "                                 self.k.batch_products(max_batch))",
+     "                                 self.k.batch_products())", WIDE),
+    ("batch: a step's products on the table's kernels, not the ones its cache fixed",
+     "vkrt/models/batch.py", "        return self._paged.products[role]",
+     "        return self.k.batch_products()[role]", WIDE),
+    ("tuning: the wide batch's rules never applied", "vkrt/tuning.py",
+     "                 if max_batch is not None and r.min_max_batch <= max_batch]",
+     "                 if False]", WIDE),
+    ("tuning: the wide batch's rule of the least min_max_batch taken", "vkrt/tuning.py",
+     "wide = max(rules, key=lambda r: r.min_max_batch)",
+     "wide = min(rules, key=lambda r: r.min_max_batch)", WIDE),
+    ("kernels: a wide batch's matmul_coop kept on a device without cooperative matrices",
+     "vkrt/kernels.py", 'return {role: "matmul" if kernel == "matmul_coop" and not coop else kernel',
+     'return {role: kernel', WIDE),
     ("serve batch: the default KV cache not capped to what the device holds",
      "vkrt/serve/engine.py", "kv_blocks = min(want, fit)", "kv_blocks = want", KV_SIZING),
     ("batch: the device's KV budget counts the paged cache of before as held",
@@ -1312,8 +1337,9 @@ MUTATIONS = [
      "slot = self._paged_kv_width() * 4",
      ["tests/test_batch.py::test_paged_cache_fits_the_device"]),
     ("kv f16: the engine ignores --kv-cache-dtype", "vkrt/serve/engine.py",
-     "self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids, kv_dtype)",
-     "self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids)", KV_SIZING),
+     "self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids, kv_dtype,",
+     "self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids, max_batch=",
+     KV_SIZING),
     # -- one sequence's f16 KV cache (vkrt.load(kv_cache_dtype="f16")) ----------------------
     ("kv f16: Model ignores kv_cache_dtype", "vkrt/models/model.py",
      "        self.lm.kv_dtype = kv_dtype\n", "",
