@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     stream.profiler.gpu_ns.clear()
                     stream.profiler.gpu_count.clear()
                     d = kernels[tile].linear(x, weights[name], y, n, name=label,
-                                             batched="decode")
+                                             batched=kernels[tile].batch_products()["decode"])
                     stream.record([d] * args.repeat)
                     stream.synchronize()
                     times[name, n, tile].append(stream.profiler.gpu_ns[label]
