@@ -1,4 +1,4 @@
-"""GPU time of the batched runner's products (`Kernels.linear(batched="decode")`: matmul.comp
+"""GPU time of the batched runner's products (`Kernels.linear(batched=kernel)`: matmul.comp
 for the generated tokens of a serving step) per matrix shape, weight type, token count and
 `matmul` tile (rows per workgroup x tokens per tile, vkrt/tuning.py `BatchTile`), side by side
 in one process: the measurement behind the GPU table's `batch_tiles`.

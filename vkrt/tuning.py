@@ -214,8 +214,8 @@ _XQ = ("bench/README.md, 2026-12-03 (vkrt bench, 7B shapes, A/B of launches and 
 _PRODUCTS = ("bench/README.md, 2026-12-02 third session (bench/batched_products.py, H200, "
              "us summed over six shapes)")
 
-_SPLIT8 = ("bench/README.md, 2026-12-04 fifth session (bench/batched.py, 7B Q4_1, H200): "
-           "the engine's decode on matmul_coop split 8 ways")
+_SPLIT8 = ("bench/README.md, 2026-12-04 fifth session (bench/batched.py and "
+           "bench/batched_products.py, 7B Q4_1, H200)")
 
 GPU = Table(
     decode={
@@ -286,13 +286,16 @@ GPU = Table(
                  BatchTile(16, 2, 8, _PRODUCTS + ": T = 16 rows 2, tiles of 8"),
                  BatchTile(32, 2, 16, _PRODUCTS + ": T = 32 rows 2, tiles of 16"),
                  BatchTile(None, 4, 8, _PRODUCTS + ": T = 64 rows 4, tiles of 8")),
-    # matmul_coop where a table names it for the batched products (the GPU's does not: its
-    # best tile, 32 tokens x 128 rows over 2 x 4 subgroups, took 1036-1164 us summed up to
-    # 32 tokens against matmul's 122-882; only at 64 tokens 1242 against 1661; split K over
-    # 4 groups, bench/README.md 2026-12-04 second session: the 7B shape's serving decode
-    # 928.9 -> 1387.7 tok/s at 32 sequences but 614.1 -> 294.2 at 8, 113.5 -> 38.4 at 1).
-    batch_coop_tiles=(BatchCoopTile(None, 32, 32, 2, 2, _SPLIT8 + ": 32x32:2x2x8", 8),),
-    wide_batch_decode=(WideBatchDecode(16, "matmul_coop", _SPLIT8 + ": PENDING"),),
+    # matmul_coop for the generated tokens of engines of 16 or more sequences, its columns
+    # split 8 ways: a token's bits then depend on the engine's max_batch, never on what shares
+    # its step. At 1-8 sequences matmul stays (an engine of max_batch 32 decodes one sequence
+    # at 62.5 tok/s against matmul's 124.7, eight at 482.2 against 563.2).
+    batch_coop_tiles=(BatchCoopTile(None, 32, 32, 2, 2, _SPLIT8 + ": a 7B layer's products at "
+                                    "32 tokens 32x32:2x2x8 424.5 us, 32x32:2x2x4 452.5, "
+                                    "32x64:2x4x4 522.8, 16x16:1x1x8 793.3, matmul 926.8", 8),),
+    wide_batch_decode=(WideBatchDecode(16, "matmul_coop", _SPLIT8 + ": decode tok/s matmul -> "
+                                       "matmul_coop at 16 sequences 815.0 -> 902.1, 32 983.0 "
+                                       "-> 1679.6, 64 1123.7 -> 2155.1"),),
     prefill_attention=(128, 2, 32),
     # 16 subgroups per workgroup, each 32 or 64 tokens x 32 rows: more subgroups in flight
     # on the few workgroups of a 4096-row product (128 at 512 tokens on 132 SMs); fewer
