@@ -352,8 +352,7 @@ def test_engine_fixes_the_products_kernels_by_max_batch():
     wide.start(thread=False)
     a = Collect()
     wide.add_request([5] * 3, SamplingParams(max_tokens=2), a)
-    while wide.scheduler.has_unfinished():
-        wide.step()
+    run_to_end(wide)
     assert a.tokens[0] == reference([5] * 3, 2)
     model.lm.setup_paged_cache(5, 8)              # the narrow kernels, by hand
     b = Collect()

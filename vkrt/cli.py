@@ -259,7 +259,8 @@ def _serve(args) -> int:
             kv, lm = engine.kv, engine.runner.lm
             mib = lm.paged_cache_bytes(kv.num_blocks, kv.block_size, lm.paged_kv_dtype) / 2 ** 20
             batching = (f"batches of up to {engine.max_batch} sequences, "
-                        f"{engine.scheduler.max_num_batched_tokens} tokens a step, KV cache "
+                        f"{engine.scheduler.max_num_batched_tokens} tokens a step, generated "
+                        f"tokens' products on {engine.runner.products['decode']}, KV cache "
                         f"{kv.num_blocks} blocks of {kv.block_size} "
                         f"({kv.num_blocks * kv.block_size} positions, "
                         f"{engine.kv_cache_dtype}, {mib:.0f} MiB")
@@ -513,7 +514,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=_positive_int, default=None,
                    help="sequences decoded together in one step (default: "
                         f"{DEFAULT_MAX_BATCH} where the model family has a batched forward, "
-                        "else 1, the only value such a family takes)")
+                        "else 1, the only value such a family takes); on a GPU with "
+                        "cooperative matrices 16 or more decode on matmul_coop (README.md)")
     p.add_argument("--kv-blocks", type=_positive_int, default=None,
                    help="blocks of the paged KV cache (default: room for --max-batch "
                         f"sequences of min(context, {DEFAULT_KV_TOKENS_PER_SEQ}) tokens and "
