@@ -50,8 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="")
-    ap.add_argument("--x16", action="store_true", help="each coop tile also with x in f16 "
-                    "(matmul_coop_x16, as the batched runner's wide decode runs it): coop16:TILE")
     args = ap.parse_args(argv)
     types = {t.dtype: t for t in TYPES}
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -81,13 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                 base.tuning, batch_products={"decode": "matmul_coop", "prompt": "matmul_coop"},
                 batch_coop_tiles=(BatchCoopTile(None, bm, bn, sg_m, sg_n, "bench",
                                                 *sg_k),)))
-            if args.x16:
-                kernels[f"coop16:{c}"] = kernels[f"coop:{c}"]
         T = max(counts)
         for rows, cols in shapes:
-            xf = rng.standard_normal((T, cols)).astype(np.float32)
-            x = stream.upload(xf, "x")
-            x16 = stream.upload(xf.astype(np.float16), "x16")
+            x = stream.upload(rng.standard_normal((T, cols)).astype(np.float32), "x")
             y = stream.upload(np.zeros((T, rows), np.float32), "y")
             weights = {}
             for name in args.types.split(","):
@@ -106,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     label = f"{name}.{n}.{tile}"
                     stream.profiler.gpu_ns.clear()
                     stream.profiler.gpu_count.clear()
-                    d = kernels[tile].linear(x16 if tile.startswith("coop16:") else x,
-                                             weights[name], y, n, name=label,
+                    d = kernels[tile].linear(x, weights[name], y, n, name=label,
                                              batched=kernels[tile].batch_products()["decode"])
                     stream.record([d] * args.repeat)
                     stream.synchronize()
@@ -120,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                     "tile": tile, "us": round(us, 2),
                     "weight_gb_s": round(weights[name].nbytes / us / 1e3, 1),
                     "gflop_s": round(2 * rows * cols * n / us / 1e3, 1)})
-            for t in (*weights.values(), x, x16, y):
+            for t in (*weights.values(), x, y):
                 t.buffer.close()
         stream.close()
     text = json.dumps(report, indent=1)

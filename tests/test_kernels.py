@@ -2078,38 +2078,6 @@ def test_batched_linear_rows_independent_of_the_token_count(gpu, kernels, kernel
     assert d.pipeline.name == f"{kernel}_f32"
 
 
-@pytest.mark.parametrize("dtype", ["q4_1", "q4_k", "float16"])
-def test_coop_x16_has_the_bits_of_f32_x(gpu, kernels, dtype):
-    """`Kernels.to_f16` rounds rows of x to f16 as numpy does (to nearest even; only the rows
-    asked for written), and `linear(..., batched="matmul_coop")` of those rows (the _x16
-    variant, reading half the bytes) has the bits of the same product of f32 x, which
-    matmul_coop rounds to f16 as it stores its tiles: at the GPU table's decode tile, 13
-    tokens from row 3, 37 rows. The conversion runs everywhere, the products where the
-    device has cooperative matrices."""
-    r = rng(47)
-    n_tokens, token0, n_rows = 13, 3, 37
-    n_cols = cols(dtype)
-    x = (randn(r, token0 + n_tokens, n_cols) * 3.0).astype(np.float32)
-    tx = gpu.upload(x)
-    t16 = gpu.upload(np.full((token0 + n_tokens + 1, n_cols), 7.0, np.float16))
-    gpu.stream.record([kernels.to_f16(tx, t16, token0 + n_tokens)])
-    got16 = gpu.read(t16, np.float16).reshape(-1, n_cols)
-    np.testing.assert_array_equal(got16[:-1], x.astype(np.float16))
-    assert np.all(got16[-1] == 7.0)                       # the row past them not written
-    coop_or_skip(kernels)
-    kernels.tuning = tuning.GPU
-    tw, _ = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=47)
-    outs = []
-    for xin in (tx, t16):
-        ty = gpu.filled((token0 + n_tokens) * n_rows)
-        d = kernels.linear(xin, tw, ty, n_tokens, batched="matmul_coop", token0=token0)
-        assert d.pipeline.name.startswith("matmul_coop_x16_" if xin is t16 else "matmul_coop_")
-        gpu.stream.record([d])
-        outs.append(gpu.read(ty))
-    np.testing.assert_array_equal(outs[1], outs[0])
-    assert np.all(outs[0][:token0 * n_rows] == SENTINEL)
-
-
 def test_batch_products_fall_back_to_matmul_without_coop(kernels):
     """`Kernels.batch_products`: the table's matmul_coop where the device lists a shape and
     VKRT_COOPMAT allows it, else matmul; the other kernels as the table names them; the

@@ -160,7 +160,6 @@ WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
                   "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
                   "matmul_tiled": ("W", F32, F32), "matmul_coop": ("W", F32, F32),
-                  "matmul_coop_x16": ("W", F16, F32),
                   "matvec_glu": ("W", F32, F32, "W", F32),
                   "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32)}
 WEIGHT_KERNELS.update({f"{k}_xq": WEIGHT_KERNELS[k] for k in XQ_KERNELS})
@@ -225,7 +224,6 @@ class Kernels:
         # device lists none (lavapipe), or VKRT_COOPMAT says never (`prefill_kernel`).
         self.coop = pipelines.device.coop_shape()
         self._weight_spec["matmul_coop"] = {}     # from `coop` at each call: coop_spec
-        self._weight_spec["matmul_coop_x16"] = {}
         # A row's norm over `norm_subgroups` subgroups (vkrt/tuning.py).
         norm = sg * self.tuning.norm_subgroups
         self._rmsnorm = Op(p("rmsnorm", {0: norm}), (F32, F32, F32))
@@ -508,11 +506,8 @@ class Kernels:
         of x and y on that kernel (even for one token; never the decode matvecs), its tile
         from the table. These kernels compute
         a token's row in an order fixed by that row alone, whatever the tile, so it does not
-        depend on how many tokens run with it (vkrt/models/batch.py: batch invariance).
-        x may be f16 for `matmul_coop` only (`to_f16`'s rows): its `_x16` variant reads half
-        the bytes and gives the bits of f32 x, which it rounds to f16 the same way."""
+        depend on how many tokens run with it (vkrt/models/batch.py: batch invariance)."""
         n_out, n_in = weight.shape
-        assert x.dtype == F32 or (x.dtype == F16 and batched == "matmul_coop"), x.dtype
         if n_tokens == 1 and batched is None:
             kernel = "matvec_add" if accumulate else "matvec"
             threads, rows, spec = self.decode_launch(kernel, weight, n_out)
@@ -536,9 +531,7 @@ class Kernels:
             spec = self.coop_spec(n_out, n_tokens, tile)
             x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
             grid = (x_groups, _groups(n_tokens, spec[4]), z_groups)
-            # x in f16 (`to_f16`): the _x16 variant, the same bits from half the bytes.
-            module = "matmul_coop_x16" if x.dtype == F16 else "matmul_coop"
-            return self.weight_op(module, weight, spec=spec)(
+            return self.weight_op("matmul_coop", weight, spec=spec)(
                 weight, x, y, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
                 n_tokens=n_tokens, token0=token0)
         if kernel == "matmul_tiled":
@@ -691,12 +684,6 @@ class Kernels:
             return op(src, dst, pos, grid=grid, name=name, need=(*need, 1), width=width,
                       dst_row=dst_row)
         return op(src, dst, grid=grid, name=name, need=need, width=width, dst_row=dst_row)
-
-    def to_f16(self, src: Tensor, dst: Tensor, n_tokens: int, name: str = "") -> Dispatch:
-        """dst[t] = src[t] rounded to f16 for t < n_tokens (src f32, dst f16, rows of dst's
-        width): the x of `linear(..., batched="matmul_coop")` in half the bytes
-        (`copy_rows`' f16 variant: the conversion matmul_coop.comp applies to f32 x)."""
-        return self.copy_rows(src, dst, n_tokens, 0, name=name)
 
     def rope_kv_write(self, q: Tensor, k: Tensor, v: Tensor, cos_sin: Tensor, positions: Tensor,
                       slots: Tensor, q_out: Tensor, k_cache: Tensor, v_cache: Tensor,

@@ -97,8 +97,6 @@ KERNEL_SOURCES = {
     "matmul": ("matmul.comp", {}),
     "matmul_tiled": ("matmul_tiled.comp", {}),
     "matmul_coop": ("matmul_coop.comp", {}),
-    # x read as f16 (the batched runner's wide decode products, vkrt/models/batch.py).
-    "matmul_coop_x16": ("matmul_coop.comp", {"X16": 1}),
     "matvec": ("matvec.comp", {}),
     "matvec_add": ("matvec.comp", {"ADD_OUT": 1}),
     "matvec_glu": ("matvec_glu.comp", {}),

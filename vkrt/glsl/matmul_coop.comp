@@ -68,18 +68,7 @@ layout(constant_id = 6) const uint SG_M = 2;
 layout(constant_id = 7) const uint SG_N = 2;
 layout(constant_id = 8) const uint SG_K = 1;
 layout(constant_id = 9) const uint NBUF = 1;
-#ifdef X16
-// Variant matmul_coop_x16_* (X16): x is f16 in memory ([n_tokens, n_cols] f16, rounded by
-// the op before, `Kernels.to_f16`): half the bytes of each step's x tile, and the same
-// products, since the f32 variant rounds x to f16 as it stores the tile (one conversion
-// instruction either way: the bits are the same).
-#extension GL_EXT_shader_16bit_storage : require
-layout(set = 0, binding = 1) readonly buffer X { f16vec4 x[]; };
-#define XV f16vec4
-#else
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
-#define XV vec4
-#endif
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; uint token0; }
     pc;
@@ -99,11 +88,11 @@ shared float stage[SG_M * SG_N * TM * TN];
 // Step k0's x and W tiles (vec4 columns k0 .. k0 + KQ - 1) into this invocation's registers.
 // Element i of a step's x tile is token i / KQ, column quad i % KQ, which is group
 // (i % KQ) / (BK / 4)'s; the W tile likewise by row.
-void fetch(out XV xr[XP], out vec4 wr[WP], uint k0, uint t0, uint n0, uint cols4) {
+void fetch(out vec4 xr[XP], out vec4 wr[WP], uint k0, uint t0, uint n0, uint cols4) {
     [[unroll]] for (uint p = 0; p < XP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, t = i / KQ, q = k0 + i % KQ;
         xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4
-                ? x[(pc.token0 + t0 + t) * cols4 + q] : XV(0.0);
+                ? x[(pc.token0 + t0 + t) * cols4 + q] : vec4(0.0);
     }
     [[unroll]] for (uint p = 0; p < WP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, r = i / KQ, q = k0 + i % KQ;
@@ -114,7 +103,7 @@ void fetch(out XV xr[XP], out vec4 wr[WP], uint k0, uint t0, uint n0, uint cols4
 
 // The registers' tiles into shared buffer `buf`, rounded to f16; in shared memory each
 // group's columns are a tile of their own: [buffer][group][token or row][k].
-void store(XV xr[XP], vec4 wr[WP], uint buf) {
+void store(vec4 xr[XP], vec4 wr[WP], uint buf) {
     [[unroll]] for (uint p = 0; p < XP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, q = i % KQ;
         if (i < XL)
@@ -141,7 +130,7 @@ void main() {
     // (loads in flight across the products: a register double buffer); every loop runs to
     // specialization constants and is unrolled, so the accumulators and buffers stay in
     // registers.
-    XV xr[XP];
+    vec4 xr[XP];
     vec4 wr[WP];
     fetch(xr, wr, 0, t0, n0, cols4);
     if (NBUF == 2) {
