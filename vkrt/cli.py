@@ -514,8 +514,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=_positive_int, default=None,
                    help="sequences decoded together in one step (default: "
                         f"{DEFAULT_MAX_BATCH} where the model family has a batched forward, "
-                        "else 1, the only value such a family takes); on a GPU with "
-                        "cooperative matrices 16 or more decode on matmul_coop (README.md)")
+                        "else 1, the only value such a family takes); it also chooses the "
+                        "generated tokens' product kernel (vkrt/tuning.py WideBatchDecode; "
+                        "the startup line names it)")
     p.add_argument("--kv-blocks", type=_positive_int, default=None,
                    help="blocks of the paged KV cache (default: room for --max-batch "
                         f"sequences of min(context, {DEFAULT_KV_TOKENS_PER_SEQ}) tokens and "
