@@ -95,10 +95,10 @@ class BatchRunner:
     def setup_cache(self) -> None:
         """Allocate the model's paged KV cache for `kv`'s blocks of `kv_dtype` and the
         products' kernels of `max_batch`, or keep the one the model has when it has those
-        already (another engine's, made
-        before: the model is not touched then). Raises VkrtError when another engine that
-        runs the model (started, not shut down) holds a cache of other blocks or dtype;
-        what `setup_paged_cache` raises (ValueError, DeviceMemoryError)."""
+        already (another engine's, made before: the model is not touched then). Raises
+        VkrtError when another engine that runs the model (started, not shut down) holds a
+        cache of other blocks, dtype or kernels; what `setup_paged_cache` raises
+        (ValueError, DeviceMemoryError)."""
         if not self._cache_is_mine():
             with _ACTIVE_LOCK:
                 busy = _ACTIVE.get(self.lm)
