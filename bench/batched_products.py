@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from vkrt.kernels import Kernels
     from vkrt.runtime.device import Device
     from vkrt.runtime.memory import Buffer
+    from vkrt.gen.metadata import DEFAULT_SPIRV_DIR
     from vkrt.runtime.pipeline import PipelineCache
     from vkrt.runtime.stream import Stream
     from vkrt.runtime.tensor import Tensor
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                     "workgroup x tokens per tile")
     ap.add_argument("--coop-tiles", default="", help="BMxBN:SG_MxSG_N,...: matmul_coop "
                     "tiles (tokens x rows over subgroups)")
+    ap.add_argument("--spirv-dir", default=str(DEFAULT_SPIRV_DIR),
+                    help="the modules' directory (default: vkrt's; bench/coop_ablation.py's probes)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="")
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             print("batched_products: this device has no timestamps", file=sys.stderr)
             return 1
         report["device"] = f"{dev.name} ({dev.driver_name} {dev.driver_info})"
-        cache = PipelineCache(dev)
+        cache = PipelineCache(dev, args.spirv_dir)
         base = Kernels(cache)
         kernels = {f"{tile[0]}x{tile[1]}": Kernels(cache, tuning=dataclasses.replace(
             base.tuning, batch_products={"decode": "matmul", "prompt": "matmul"},

@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from vkrt import config
     from vkrt.kernels import Kernels, _groups, spread
     from vkrt.runtime.device import Device
+    from vkrt.gen.metadata import DEFAULT_SPIRV_DIR
     from vkrt.runtime.pipeline import PipelineCache
     from vkrt.runtime.stream import Stream
 
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="4096x4096,14336x4096,4096x14336")
     ap.add_argument("--types", default="q4_1,q4_k,float16")
     ap.add_argument("--tiles", default="", help="tilings beside the one linear picks")
+    ap.add_argument("--spirv-dir", default=str(DEFAULT_SPIRV_DIR),
+                    help="the modules' directory (default: vkrt's; bench/coop_ablation.py's probes)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", action="store_true")
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if not stream.timing:
             print("matmul_coop bench: this device has no timestamps", file=sys.stderr)
             return 1
-        k = Kernels(PipelineCache(dev))
+        k = Kernels(PipelineCache(dev, args.spirv_dir))
         if k.coop is None:
             print(f"matmul_coop bench: {dev.name} lists no f16 cooperative-matrix shape",
                   file=sys.stderr)

@@ -1,0 +1,167 @@
+"""Where `matmul_coop`'s time goes, without a profiler: builds of its module with one part of
+the kernel taken out, timed beside the shipped build in one process per build.
+
+    python bench/coop_ablation.py [--type q4_1] [--tokens 1,8,32] [--tiles 32x32:2x2x8,16x16:1x1x8]
+        [--shapes 4096x4096,1024x4096,14336x4096,4096x14336] [--prefill-tokens 512]
+        [--prefill-shapes 4096x4096,14336x4096] [--variants base,no-weight-loads,...]
+        [--repeat 10] [--build-only DIR]
+
+Each variant (`VARIANTS`) is one text change of vkrt/glsl/matmul_coop.comp, compiled by the
+pinned glslang (vkrt/gen/compile.py) into the module `matmul_coop_<type>` of a copy of
+vkrt/spirv (the other modules linked, modules.json's sha256 rewritten; the interface is
+unchanged, so the runtime's checks hold). A change that no longer applies exactly once is an
+error (tests/test_bench.py builds them all). Most variants compute wrong products: only their
+times mean anything. Per variant, bench/batched_products.py times the decode tiles (`--tiles`,
+its `--coop-tiles`) at `--tokens` over `--shapes`, and bench/matmul_coop.py the table's
+prefill tile at `--prefill-tokens` over `--prefill-shapes`. The report: per variant and tile,
+the µs of the products summed over the shapes at each token count, and the prefill
+TFLOP/s per shape. A part's cost is the shipped build's time less the variant's; the parts
+overlap, so the costs do not add up to the whole. Absolute figures only from a real GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = "matmul_coop.comp"
+
+# name -> (what is taken out, text of matmul_coop.comp, its replacement)
+VARIANTS: dict[str, tuple[str, str, str]] = {
+    "no-weight-loads": (
+        "the W tile's global loads and dequantization (a value of the row and column instead)",
+        "weight4(n0 + r, q, pc.n_cols)", "vec4(float(r + q))"),
+    "raw-weight-words": (
+        "the dequantization (one plain word of the row's blocks read per vec4, as floats' bits)",
+        "weight4(n0 + r, q, pc.n_cols)",
+        "vec4(uintBitsToFloat(w[((n0 + r) * (pc.n_cols / WEIGHT_BLOCK) + 4 * q / WEIGHT_BLOCK)"
+        " * (WEIGHT_BLOCK_BYTES / 4) + q % 4]))"),
+    "no-x-loads": (
+        "the x tile's global loads (a value of the token and column instead)",
+        "x[(pc.token0 + t0 + t) * cols4 + q]", "vec4(float(t + q))"),
+    "no-products": (
+        "the coopMatMulAdd calls (and with them the tiles' coopMatLoad)",
+        "acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);", "{}"),
+    "no-step-barriers": (
+        "the two barriers of each step with one shared buffer (NBUF = 1)",
+        "            barrier();                    // every subgroup is done with the last step's "
+        "tiles\n            store(xr, wr, 0);\n            barrier();\n",
+        "            store(xr, wr, 0);\n"),
+}
+
+
+def variant_source(text: str, name: str) -> str:
+    """matmul_coop.comp's `text` with variant `name`'s change ("base": unchanged).
+
+    Raises:
+        ValueError: the variant's text is not in `text` exactly once (the kernel changed)."""
+    if name == "base":
+        return text
+    _, old, new = VARIANTS[name]
+    if text.count(old) != 1:
+        raise ValueError(f"coop_ablation: variant {name}: its text occurs {text.count(old)} "
+                         f"times in {SOURCE}, not once: update VARIANTS to the kernel")
+    return text.replace(old, new)
+
+
+def build(out: Path, dtype: str, names: list[str]) -> dict[str, Path]:
+    """A modules directory per variant under `out`: vkrt/spirv's files linked, but
+    `matmul_coop_<dtype>` compiled from the variant's source. Returns name -> directory.
+
+    Raises:
+        ValueError: a variant does not apply; KeyError: no module `matmul_coop_<dtype>`;
+        vkrt.errors.CompileError: glslang refused a variant."""
+    from vkrt.gen.compile import compile_source, find_compiler
+    from vkrt.gen.metadata import DEFAULT_SPIRV_DIR, FILENAME
+    from vkrt.gen.variants import discover
+
+    glsl = ROOT / "vkrt" / "glsl"
+    module = f"matmul_coop_{dtype}"
+    source = {s.module: s for s in discover(glsl)}[module]
+    compiler = find_compiler()
+    text = (glsl / SOURCE).read_text()
+    doc = json.loads((DEFAULT_SPIRV_DIR / FILENAME).read_text())
+    dirs = {}
+    for name in names:
+        d = out / name
+        d.mkdir(parents=True)
+        with tempfile.TemporaryDirectory(prefix="coop-ablation-") as tmp:
+            src = Path(tmp)
+            for f in glsl.iterdir():
+                shutil.copy(f, src / f.name)
+            (src / SOURCE).write_text(variant_source(text, name))
+            spv = compile_source(compiler, source.__class__(module, src / SOURCE,
+                                                            source.defines), src)
+        for f in DEFAULT_SPIRV_DIR.glob("*.spv"):
+            if f.stem != module:
+                (d / f.name).symlink_to(f)
+        (d / f"{module}.spv").write_bytes(spv)
+        doc["modules"][module]["sha256"] = hashlib.sha256(spv).hexdigest()
+        (d / FILENAME).write_text(json.dumps(doc))
+        dirs[name] = d
+    return dirs
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import batched_products
+    import matmul_coop
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--type", default="q4_1", help="a block type (weight4 of WEIGHT_BLOCK)")
+    ap.add_argument("--tokens", default="1,8,32")
+    ap.add_argument("--tiles", default="32x32:2x2x8,16x16:1x1x8")
+    ap.add_argument("--shapes", default="4096x4096,1024x4096,14336x4096,4096x14336")
+    ap.add_argument("--prefill-tokens", type=int, default=512)
+    ap.add_argument("--prefill-shapes", default="4096x4096,14336x4096")
+    ap.add_argument("--variants", default=",".join(["base", *VARIANTS]))
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--build-only", default="", help="build the variants into DIR and stop")
+    args = ap.parse_args(argv)
+    names = args.variants.split(",")
+    if args.build_only:
+        for name, d in build(Path(args.build_only), args.type, names).items():
+            print(f"{name}: {d}")
+        return 0
+    report = {"type": args.type, "variants": {}}
+    with tempfile.TemporaryDirectory(prefix="coop-ablation-") as tmp:
+        for name, d in build(Path(tmp), args.type, names).items():
+            out = Path(tmp) / f"{name}.json"
+            rc = batched_products.main([
+                "--shapes", args.shapes, "--types", args.type, "--tokens", args.tokens,
+                "--tiles", "", "--coop-tiles", args.tiles, "--repeat", str(args.repeat),
+                "--rounds", "1", "--spirv-dir", str(d), "--out", str(out)])
+            if rc:
+                return rc
+            decode: dict = {}
+            for r in json.loads(out.read_text())["runs"]:
+                key = f"{r['tile'].removeprefix('coop:')} @{r['tokens']}"
+                decode[key] = round(decode.get(key, 0.0) + r["us"], 1)
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                rc = matmul_coop.main([
+                    "--tokens", str(args.prefill_tokens), "--shapes", args.prefill_shapes,
+                    "--types", args.type, "--repeat", str(args.repeat), "--rounds", "1",
+                    "--spirv-dir", str(d), "--json"])
+            if rc:
+                return rc
+            lines = text.getvalue()                 # its per-product lines, then the JSON
+            prefill = {f"{p['rows']}x{p['cols']}": p["arms"]["coop"]["tflops"]
+                       for p in json.loads(lines[lines.index("\n{") + 1:])["products"]}
+            report["variants"][name] = {"decode_us": decode, "prefill_tflops": prefill}
+            print(f"{name}: " + "  ".join(f"{k} {v}" for k, v in decode.items())
+                  + "  | prefill TFLOP/s " + "  ".join(f"{k} {v}" for k, v in prefill.items()),
+                  file=sys.stderr, flush=True)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
