@@ -223,7 +223,8 @@ def main() -> None:
     if args.decode_coop_tiles:
         tuning.TABLES["gpu"] = dataclasses.replace(
             tuning.TABLES["gpu"], batch_coop_tiles=coop_decode_tiles(args.decode_coop_tiles),
-            batch_products={**tuning.TABLES["gpu"].batch_products, "decode": "matmul_coop"})
+            batch_products={**tuning.TABLES["gpu"].batch_products, "decode": "matmul_coop"},
+            wide_batch_decode=())        # no rule's own tiles: these, at every max_batch
 
     seqs = [int(s) for s in args.seqs.split(",")]
     report = {"model": args.model, "prompt_tokens": args.prompt_tokens,

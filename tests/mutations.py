@@ -56,7 +56,8 @@ KV_OWNER = ["tests/test_serve_batch.py::test_one_engine_runs_a_model_at_a_time"]
 WIDE = ["tests/test_tuning.py::test_batch_products_by_max_batch",
         "tests/test_kernels.py::test_batch_products_fall_back_to_matmul_without_coop",
         "tests/test_serve_batch.py::test_engine_fixes_the_products_kernels_by_max_batch",
-        "tests/test_batch.py::test_wide_engine_decodes_on_its_kernel_batch_invariant"]
+        "tests/test_batch.py::test_wide_engine_decodes_on_its_kernel_batch_invariant",
+        "tests/test_tuning.py::test_batch_coop_tiles_by_max_batch"]
 # The block-level reader's (weights.glsl unit_part, glsl/unit_x.glsl): decode products of every
 # block type at odd sizes, split and staged.
 UNITS = ["tests/test_kernels.py::test_matvec_units_odd_sizes"]
@@ -723,7 +724,7 @@ MUTATIONS = [
      "per_group = max(d for d in range(1, max(1, rows) + 1) if (head_dim // 2) % d == 0)",
      "per_group = 1", QKV_PAIRS),
     ("tuning: batched matmul_coop tiles may split the columns two ways", "vkrt/tuning.py",
-     "if len({r.sg_k for r in self.batch_coop_tiles}) > 1:", "if False:",
+     "if len({r.sg_k for r in tiles}) > 1:", "if False:",
      ["tests/test_tuning.py::test_batch_coop_tiles_keep_one_column_split"]),
     ("kernels: a split-K tile launched without its column split", "vkrt/kernels.py",
      "sg_k = k[0] if k else 1", "sg_k = 1",
@@ -1197,13 +1198,13 @@ MUTATIONS = [
      ["tests/test_kernels.py::test_batched_linear_rows_independent_of_the_token_count"]),
     ("batch: a step's products on one kernel for all its rows (chosen by the step, not the "
      "token's role)", "vkrt/models/batch.py",
-     '        out = [k.linear(x, w[name + ".weight"], y, n, name=name,\n'
-     '                        batched=self._role_kernel(role), token0=row0)\n'
+     '        out = [k.linear(x, w[name + ".weight"], y, n, name=name, token0=row0,\n'
+     '                        **self._role_products(role))\n'
      '               for role, row0, n in (("decode", 0, shape.decode),\n'
      '                                     ("prompt", shape.decode, shape.prompt)) if n]\n',
      '        role = "prompt" if shape.prompt else "decode"\n'
      '        out = [k.linear(x, w[name + ".weight"], y, shape.tokens, name=name, '
-     'batched=self._role_kernel(role))]\n', BATCH_TESTS),
+     '**self._role_products(role))]\n', BATCH_TESTS),
     ("batch: the logit rows not moved with their tokens", "vkrt/models/batch.py",
      '"logit_rows": np.concatenate([row[batch.logit_tokens].astype(np.uint32),',
      '"logit_rows": np.concatenate([batch.logit_tokens,', BATCH_TESTS),
@@ -1213,9 +1214,9 @@ MUTATIONS = [
      ["tests/test_batch.py::test_batch_places_tokens_in_their_roles_rows"]),
     ("batch: the logits' product on the prompt tokens' kernel", "vkrt/models/llama_batch.py",
      '            out.append(k.linear(a.xn, w[name], a.logits, R, name="output",\n'
-     '                                batched=self._role_kernel("decode")))\n',
+     '                                **self._role_products("decode")))\n',
      '            out.append(k.linear(a.xn, w[name], a.logits, R, name="output",\n'
-     '                                batched=self._role_kernel("prompt")))\n',
+     '                                **self._role_products("prompt")))\n',
      ["tests/test_batch.py::test_batch_products_take_their_roles_kernels"]),
     ("batch (OPT): the learned position read at the token's index, not its position",
      "vkrt/models/opt_batch.py",
@@ -1294,22 +1295,33 @@ MUTATIONS = [
      "vkrt/serve/runner.py", "        if not self._cache_is_mine():\n            raise",
      "        if False:\n            raise", KV_OWNER),
     ("serve batch: an engine keeps a cache whose products' kernels are another max_batch's",
-     "vkrt/serve/runner.py", "                and self.lm.paged_products == self.products)",
+     "vkrt/serve/runner.py", "                and self.lm.paged_products == self.products\n",
+     "                and True\n", WIDE),
+    ("serve batch: an engine keeps a cache whose matmul_coop tiles are another max_batch's",
+     "vkrt/serve/runner.py", "                and self.lm.paged_coop_tiles == self.coop_tiles)",
      "                and True)", WIDE),
     ("serve batch: the engine's max_batch not given to its runner", "vkrt/serve/engine.py",
      "kv_dtype,\n                                      self.max_batch)", "kv_dtype)", WIDE),
     ("batch: the paged cache's kernels chosen without the engine's max_batch",
-     "vkrt/models/batch.py", "                                 self.k.batch_products(max_batch))",
-     "                                 self.k.batch_products())", WIDE),
+     "vkrt/models/batch.py", "                                 self.k.batch_products(max_batch),",
+     "                                 self.k.batch_products(),", WIDE),
     ("batch: a step's products on the table's kernels, not the ones its cache fixed",
-     "vkrt/models/batch.py", "        return self._paged.products[role]",
-     "        return self.k.batch_products()[role]", WIDE),
+     "vkrt/models/batch.py", '        return {"batched": self._paged.products[role], ',
+     '        return {"batched": self.k.batch_products()[role], ', WIDE),
+    ("tuning: a wide rule's own matmul_coop tiles not given to its engines", "vkrt/tuning.py",
+     "return wide.coop_tiles if wide is not None and wide.coop_tiles else self.batch_coop_tiles",
+     "return self.batch_coop_tiles", WIDE),
+    ("batch: the paged cache's matmul_coop tiles chosen without the engine's max_batch",
+     "vkrt/models/batch.py", "                                 self.k.batch_coop_tiles(max_batch))",
+     "                                 self.k.batch_coop_tiles())", WIDE),
+    ("batch: a step's products on the table's matmul_coop tiles, not its cache's",
+     "vkrt/models/batch.py", '"coop_tiles": self._paged.coop_tiles}', '"coop_tiles": None}', WIDE),
     ("tuning: the wide batch's rules never applied", "vkrt/tuning.py",
      "                 if max_batch is not None and r.min_max_batch <= max_batch]",
      "                 if False]", WIDE),
     ("tuning: the wide batch's rule of the least min_max_batch taken", "vkrt/tuning.py",
-     "wide = max(rules, key=lambda r: r.min_max_batch)",
-     "wide = min(rules, key=lambda r: r.min_max_batch)", WIDE),
+     "return max(rules, key=lambda r: r.min_max_batch) if rules else None",
+     "return min(rules, key=lambda r: r.min_max_batch) if rules else None", WIDE),
     ("kernels: a wide batch's matmul_coop kept on a device without cooperative matrices",
      "vkrt/kernels.py", 'return {role: "matmul" if kernel == "matmul_coop" and not coop else kernel',
      'return {role: kernel', WIDE),
@@ -1432,6 +1444,10 @@ MUTATIONS = [
 # `--coop` on such a device; bench/README.md records the last run.
 COOP = ["tests/test_kernels.py::test_linear_coop_weights_as_stored"]
 COOP_MUTATIONS = [
+    ("kernels: a batched matmul_coop product on the table's tiles, not the engine's",
+     "vkrt/kernels.py", "t = self.tuning.batch_coop_tile(n_tokens, coop_tiles)",
+     "t = self.tuning.batch_coop_tile(n_tokens)",
+     ["tests/test_kernels.py::test_batched_coop_takes_the_engines_tiles"]),
     ("matmul_coop: the last step is skipped", "vkrt/glsl/matmul_coop.comp",
      "for (uint k0 = 0, s = 0; k0 < cols4; k0 += KQ, ++s)",
      "for (uint k0 = 0, s = 0; k0 + KQ < cols4; k0 += KQ, ++s)", COOP),

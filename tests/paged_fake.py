@@ -80,7 +80,7 @@ class FakePagedLM:
 
     def __init__(self):
         self.kv_tokens = self.kv_pos = self.kv_prompt = self.paged_kv_dtype = None
-        self.paged_products = None
+        self.paged_products = self.paged_coop_tiles = None
         self.steps, self.tokens_per_step, self.seqs_per_step, self.setups = 0, [], [], 0
         self.delay_s = 0.0
 
@@ -98,6 +98,10 @@ class FakePagedLM:
         return {"decode": "wide" if max_batch and max_batch >= 16 else "narrow",
                 "prompt": "prompt"}
 
+    def batch_coop_tiles(self, max_batch=None) -> tuple:
+        """As a table whose engines of 64 or more sequences split the columns otherwise."""
+        return ("split 4",) if max_batch and max_batch >= 64 else ("split 8",)
+
     def setup_paged_cache(self, num_blocks: int, block_size: int,
                           kv_dtype: str = "float32", max_batch=None) -> None:
         if num_blocks * block_size > self.max_slots:
@@ -106,6 +110,7 @@ class FakePagedLM:
                                     f"device: {self.max_slots} fit")
         self.paged_kv_dtype = kv_dtype
         self.paged_products = self.batch_products(max_batch)
+        self.paged_coop_tiles = self.batch_coop_tiles(max_batch)
         self.block_size = block_size
         self.kv_tokens = np.zeros(num_blocks * block_size, np.int64)
         self.kv_pos = np.full(num_blocks * block_size, -1, np.int64)    # -1: never written

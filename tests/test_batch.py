@@ -232,7 +232,7 @@ def test_wide_engine_decodes_on_its_kernel_batch_invariant(device, tmp_path):
     the GPU table's is matmul_coop) for the paged cache's life: its steps record that
     kernel, every sequence's logits are bit-identical alone and in any batch, the greedy
     tokens equal transformers'; a cache set up for fewer sequences keeps the table's."""
-    from vkrt.tuning import WideBatchDecode
+    from vkrt.tuning import BatchCoopTile, WideBatchDecode
 
     path = write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), "qwen2", "F32")
     ref = TransformersReference(str(path), **ORACLE_CONFIG.get("qwen2", {}))
@@ -241,11 +241,14 @@ def test_wide_engine_decodes_on_its_kernel_batch_invariant(device, tmp_path):
                for s, n in {"a": 9, "b": 3, "c": 6}.items()}
     model = Llama.from_gguf(device, load_gguf(path))
     try:
+        own = (BatchCoopTile(None, 16, 16, 1, 1, "test", 2),)     # a rule's own tiles
         model.k.tuning = dataclasses.replace(
             model.k.tuning, batch_products={"decode": "matmul", "prompt": "matmul"},
-            wide_batch_decode=(WideBatchDecode(4, "matmul_tiled", "test"),))
+            wide_batch_decode=(WideBatchDecode(4, "matmul_tiled", "test", coop_tiles=own),))
         tokens = check_invariance(model, prompts, 5, max_batch=4)
         assert model.paged_products == {"decode": "matmul_tiled", "prompt": "matmul"}
+        assert model.paged_coop_tiles == own
+        assert model._role_products("decode") == {"batched": "matmul_tiled", "coop_tiles": own}
         for s, ids in prompts.items():
             assert tokens[s] == ref.greedy(ids, 5), s
         ds = model.batch_step(model._inputs(3, True), StepShape(decode=2, prompt=1, logits=2))
@@ -254,6 +257,7 @@ def test_wide_engine_decodes_on_its_kernel_batch_invariant(device, tmp_path):
         assert [d.pipeline.name for d in ds if d.name == "output"] == ["matmul_tiled_f32"]
         model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE, max_batch=3)
         assert model.paged_products == {"decode": "matmul", "prompt": "matmul"}
+        assert model.paged_coop_tiles == model.k.tuning.batch_coop_tiles
     finally:
         model.close()
 

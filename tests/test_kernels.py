@@ -2078,6 +2078,30 @@ def test_batched_linear_rows_independent_of_the_token_count(gpu, kernels, kernel
     assert d.pipeline.name == f"{kernel}_f32"
 
 
+def test_batched_coop_takes_the_engines_tiles(gpu, kernels):
+    """Kernels.linear(batched="matmul_coop", coop_tiles=...): the product runs on the tile
+    of the set it is given (an engine's, `Kernels.batch_coop_tiles(max_batch)`), not the
+    table's `batch_coop_tiles` (its grid: row tiles of BN, token tiles of BM), and without a
+    set on the table's; each within matmul_coop's bound."""
+    from vkrt.tuning import BatchCoopTile
+
+    coop_or_skip(kernels)
+    kernels.tuning = dataclasses.replace(kernels.tuning, batch_coop_tiles=(
+        BatchCoopTile(None, 32, 32, 2, 2, "test", 4),))
+    own = (BatchCoopTile(None, 16, 64, 1, 2, "test", 2),)
+    r, n_rows, n_cols, n = rng(45), 70, 96, 8
+    w, x = randn(r, n_rows, n_cols), randn(r, n, n_cols)
+    bw, bx = gpu.upload(w), gpu.upload(x)
+    terms = w[None].astype(np.float64) * x[:, None].astype(np.float64)
+    for tiles, grid in ((own, (2, 1, 1)), (None, (3, 1, 1))):
+        by = gpu.filled(n * n_rows)
+        d = kernels.linear(bx, bw, by, n, batched="matmul_coop", coop_tiles=tiles)
+        assert tuple(d.grid) == grid, tiles
+        gpu.stream.record([d])
+        got = gpu.read(by).reshape(n, n_rows)
+        assert rel_err(got, terms.sum(2), np.abs(terms).sum(2)) < 2.0 ** -10 + n_cols * 2.0 ** -23
+
+
 def test_batch_products_fall_back_to_matmul_without_coop(kernels):
     """`Kernels.batch_products`: the table's matmul_coop where the device lists a shape and
     VKRT_COOPMAT allows it, else matmul; the other kernels as the table names them; the

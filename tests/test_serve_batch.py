@@ -339,9 +339,10 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
 
 def test_engine_fixes_the_products_kernels_by_max_batch():
     """The engine's max_batch chooses the products' kernels (the fake's table: "wide" from 16
-    sequences), which the paged cache keeps: an engine of another max_batch but the same
-    kernels keeps the model's cache; one whose kernels differ sets it up anew (its steps
-    captured again); a running engine whose kernels were replaced by hand refuses its step."""
+    sequences) and matmul_coop's tiles (another split from 64), which the paged cache keeps:
+    an engine of another max_batch but the same kernels and tiles keeps the model's cache;
+    one whose kernels or tiles differ sets it up anew (its steps captured again); a running
+    engine whose kernels were replaced by hand refuses its step."""
     model = FakeModel(n_ctx=256)
     narrow = Engine(model, max_batch=3, block_size=8, kv_blocks=5)
     assert model.lm.paged_products["decode"] == "narrow" and model.lm.setups == 1
@@ -363,6 +364,14 @@ def test_engine_fixes_the_products_kernels_by_max_batch():
     narrow.start(thread=False)
     assert model.lm.paged_products["decode"] == "narrow"
     narrow.shutdown()
+    # The same kernels, other matmul_coop tiles (the fake's split from 64 sequences): set up
+    # anew, and the tiles the cache holds are the engine's.
+    Engine(model, max_batch=16, block_size=8, kv_blocks=5)
+    setups = model.lm.setups
+    Engine(model, max_batch=64, block_size=8, kv_blocks=5)
+    assert model.lm.setups == setups + 1
+    tiles = model.lm.batch_coop_tiles
+    assert model.lm.paged_coop_tiles == tiles(64) != tiles(16)
 
 
 def test_one_engine_runs_a_model_at_a_time():

@@ -80,6 +80,27 @@ def test_batch_products_by_max_batch():
     assert t.batch_products == {"decode": "matmul", "prompt": "matmul_tiled"}   # not changed
 
 
+def test_batch_coop_tiles_by_max_batch():
+    """`Table.batch_coop_tiles_for`: an engine's matmul_coop tiles are its wide rule's own
+    where the rule has them, else the table's `batch_coop_tiles` (a rule without tiles, below
+    every rule, max_batch None); `batch_coop_tile` picks among the set it is given. The GPU
+    table's rules keep one column split per set."""
+    own = (tuning.BatchCoopTile(32, 32, 32, 2, 2, "t", 4),
+           tuning.BatchCoopTile(None, 64, 32, 4, 2, "t", 4))
+    t = dataclasses.replace(tuning.GPU, wide_batch_decode=(
+        tuning.WideBatchDecode(16, "matmul_coop", "t"),
+        tuning.WideBatchDecode(64, "matmul_coop", "t", coop_tiles=own)))
+    got = {n: t.batch_coop_tiles_for(n) for n in (None, 8, 16, 63, 64, 128)}
+    assert got == {None: t.batch_coop_tiles, 8: t.batch_coop_tiles, 16: t.batch_coop_tiles,
+                   63: t.batch_coop_tiles, 64: own, 128: own}
+    assert t.batch_coop_tiles != own
+    assert [t.batch_coop_tile(n, own).bm for n in (1, 32, 33, 64)] == [32, 32, 64, 64]
+    assert t.batch_coop_tile(64).sg_k == 8                  # the table's, without a set
+    for n in (None, 16, 32, 64, 128):
+        assert len({r.sg_k for r in tuning.GPU.batch_coop_tiles_for(n)}) == 1, n
+    assert {r.sg_k for r in tuning.GPU.batch_coop_tiles_for(64)} == {4}
+
+
 def test_batch_coop_tiles_keep_one_column_split():
     """A token's bits under matmul_coop depend on its column split (`sg_k`,
     matmul_coop.comp), so a table whose tiles split the columns two ways is refused when a

@@ -258,9 +258,13 @@ def _serve(args) -> int:
         else:
             kv, lm = engine.kv, engine.runner.lm
             mib = lm.paged_cache_bytes(kv.num_blocks, kv.block_size, lm.paged_kv_dtype) / 2 ** 20
+            decode = engine.runner.products["decode"]
+            if decode == "matmul_coop":
+                splits = sorted({t.sg_k for t in engine.runner.coop_tiles})
+                decode += f" (columns split {'/'.join(map(str, splits))} ways)"
             batching = (f"batches of up to {engine.max_batch} sequences, "
                         f"{engine.scheduler.max_num_batched_tokens} tokens a step, generated "
-                        f"tokens' products on {engine.runner.products['decode']}, KV cache "
+                        f"tokens' products on {decode}, KV cache "
                         f"{kv.num_blocks} blocks of {kv.block_size} "
                         f"({kv.num_blocks * kv.block_size} positions, "
                         f"{engine.kv_cache_dtype}, {mib:.0f} MiB")

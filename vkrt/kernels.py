@@ -474,6 +474,12 @@ class Kernels:
         return {role: "matmul" if kernel == "matmul_coop" and not coop else kernel
                 for role, kernel in self.tuning.batch_products_for(max_batch).items()}
 
+    def batch_coop_tiles(self, max_batch: int | None = None) -> tuple:
+        """The `matmul_coop` tiles (vkrt/tuning.py `BatchCoopTile`, one column split among
+        them) of the batched runner's products in an engine of `max_batch` sequences per step
+        (`Table.batch_coop_tiles_for`); the paged KV cache holds them with the kernels."""
+        return self.tuning.batch_coop_tiles_for(max_batch)
+
     def prefill_kernel(self, n_tokens: int) -> str:
         """The kernel `linear` runs a product of `n_tokens` > 1 tokens on: `matmul_coop`
         where the device has a cooperative-matrix shape (`coop`) and VKRT_COOPMAT allows it
@@ -492,7 +498,7 @@ class Kernels:
 
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
                name: str = "", accumulate: bool = False, batched: str | None = None,
-               token0: int = 0) -> Dispatch:
+               token0: int = 0, coop_tiles: tuple | None = None) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
         of any `WEIGHTS` dtype (n_in % 4 == 0; a multiple of the block for block types, which
         `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; its
@@ -504,7 +510,8 @@ class Kernels:
         `batched` ("matmul", "matmul_tiled" or "matmul_coop": a kernel of `batch_products`): the
         batched runner's product of its tokens' role over rows token0 .. token0 + n_tokens - 1
         of x and y on that kernel (even for one token; never the decode matvecs), its tile
-        from the table. These kernels compute
+        from the table (`matmul_coop`: among `coop_tiles`, an engine's `batch_coop_tiles`;
+        None: the table's). These kernels compute
         a token's row in an order fixed by that row alone, whatever the tile, so it does not
         depend on how many tokens run with it (vkrt/models/batch.py: batch invariance)."""
         n_out, n_in = weight.shape
@@ -526,7 +533,7 @@ class Kernels:
         if kernel == "matmul_coop":
             tile = None
             if batched is not None:
-                t = self.tuning.batch_coop_tile(n_tokens)
+                t = self.tuning.batch_coop_tile(n_tokens, coop_tiles)
                 tile = (t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k)
             spec = self.coop_spec(n_out, n_tokens, tile)
             x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)

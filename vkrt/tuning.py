@@ -86,10 +86,13 @@ class WideBatchDecode:
     `kernel` instead of `Table.batch_products["decode"]`. An engine's max_batch is fixed for
     its life and its paged KV cache holds the kernels it chose (vkrt/models/batch.py), so each
     of its requests runs on one kernel whatever shares its step: batch invariance within an
-    engine. A request's bits may differ between engines of different max_batch."""
+    engine. A request's bits may differ between engines of different max_batch.
+    `coop_tiles`: the rule's own `matmul_coop` tiles (one column split, `sg_k`, among them),
+    for its engines instead of `Table.batch_coop_tiles`; () keeps the table's."""
     min_max_batch: int
     kernel: str
     source: str
+    coop_tiles: tuple[BatchCoopTile, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -155,29 +158,42 @@ class Table:
         tokens."""
         return next(r for r in self.prefill_coop_tiles if r.matches(n_rows, n_tokens))
 
+    def wide_rule(self, max_batch: int | None) -> WideBatchDecode | None:
+        """The `wide_batch_decode` rule of an engine of `max_batch` sequences per step: the
+        one of the largest min_max_batch <= max_batch, None below every rule (or None)."""
+        rules = [r for r in self.wide_batch_decode
+                 if max_batch is not None and r.min_max_batch <= max_batch]
+        return max(rules, key=lambda r: r.min_max_batch) if rules else None
+
     def batch_products_for(self, max_batch: int | None) -> dict[str, str]:
         """The batched runner's kernel per token role ("decode", "prompt") in an engine of
         `max_batch` sequences per step (None: `batch_products` as the table has it)."""
-        rules = [r for r in self.wide_batch_decode
-                 if max_batch is not None and r.min_max_batch <= max_batch]
-        if not rules:
+        wide = self.wide_rule(max_batch)
+        if wide is None:
             return dict(self.batch_products)
-        wide = max(rules, key=lambda r: r.min_max_batch)
         return {**self.batch_products, "decode": wide.kernel}
+
+    def batch_coop_tiles_for(self, max_batch: int | None) -> tuple[BatchCoopTile, ...]:
+        """The `matmul_coop` tiles of the batched products in an engine of `max_batch`
+        sequences per step: its wide rule's own, else `batch_coop_tiles`."""
+        wide = self.wide_rule(max_batch)
+        return wide.coop_tiles if wide is not None and wide.coop_tiles else self.batch_coop_tiles
 
     def batch_tile(self, n_tokens: int) -> BatchTile:
         """The `matmul` launch of a batched product of `n_tokens` tokens."""
         return next(r for r in self.batch_tiles if r.matches(n_tokens))
 
-    def batch_coop_tile(self, n_tokens: int) -> BatchCoopTile:
-        """The `matmul_coop` launch of a batched product of `n_tokens` tokens. Raises
-        ValueError when the table's tiles split the columns differently (`sg_k`): a token's
-        bits would then change with the batch size."""
-        if len({r.sg_k for r in self.batch_coop_tiles}) > 1:
+    def batch_coop_tile(self, n_tokens: int,
+                        tiles: tuple[BatchCoopTile, ...] | None = None) -> BatchCoopTile:
+        """The `matmul_coop` launch of a batched product of `n_tokens` tokens among `tiles`
+        (None: `batch_coop_tiles`; an engine's: `batch_coop_tiles_for`). Raises ValueError
+        when the tiles split the columns differently (`sg_k`): a token's bits would then
+        change with the batch size."""
+        tiles = self.batch_coop_tiles if tiles is None else tiles
+        if len({r.sg_k for r in tiles}) > 1:
             raise ValueError("batch_coop_tiles split the columns in more than one way (sg_k "
-                             f"{sorted({r.sg_k for r in self.batch_coop_tiles})}): batch "
-                             "invariance needs one")
-        return next(r for r in self.batch_coop_tiles if r.matches(n_tokens))
+                             f"{sorted({r.sg_k for r in tiles})}): batch invariance needs one")
+        return next(r for r in tiles if r.matches(n_tokens))
 
     def with_decode(self, subgroups: int, rows: int, kernel: str = "matvec",
                     stage_x: bool = False, split: int = 1, integer_x: bool = False) -> "Table":
@@ -216,6 +232,8 @@ _PRODUCTS = ("bench/README.md, 2026-12-02 third session (bench/batched_products.
 
 _SPLIT8 = ("bench/README.md, 2026-12-04 fifth session (bench/batched.py and "
            "bench/batched_products.py, 7B Q4_1, H200)")
+_SPLIT4 = ("bench/README.md, 2026-12-04 sixth session (bench/batched.py at 64 sequences, "
+           "H200)")
 
 GPU = Table(
     decode={
@@ -293,9 +311,17 @@ GPU = Table(
     batch_coop_tiles=(BatchCoopTile(None, 32, 32, 2, 2, _SPLIT8 + ": a 7B layer's products at "
                                     "32 tokens 32x32:2x2x8 424.5 us, 32x32:2x2x4 452.5, "
                                     "32x64:2x4x4 522.8, 16x16:1x1x8 793.3, matmul 926.8", 8),),
+    # Engines of 64 or more sequences: the columns split 4 ways, 64-token tiles at 33 or more
+    # tokens (at 64 tokens a 7B layer's products 64x32:4x2x4 629.5 us against 32x32:2x2x8's
+    # 729.9; at 32, 32x32:2x2x4 452.5 against 424.5, hence not below 64 sequences).
     wide_batch_decode=(WideBatchDecode(16, "matmul_coop", _SPLIT8 + ": decode tok/s matmul -> "
                                        "matmul_coop at 16 sequences 815.0 -> 902.1, 32 983.0 "
-                                       "-> 1679.6, 64 1123.7 -> 2155.1"),),
+                                       "-> 1679.6, 64 1123.7 -> 2155.1"),
+                       WideBatchDecode(64, "matmul_coop", _SPLIT4 + ": 7B decode tok/s split 8 "
+                                       "-> split 4 2103.5 -> 2392.9; 1.2B and 135M within "
+                                       "their repeats' spread", coop_tiles=(
+                                           BatchCoopTile(32, 32, 32, 2, 2, _SPLIT4, 4),
+                                           BatchCoopTile(None, 64, 32, 4, 2, _SPLIT4, 4)))),
     prefill_attention=(128, 2, 32),
     # 16 subgroups per workgroup, each 32 or 64 tokens x 32 rows: more subgroups in flight
     # on the few workgroups of a 4096-row product (128 at 512 tokens on 132 SMs); fewer

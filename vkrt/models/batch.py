@@ -125,6 +125,7 @@ class PagedCache:
     max_positions: int
     table_width: int
     products: dict      # token role ("decode", "prompt") -> its products' kernel
+    coop_tiles: tuple   # matmul_coop's tiles for the engine (Kernels.batch_coop_tiles)
 
     @property
     def scratch_slot(self) -> int:
@@ -211,21 +212,23 @@ class PagedBatch:
                       shape: StepShape) -> list[Dispatch]:
         """y = x W^T (+ b) for the step's f32 rows (x [T, in], y [T, out]; W = the model's
         `name`.weight, b = `name`.bias when present): the generated tokens' rows on the
-        "decode" role's kernel, the prompt tokens' on the "prompt" role's (`_role_kernel`;
+        "decode" role's kernel, the prompt tokens' on the "prompt" role's (`_role_products`;
         batch invariance, the module docstring)."""
         k, w = self.k, self.w
-        out = [k.linear(x, w[name + ".weight"], y, n, name=name,
-                        batched=self._role_kernel(role), token0=row0)
+        out = [k.linear(x, w[name + ".weight"], y, n, name=name, token0=row0,
+                        **self._role_products(role))
                for role, row0, n in (("decode", 0, shape.decode),
                                      ("prompt", shape.decode, shape.prompt)) if n]
         if name + ".bias" in w:
             out.append(k.bias_add(y, w[name + ".bias"], shape.tokens, name=name + ".bias"))
         return out
 
-    def _role_kernel(self, role: str) -> str:
-        """The kernel of the products of tokens of `role` ("decode": generated tokens and
-        every logit row; "prompt"), fixed with the paged KV cache (`setup_paged_cache`)."""
-        return self._paged.products[role]
+    def _role_products(self, role: str) -> dict:
+        """`Kernels.linear`'s arguments for the products of tokens of `role` ("decode":
+        generated tokens and every logit row; "prompt"): the kernel (`batched`) and the
+        `matmul_coop` tiles (`coop_tiles`), fixed with the paged KV cache
+        (`setup_paged_cache`)."""
+        return {"batched": self._paged.products[role], "coop_tiles": self._paged.coop_tiles}
 
     # -- the KV cache --------------------------------------------------------------------
     @staticmethod
@@ -282,8 +285,9 @@ class PagedBatch:
         scratch slot, and the family's tables for positions below min(n_ctx, num_blocks *
         block_size); frees a previous paged cache (its recorded steps are captured again).
         `max_batch` (the engine's sequences per step; None: not known) chooses the products'
-        kernel per token role for the cache's life (`Kernels.batch_products`,
-        `paged_products`).
+        kernel per token role and `matmul_coop`'s tiles for the cache's life
+        (`Kernels.batch_products`, `Kernels.batch_coop_tiles`; `paged_products`,
+        `paged_coop_tiles`).
         Raises: ValueError for num_blocks or block_size < 1, a kv_dtype no kernel reads or
         float16 on a device without storageBuffer16BitAccess, or when one layer's K (or V)
         cache passes the device's maxStorageBufferRange; DeviceMemoryError when the device
@@ -316,7 +320,8 @@ class PagedBatch:
             raise
         self._paged = PagedCache(int(num_blocks), int(block_size), buffer, k, v, tables,
                                  max_positions, -(-max_positions // block_size),
-                                 self.k.batch_products(max_batch))
+                                 self.k.batch_products(max_batch),
+                                 self.k.batch_coop_tiles(max_batch))
 
     @staticmethod
     def _paged_kv_name(i: int, what: str) -> str:
@@ -333,11 +338,22 @@ class PagedBatch:
         choose (`Kernels.batch_products`)."""
         return self.k.batch_products(max_batch)
 
+    def batch_coop_tiles(self, max_batch: int | None = None) -> tuple:
+        """The `matmul_coop` tiles that `setup_paged_cache(..., max_batch)` would choose
+        (`Kernels.batch_coop_tiles`)."""
+        return self.k.batch_coop_tiles(max_batch)
+
     @property
     def paged_products(self) -> dict[str, str] | None:
         """The kernel of the products per token role ("decode", "prompt") that the paged KV
         cache's steps run, or None before `setup_paged_cache`."""
         return None if self._paged is None else dict(self._paged.products)
+
+    @property
+    def paged_coop_tiles(self) -> tuple | None:
+        """The `matmul_coop` tiles of the paged KV cache's steps, or None before
+        `setup_paged_cache`."""
+        return None if self._paged is None else self._paged.coop_tiles
 
     @property
     def paged_kv_dtype(self) -> str | None:

@@ -76,12 +76,12 @@ class LlamaBatch(PagedBatch):
         name = self._output_name()
         if name not in self.slices:
             out.append(k.linear(a.xn, w[name], a.logits, R, name="output",
-                                batched=self._role_kernel("decode")))
+                                **self._role_products("decode")))
         else:
             for row0, wt in self.slices[name]:
                 n = wt.shape[0]
                 out += [k.linear(a.xn, wt, a.head, R, name="output",
-                                 batched=self._role_kernel("decode")),
+                                 **self._role_products("decode")),
                         k.copy_block(a.head, a.logits, R, n, row0, name="output.copy")]
         out.append(k.argmax_rows(a.logits, inputs.argmax, hp.n_vocab, R, name="argmax"))
         return out

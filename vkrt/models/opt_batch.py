@@ -100,15 +100,15 @@ class OPTBatch(PagedBatch):
         if hp.n_proj != hp.n_embd:
             out.append(k.linear(h, w["decoder.project_out.weight"], a.emb, R,
                                 name="decoder.project_out",
-                                batched=self._role_kernel("decode")))
+                                **self._role_products("decode")))
             h = a.emb
         if len(self.head) == 1:
             out.append(k.linear(h, self.head[0][1], a.logits, R, name="lm_head",
-                                batched=self._role_kernel("decode")))
+                                **self._role_products("decode")))
         else:
             for row0, wt in self.head:
                 out += [k.linear(h, wt, a.head, R, name="lm_head",
-                                 batched=self._role_kernel("decode")),
+                                 **self._role_products("decode")),
                         k.copy_block(a.head, a.logits, R, wt.shape[0], row0,
                                      name="lm_head.copy")]
         out.append(k.argmax_rows(a.logits, inputs.argmax, hp.n_vocab, R, name="argmax"))

@@ -71,7 +71,8 @@ class BatchRunner:
     lm: has `setup_paged_cache(num_blocks, block_size, kv_dtype, max_batch)` (by
     `setup_cache`: the engine calls it when it is made, before its thread starts, and
     `activate` when it starts), `paged_cache_info`, `paged_kv_dtype`, `paged_products`,
-    `batch_products(max_batch)` and `execute_batch(BatchInput,
+    `paged_coop_tiles`, `batch_products(max_batch)`, `batch_coop_tiles(max_batch)` and
+    `execute_batch(BatchInput,
     want_logits) -> BatchOutput` (vkrt.models.batch). kv: the block manager whose tables the
     slots come from; kv_dtype: the cache's elements (float32 or float16); max_batch: the
     engine's sequences per step, which chooses the products' kernels (the cache keeps them
@@ -83,6 +84,7 @@ class BatchRunner:
                  max_batch: int | None = None):
         self.lm, self.kv, self.kv_dtype, self.max_batch = lm, kv, kv_dtype, max_batch
         self.products = lm.batch_products(max_batch)
+        self.coop_tiles = lm.batch_coop_tiles(max_batch)
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self._rngs: dict[Sequence, tuple[Sampling, np.random.Generator | None]] = {}
         self.steps = self.batched_tokens = self.max_seqs_in_step = 0
@@ -90,7 +92,8 @@ class BatchRunner:
     def _cache_is_mine(self) -> bool:
         return (self.lm.paged_cache_info == (self.kv.num_blocks, self.kv.block_size)
                 and self.lm.paged_kv_dtype == self.kv_dtype
-                and self.lm.paged_products == self.products)
+                and self.lm.paged_products == self.products
+                and self.lm.paged_coop_tiles == self.coop_tiles)
 
     def setup_cache(self) -> None:
         """Allocate the model's paged KV cache for `kv`'s blocks of `kv_dtype` and the
