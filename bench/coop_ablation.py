@@ -4,12 +4,13 @@ the kernel taken out, timed beside the shipped build in one process per build.
     python bench/coop_ablation.py [--type q4_1] [--tokens 1,8,32] [--tiles 32x32:2x2x8,16x16:1x1x8]
         [--shapes 4096x4096,1024x4096,14336x4096,4096x14336] [--prefill-tokens 512]
         [--prefill-shapes 4096x4096,14336x4096] [--variants base,no-weight-loads,...]
-        [--repeat 10] [--build-only DIR]
+        [--repeat 10] [--build-only DIR | --built DIR]
 
 Each variant (`VARIANTS`) is one text change of vkrt/glsl/matmul_coop.comp, compiled by the
 pinned glslang (vkrt/gen/compile.py) into the module `matmul_coop_<type>` of a copy of
 vkrt/spirv (the other modules linked, modules.json's sha256 rewritten; the interface is
-unchanged, so the runtime's checks hold). A change that no longer applies exactly once is an
+unchanged, so the runtime's checks hold). Where the compiler is not installed (a lent GPU),
+`--build-only DIR` elsewhere and `--built DIR` there. A change that no longer applies exactly once is an
 error (tests/test_bench.py builds them all). Most variants compute wrong products: only their
 times mean anything. Per variant, bench/batched_products.py times the decode tiles (`--tiles`,
 its `--coop-tiles`) at `--tokens` over `--shapes`, and bench/matmul_coop.py the table's
@@ -71,15 +72,14 @@ def variant_source(text: str, name: str) -> str:
     return text.replace(old, new)
 
 
-def build(out: Path, dtype: str, names: list[str]) -> dict[str, Path]:
-    """A modules directory per variant under `out`: vkrt/spirv's files linked, but
-    `matmul_coop_<dtype>` compiled from the variant's source. Returns name -> directory.
+def compile_variants(out: Path, dtype: str, names: list[str]) -> dict[str, Path]:
+    """`out/<name>/matmul_coop_<dtype>.spv` for each variant, compiled by the pinned glslang.
+    Returns name -> directory.
 
     Raises:
         ValueError: a variant does not apply; KeyError: no module `matmul_coop_<dtype>`;
-        vkrt.errors.CompileError: glslang refused a variant."""
+        vkrt.errors.CompileError: no pinned glslang, or it refused a variant."""
     from vkrt.gen.compile import compile_source, find_compiler
-    from vkrt.gen.metadata import DEFAULT_SPIRV_DIR, FILENAME
     from vkrt.gen.variants import discover
 
     glsl = ROOT / "vkrt" / "glsl"
@@ -87,11 +87,8 @@ def build(out: Path, dtype: str, names: list[str]) -> dict[str, Path]:
     source = {s.module: s for s in discover(glsl)}[module]
     compiler = find_compiler()
     text = (glsl / SOURCE).read_text()
-    doc = json.loads((DEFAULT_SPIRV_DIR / FILENAME).read_text())
     dirs = {}
     for name in names:
-        d = out / name
-        d.mkdir(parents=True)
         with tempfile.TemporaryDirectory(prefix="coop-ablation-") as tmp:
             src = Path(tmp)
             for f in glsl.iterdir():
@@ -99,14 +96,28 @@ def build(out: Path, dtype: str, names: list[str]) -> dict[str, Path]:
             (src / SOURCE).write_text(variant_source(text, name))
             spv = compile_source(compiler, source.__class__(module, src / SOURCE,
                                                             source.defines), src)
-        for f in DEFAULT_SPIRV_DIR.glob("*.spv"):
-            if f.stem != module:
-                (d / f.name).symlink_to(f)
-        (d / f"{module}.spv").write_bytes(spv)
-        doc["modules"][module]["sha256"] = hashlib.sha256(spv).hexdigest()
-        (d / FILENAME).write_text(json.dumps(doc))
-        dirs[name] = d
+        dirs[name] = out / name
+        dirs[name].mkdir(parents=True, exist_ok=True)
+        (dirs[name] / f"{module}.spv").write_bytes(spv)
     return dirs
+
+
+def modules_dir(spv: Path, dest: Path) -> Path:
+    """`dest` made a modules directory the runtime loads (`PipelineCache(device, dest)`):
+    vkrt/spirv's files linked, but the module `spv` names (a variant's build) copied in and
+    its sha256 in modules.json rewritten. Returns `dest`."""
+    from vkrt.gen.metadata import DEFAULT_SPIRV_DIR, FILENAME
+
+    doc = json.loads((DEFAULT_SPIRV_DIR / FILENAME).read_text())
+    dest.mkdir(parents=True)
+    for f in DEFAULT_SPIRV_DIR.glob("*.spv"):
+        if f.name != spv.name:
+            (dest / f.name).symlink_to(f)
+    data = spv.read_bytes()
+    (dest / spv.name).write_bytes(data)
+    doc["modules"][spv.stem]["sha256"] = hashlib.sha256(data).hexdigest()
+    (dest / FILENAME).write_text(json.dumps(doc))
+    return dest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,16 +134,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-shapes", default="4096x4096,14336x4096")
     ap.add_argument("--variants", default=",".join(["base", *VARIANTS]))
     ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--build-only", default="", help="build the variants into DIR and stop")
+    ap.add_argument("--build-only", default="", metavar="DIR",
+                    help="compile the variants into DIR/<variant>/ and stop")
+    ap.add_argument("--built", default="", metavar="DIR",
+                    help="time the variants --build-only compiled into DIR (a machine "
+                         "without the pinned glslang, e.g. a lent GPU)")
     args = ap.parse_args(argv)
     names = args.variants.split(",")
     if args.build_only:
-        for name, d in build(Path(args.build_only), args.type, names).items():
+        for name, d in compile_variants(Path(args.build_only), args.type, names).items():
             print(f"{name}: {d}")
         return 0
     report = {"type": args.type, "variants": {}}
+    module = f"matmul_coop_{args.type}.spv"
     with tempfile.TemporaryDirectory(prefix="coop-ablation-") as tmp:
-        for name, d in build(Path(tmp), args.type, names).items():
+        built = ({n: Path(args.built) / n for n in names} if args.built
+                 else compile_variants(Path(tmp) / "spv", args.type, names))
+        for name in names:
+            d = modules_dir(built[name] / module, Path(tmp) / "modules" / name)
             out = Path(tmp) / f"{name}.json"
             rc = batched_products.main([
                 "--shapes", args.shapes, "--types", args.type, "--tokens", args.tokens,

@@ -177,19 +177,22 @@ def test_batched_decode_coop_tiles_parse():
 
 def test_coop_ablation_variants_apply_and_compile(tmp_path):
     """bench/coop_ablation.py's builds: "base" is the committed matmul_coop_q4_1 byte for
-    byte, each variant's change applies (once) and compiles to other bytes, and the rest of
-    each directory is vkrt/spirv's, so its modules.json checks out (load_modules)."""
+    byte, each variant's change applies (once) and compiles to other bytes, and each
+    variant's modules directory is vkrt/spirv's but for that module, its modules.json
+    checking out (load_modules)."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import coop_ablation
     from vkrt.gen.metadata import DEFAULT_SPIRV_DIR, load_modules
 
     names = ["base", *coop_ablation.VARIANTS]
-    dirs = coop_ablation.build(tmp_path, "q4_1", names)
+    dirs = coop_ablation.compile_variants(tmp_path / "spv", "q4_1", names)
     shipped = (DEFAULT_SPIRV_DIR / "matmul_coop_q4_1.spv").read_bytes()
     built = {n: (d / "matmul_coop_q4_1.spv").read_bytes() for n, d in dirs.items()}
     assert built["base"] == shipped
     assert len(set(built.values())) == len(names)
-    for d in dirs.values():
-        assert set(load_modules(d)) == set(load_modules(DEFAULT_SPIRV_DIR))
+    for n, d in dirs.items():
+        m = coop_ablation.modules_dir(d / "matmul_coop_q4_1.spv", tmp_path / "modules" / n)
+        assert set(load_modules(m)) == set(load_modules(DEFAULT_SPIRV_DIR))
+        assert (m / "matmul_coop_q4_1.spv").read_bytes() == built[n]
     with pytest.raises(ValueError, match="no-products.*0 times"):
         coop_ablation.variant_source("void main() {}", "no-products")

@@ -59,10 +59,14 @@ def test_every_batched_product_has_a_cited_kernel_and_tile(table):
 @pytest.mark.parametrize("table", list(tuning.TABLES))
 def test_wide_batch_decode_rules_are_cited(table):
     """Every rule choosing the "decode" role's kernel by the engine's max_batch names a
-    kernel the batched runner has and cites its measurement."""
+    kernel the batched runner has and cites its measurement; a rule's own matmul_coop tiles
+    cover every token count, each cited."""
     for r in tuning.TABLES[table].wide_batch_decode:
         assert r.min_max_batch >= 2 and r.source
         assert r.kernel in ("matmul", "matmul_tiled", "matmul_coop")
+        for n in (1, 8, 32, 33, 64, 65, 4096) if r.coop_tiles else ():
+            coop = tuning.TABLES[table].batch_coop_tile(n, r.coop_tiles)
+            assert coop.bm % (coop.sg_m * 16) == 0 and coop.source, (table, n)
 
 
 def test_batch_products_by_max_batch():

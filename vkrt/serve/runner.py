@@ -72,11 +72,11 @@ class BatchRunner:
     `setup_cache`: the engine calls it when it is made, before its thread starts, and
     `activate` when it starts), `paged_cache_info`, `paged_kv_dtype`, `paged_products`,
     `paged_coop_tiles`, `batch_products(max_batch)`, `batch_coop_tiles(max_batch)` and
-    `execute_batch(BatchInput,
-    want_logits) -> BatchOutput` (vkrt.models.batch). kv: the block manager whose tables the
-    slots come from; kv_dtype: the cache's elements (float32 or float16); max_batch: the
-    engine's sequences per step, which chooses the products' kernels (the cache keeps them
-    for its life: vkrt/models/batch.py, batch invariance). stop_ids:
+    `execute_batch(BatchInput, want_logits) -> BatchOutput` (vkrt.models.batch). kv: the
+    block manager whose tables the slots come from; kv_dtype: the cache's elements (float32
+    or float16); max_batch: the engine's sequences per step, which chooses the products'
+    kernels and matmul_coop's tiles (the cache keeps them for its life:
+    vkrt/models/batch.py, batch invariance). stop_ids:
     end-of-generation ids (`Tokenizer.eog_ids`). Counters: `steps`, `batched_tokens`
     (tokens over every step), `max_seqs_in_step`."""
 
@@ -97,10 +97,10 @@ class BatchRunner:
 
     def setup_cache(self) -> None:
         """Allocate the model's paged KV cache for `kv`'s blocks of `kv_dtype` and the
-        products' kernels of `max_batch`, or keep the one the model has when it has those
-        already (another engine's, made before: the model is not touched then). Raises
+        products' kernels and tiles of `max_batch`, or keep the one the model has when it has
+        those already (another engine's, made before: the model is not touched then). Raises
         VkrtError when another engine that runs the model (started, not shut down) holds a
-        cache of other blocks, dtype or kernels; what `setup_paged_cache` raises
+        cache of other blocks, dtype, kernels or tiles; what `setup_paged_cache` raises
         (ValueError, DeviceMemoryError)."""
         if not self._cache_is_mine():
             with _ACTIVE_LOCK:
