@@ -30,10 +30,10 @@ import numpy as np
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vkrt.gen.metadata import DEFAULT_SPIRV_DIR
     from vkrt.kernels import Kernels
     from vkrt.runtime.device import Device
     from vkrt.runtime.memory import Buffer
-    from vkrt.gen.metadata import DEFAULT_SPIRV_DIR
     from vkrt.runtime.pipeline import PipelineCache
     from vkrt.runtime.stream import Stream
     from vkrt.runtime.tensor import Tensor
@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--coop-tiles", default="", help="BMxBN:SG_MxSG_N,...: matmul_coop "
                     "tiles (tokens x rows over subgroups)")
     ap.add_argument("--spirv-dir", default=str(DEFAULT_SPIRV_DIR),
-                    help="the modules' directory (default: vkrt's; bench/coop_ablation.py's probes)")
+                    help="the modules' directory (default: vkrt's; "
+                         "bench/coop_ablation.py's builds)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="")

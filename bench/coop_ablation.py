@@ -10,12 +10,13 @@ Each variant (`VARIANTS`) is one text change of vkrt/glsl/matmul_coop.comp, comp
 pinned glslang (vkrt/gen/compile.py) into the module `matmul_coop_<type>` of a copy of
 vkrt/spirv (the other modules linked, modules.json's sha256 rewritten; the interface is
 unchanged, so the runtime's checks hold). Where the compiler is not installed (a lent GPU),
-`--build-only DIR` elsewhere and `--built DIR` there. A change that no longer applies exactly once is an
-error (tests/test_bench.py builds them all). Most variants compute wrong products: only their
-times mean anything. Per variant, bench/batched_products.py times the decode tiles (`--tiles`,
-its `--coop-tiles`) at `--tokens` over `--shapes`, and bench/matmul_coop.py the table's
-prefill tile at `--prefill-tokens` over `--prefill-shapes`. The report: per variant and tile,
-the µs of the products summed over the shapes at each token count, and the prefill
+`--build-only DIR` elsewhere and `--built DIR` there. A change that no longer applies exactly
+once is an error (tests/test_bench.py builds them all). Most variants compute wrong
+products: only their times mean anything. Per variant, bench/batched_products.py times the
+decode tiles (`--tiles`, its `--coop-tiles`) at `--tokens` over `--shapes`, and
+bench/matmul_coop.py the table's prefill tile at `--prefill-tokens` over `--prefill-shapes`.
+The report (JSON on stdout, a line per variant on stderr): per variant and tile, the µs of
+the products summed over the shapes (unweighted) at each token count, and the prefill
 TFLOP/s per shape. A part's cost is the shipped build's time less the variant's; the parts
 overlap, so the costs do not add up to the whole. Absolute figures only from a real GPU.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -94,8 +96,8 @@ def compile_variants(out: Path, dtype: str, names: list[str]) -> dict[str, Path]
             for f in glsl.iterdir():
                 shutil.copy(f, src / f.name)
             (src / SOURCE).write_text(variant_source(text, name))
-            spv = compile_source(compiler, source.__class__(module, src / SOURCE,
-                                                            source.defines), src)
+            spv = compile_source(compiler, dataclasses.replace(source, path=src / SOURCE),
+                                 src)
         dirs[name] = out / name
         dirs[name].mkdir(parents=True, exist_ok=True)
         (dirs[name] / f"{module}.spv").write_bytes(spv)

@@ -58,9 +58,9 @@ def _weight(stream, dev, dtype: str, rows: int, cols: int, rng):
 
 def main(argv: list[str] | None = None) -> int:
     from vkrt import config
+    from vkrt.gen.metadata import DEFAULT_SPIRV_DIR
     from vkrt.kernels import Kernels, _groups, spread
     from vkrt.runtime.device import Device
-    from vkrt.gen.metadata import DEFAULT_SPIRV_DIR
     from vkrt.runtime.pipeline import PipelineCache
     from vkrt.runtime.stream import Stream
 
@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", default="q4_1,q4_k,float16")
     ap.add_argument("--tiles", default="", help="tilings beside the one linear picks")
     ap.add_argument("--spirv-dir", default=str(DEFAULT_SPIRV_DIR),
-                    help="the modules' directory (default: vkrt's; bench/coop_ablation.py's probes)")
+                    help="the modules' directory (default: vkrt's; "
+                         "bench/coop_ablation.py's builds)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", action="store_true")
