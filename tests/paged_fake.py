@@ -13,11 +13,12 @@ the same function over the plain (unpaged) history, one sequence alone.
 """
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import numpy as np
 
-from vkrt.models.batch import BatchInput, BatchOutput
+from vkrt.models.batch import NO_ROW, BatchInput, BatchOutput
 from vkrt.models.generate import Sampling, _sample
 
 N_VOCAB = 64
@@ -72,9 +73,20 @@ class FakeTokenizer:
         return FakeDetok()
 
 
+class Done:
+    """A step computed already (`PendingStep`'s interface)."""
+
+    def __init__(self, out: BatchOutput):
+        self.out = out
+
+    def result(self) -> BatchOutput:
+        return self.out
+
+
 class FakePagedLM:
-    """The paged model. Counters: `steps` (execute_batch calls), `tokens_per_step` and
-    `seqs_per_step` (T and S of each call), `setups`."""
+    """The paged model. Counters: `steps` (submit_batch calls), `tokens_per_step` and
+    `seqs_per_step` (T and S of each call), `setups`, `fed_tokens` (tokens whose id was the
+    step before's argmax row)."""
 
     max_slots = 1 << 20
 
@@ -83,6 +95,8 @@ class FakePagedLM:
         self.paged_products = self.paged_coop_tiles = None
         self.steps, self.tokens_per_step, self.seqs_per_step, self.setups = 0, [], [], 0
         self.delay_s = 0.0
+        self.last_argmax = np.zeros(0, np.uint32)
+        self.fed_tokens = 0
 
     @property
     def paged_cache_info(self):
@@ -117,7 +131,24 @@ class FakePagedLM:
         self.kv_prompt = np.zeros(num_blocks * block_size, bool)
         self.setups += 1
 
+    def submit_batch(self, batch: BatchInput, want_logits: bool = False) -> "Done":
+        """The step, computed now: the tokens `prev_rows` names take the argmax rows of the
+        step before, as `feed_sampled` gives them on a GPU."""
+        if batch.prev_rows is not None:
+            fed = batch.prev_rows != NO_ROW
+            assert (batch.prev_rows[fed] < len(self.last_argmax)).all(), "a row not returned"
+            ids = batch.token_ids.copy()
+            ids[fed] = self.last_argmax[batch.prev_rows[fed]]
+            batch = dataclasses.replace(batch, token_ids=ids)
+            self.fed_tokens += int(fed.sum())
+        out = self._run(batch, want_logits)
+        self.last_argmax = out.argmax
+        return Done(out)
+
     def execute_batch(self, batch: BatchInput, want_logits: bool = False) -> BatchOutput:
+        return self.submit_batch(batch, want_logits).result()
+
+    def _run(self, batch: BatchInput, want_logits: bool) -> BatchOutput:
         assert self.kv_tokens is not None, "execute_batch before setup_paged_cache"
         T = len(batch.token_ids)
         for name in ("token_ids", "positions", "seq_of_token", "slot_mapping"):

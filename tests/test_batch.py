@@ -251,7 +251,7 @@ def test_wide_engine_decodes_on_its_kernel_batch_invariant(device, tmp_path):
         assert model._role_products("decode") == {"batched": "matmul_tiled", "coop_tiles": own}
         for s, ids in prompts.items():
             assert tokens[s] == ref.greedy(ids, 5), s
-        ds = model.batch_step(model._inputs(3, True), StepShape(decode=2, prompt=1, logits=2))
+        ds = model.batch_step(model._inputs(3, True)[1], StepShape(decode=2, prompt=1, logits=2))
         kernels = {d.pipeline.name for d in ds if d.name in ("blk.0.attn_q", "output")}
         assert kernels == {"matmul_tiled_f32", "matmul_f32"}, kernels
         assert [d.pipeline.name for d in ds if d.name == "output"] == ["matmul_tiled_f32"]
@@ -294,7 +294,7 @@ def test_batch_products_take_their_roles_kernels(llama, monkeypatch):
             llama.k.tuning, batch_products={"decode": decode, "prompt": prompt}))
         llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)    # the cache fixes the kernels
         assert llama.paged_products == {"decode": decode, "prompt": prompt}
-        ds = llama.batch_step(llama._inputs(6, True), StepShape(decode=2, prompt=4, logits=3))
+        ds = llama.batch_step(llama._inputs(6, True)[1], StepShape(decode=2, prompt=4, logits=3))
 
         def products(name):
             return [(d.pipeline.name.removesuffix("_" + d.tensors[0].dtype),
@@ -320,7 +320,7 @@ def test_batch_places_tokens_in_their_roles_rows(llama):
     assert b.prompt.tolist() == [False, True, True, False, False]
     with config.REPLAY.override("1"):          # padded to buckets: replayed
         llama.execute_batch(b)
-    inputs = llama._step_inputs[batch_mod.bucket(3) + batch_mod.bucket(2)]   # replayed: 4 + 2
+    inputs = llama._step_inputs[batch_mod.bucket(3) + batch_mod.bucket(2), 0]   # replayed: 4 + 2
     ids, positions = llama.stream.read(inputs.ids), llama.stream.read(inputs.positions)
     slots = llama.stream.read(inputs.slots)
     assert ids.tolist() == [11, 12, 13, 0, 21, 22]

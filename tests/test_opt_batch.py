@@ -155,7 +155,7 @@ def test_engine_batches_opt_and_each_request_equals_its_batch1_run(opt_folder, d
             engine.add_request(prompt, SamplingParams(max_tokens=m, ignore_eos=True),
                                lambda out, i=i: got.setdefault(i, []).extend(out.token_ids))
         steps = 0
-        while engine.scheduler.has_unfinished():
+        while engine.has_unfinished():
             engine.step()
             steps += 1
             assert steps < 500
@@ -174,7 +174,7 @@ def test_engine_batches_opt_and_each_request_equals_its_batch1_run(opt_folder, d
             for i, (prompt, m) in enumerate(cases):
                 engine.add_request(prompt, SamplingParams(max_tokens=m, ignore_eos=True),
                                    lambda out, i=i: got.setdefault(i, []).extend(out.token_ids))
-            while engine.scheduler.has_unfinished():
+            while engine.has_unfinished():
                 engine.step()
             engine.shutdown()
             runs.append([got[i] for i in range(len(cases))])

@@ -40,7 +40,7 @@ class Collect:
 def run_to_end(engine: Engine, max_steps: int = 10_000) -> int:
     """Step until nothing is left, checking the block tables after each step; the steps."""
     steps = 0
-    while engine.scheduler.has_unfinished():
+    while engine.has_unfinished():
         engine.step()
         engine.kv.check()
         steps += 1
@@ -88,12 +88,16 @@ def test_kv_manager_allocates_frees_and_refuses_when_short():
 
 # -- the engine: batch invariance, chunked prefill, admission, abort -----------------------
 
-def test_concurrent_requests_equal_their_alone_run():
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_concurrent_requests_equal_their_alone_run(async_scheduling):
     """12 requests of prompt lengths 1..45, greedy, max_batch 6 and 16 tokens a step (long
     prompts are chunked, sequences come and go every step): each gets exactly the tokens it
-    gets alone, and every block is back in the pool at the end."""
+    gets alone, and every block is back in the pool at the end. Scheduled asynchronously,
+    every engine step but the last submits a model step and every decode's token comes
+    from the step before on the device."""
     rnd = random.Random(0)
-    engine = engine_of(max_batch=6, block_size=4, max_batched_tokens=16)
+    engine = engine_of(max_batch=6, block_size=4, max_batched_tokens=16,
+                       async_scheduling=async_scheduling)
     cases = []
     for i in range(12):
         prompt = [rnd.randrange(1, 64) for _ in range(rnd.choice([1, 3, 7, 16, 29, 45]))]
@@ -103,7 +107,16 @@ def test_concurrent_requests_equal_their_alone_run():
     steps = run_to_end(engine)
     lm = engine.model.lm
     assert max(lm.seqs_per_step) == 6 and max(lm.tokens_per_step) == 16 and lm.setups == 1
-    assert steps == lm.steps
+    assert steps == lm.steps + async_scheduling
+    # Fed: every decode, and at most one dropped token per sequence that stopped at EOS (its
+    # next step was submitted before its EOS was seen).
+    decodes = sum(len(sink.tokens[0]) - 1 for _, _, sink in cases)
+    stopped = sum(sink.reasons[0] == "stop" for _, _, sink in cases)
+    assert lm.fed_tokens == engine.runner.fed_tokens
+    if async_scheduling:
+        assert decodes <= lm.fed_tokens <= decodes + stopped and stopped
+    else:
+        assert lm.fed_tokens == 0
     for i, (prompt, max_tokens, sink) in enumerate(cases):
         want = reference(prompt, max_tokens)
         assert sink.tokens[0] == want, i
@@ -128,8 +141,9 @@ def test_lengths_are_each_requests_own():
 
 def test_chunked_prefill_across_steps_with_a_decode_first():
     """A running decode takes 1 token of the 8 a step; a 30-token prompt is prefilled in
-    chunks of 7 over 5 steps (7+7+7+7+2), then decodes; both equal their alone runs."""
-    engine = engine_of(max_batch=2, block_size=4, max_batched_tokens=8)
+    chunks of 7 over 5 steps (7+7+7+7+2), then decodes; both equal their alone runs.
+    (Synchronous scheduling: each step's outputs arrive in that step.)"""
+    engine = engine_of(max_batch=2, block_size=4, max_batched_tokens=8, async_scheduling=False)
     lm = engine.model.lm
     short, long = [3, 1, 4], list(range(1, 31))
     a, b = Collect(), Collect()
@@ -314,7 +328,7 @@ def test_kv_cache_sized_to_the_device_and_allocated_when_the_engine_is_made(monk
     engine.start(thread=False)
     a = Collect()
     engine.add_request([5] * 20, SamplingParams(max_tokens=8), a)
-    while engine.scheduler.has_unfinished():
+    while engine.has_unfinished():
         engine.step()
     assert a.tokens[0] == reference([5] * 20, 8)
     with pytest.raises(VkrtError, match="KV blocks of 8 tokens; the whole cache holds 5"):
@@ -411,7 +425,7 @@ def test_a_failing_step_fails_its_requests_and_frees_their_blocks():
     def broken(batch, want_logits=False):
         raise RuntimeError("device lost")
 
-    engine.model.lm.execute_batch = broken
+    engine.model.lm.submit_batch = broken
     engine.step()
     assert a.outs[-1].finish_reason == "error" and "device lost" in a.outs[-1].error
     assert_no_block_leaked(engine)

@@ -765,6 +765,16 @@ class Kernels:
         return op(logits, out, grid=(n_rows, 1, 1), name=name,
                                  need=(n_rows * n, n_rows), n=n, offset=0)
 
+    def feed_sampled(self, ids: Tensor, src: Tensor, sampled: Tensor, n_tokens: int,
+                     name: str = "feed_sampled") -> Dispatch:
+        """ids[t] = sampled[src[t]] where src[t] != 0xFFFFFFFF, for t < n_tokens
+        (`feed_sampled`): the tokens of a batched step that are the greedy tokens of the step
+        before it, read on the GPU (asynchronous scheduling, vkrt/models/batch.py). ids, src
+        [n_tokens] u32; sampled [rows] u32 (the previous step's argmax rows)."""
+        op = self._batch_op("feed_sampled", {}, (U32, U32, U32))
+        return op(ids, src, sampled, grid=(-(-n_tokens // 64), 1, 1), name=name,
+                  need=(n_tokens, n_tokens, 1), n_tokens=n_tokens)
+
     def advance_pos(self, pos: Tensor, n: int, name: str = "advance_pos") -> Dispatch:
         """pos[0] += n on the GPU: the last dispatch of a replayed step ([1] u32)."""
         return self._advance_pos(pos, grid=(1, 1, 1), name=name, need=(1,), n=n)

@@ -59,12 +59,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkrt import config
+from vkrt.errors import VkrtError
 from vkrt.kernels import KV_DTYPES
 from vkrt.models.scratch import arena, kv_cache, kv_cache_bytes
-from vkrt.runtime.dispatch import Dispatch
+from vkrt.runtime.dispatch import Copy, Dispatch
+from vkrt.runtime.memory import Buffer
 from vkrt.runtime.tensor import Tensor
 
 MAX_REPLAY_TOKENS = 64    # the largest bucket: more tokens per step are recorded, unpadded
+NO_ROW = 0xFFFFFFFF       # BatchInput.prev_rows: the token's id is in token_ids
 # The share of the device-local heap that vkrt's buffers (weights, activations, the paged KV
 # cache) may take when the KV cache is sized for the device (`max_paged_blocks`): vLLM's
 # default gpu_memory_utilization, 0.9 (vllm/config/cache.py).
@@ -87,6 +90,7 @@ class BatchInput:
     block_tables: np.ndarray  # u32 [S, max_blocks_per_seq] physical block ids per sequence (unused entries any value)
     logit_tokens: np.ndarray  # u32 [R] indices into the T tokens whose logits the step returns (the last token of each sequence that samples this step)
     prompt: np.ndarray | None = None  # bool [T] a prompt token (True) or a generated one; None: every token a prompt token
+    prev_rows: np.ndarray | None = None  # u32 [T] NO_ROW, or the logit row of the step submitted just before whose greedy token is this token (its token_ids entry is then not used); None: all NO_ROW
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ class PagedCache:
     table_width: int
     products: dict      # token role ("decode", "prompt") -> its products' kernel
     coop_tiles: tuple   # matmul_coop's tiles for the engine (Kernels.batch_coop_tiles)
+    sampled: Tensor     # u32 [rows]: the last step's argmax rows (read by the next step's feed_sampled)
 
     @property
     def scratch_slot(self) -> int:
@@ -135,32 +140,52 @@ class PagedCache:
     def nbytes(self) -> int:
         """Bytes held (allocation sizes, as `Device.bytes_in_use` counts them): the K/V
         buffers and the tables' buffers."""
-        return (self.buffer.allocation_bytes
+        return (self.buffer.allocation_bytes + self.sampled.buffer.allocation_bytes
                 + sum(t.buffer.allocation_bytes for t in self.tables.values()))
 
     def close(self) -> None:
         self.buffer.close()
+        self.sampled.buffer.close()
         for table in self.tables.values():
             table.buffer.close()
 
 
 class StepInputs:
-    """A bucket's device tensors (u32, one buffer): `ids`, `positions`, `seq`, `slots` [T],
-    `logit_rows` [T] (R of them used), `tables` [T + 1, table_width] (row T: the scratch
-    row), `argmax` [T]; `host` the packed array written in one copy (every view but argmax)."""
+    """A bucket's device tensors (u32, one buffer): `ids`, `positions`, `seq`, `slots`,
+    `prev_rows` [T] (NO_ROW, or the previous step's logit row whose greedy token the token
+    is: `Kernels.feed_sampled`), `logit_rows` [T] (R of them used), `tables` [T + 1,
+    table_width] (row T: the scratch row), `argmax` [T]; `inputs` every view but argmax, the
+    bytes written each step. Where the host cannot map the buffer (a discrete GPU), the host
+    writes `host_inputs`, a staging buffer of its own, and the step's first record copies it
+    in (`upload`), so that writing a step's inputs never waits for another step."""
 
     def __init__(self, device, n_tokens: int, table_width: int):
         T, W = n_tokens, table_width
         layout = {"ids": ("uint32", (T,)), "positions": ("uint32", (T,)),
                   "seq": ("uint32", (T,)), "slots": ("uint32", (T,)),
-                  "logit_rows": ("uint32", (T,)), "tables": ("uint32", (T + 1, W)),
-                  "argmax": ("uint32", (T,))}
+                  "prev_rows": ("uint32", (T,)), "logit_rows": ("uint32", (T,)),
+                  "tables": ("uint32", (T + 1, W)), "argmax": ("uint32", (T,))}
         self.buffer, views = arena(device, layout, name=f"batch_inputs[{T}]")
         self.n_tokens, self.table_width = T, W
         for key, view in views.items():
             setattr(self, key, view)
         end = self.argmax.offset   # everything before argmax is written each step
         self.inputs = Tensor(self.buffer, 0, end, "uint32", (end // 4,), "batch_inputs")
+        self.staging = None
+        self.host_inputs = self.inputs
+        if self.buffer.mapped is None:
+            try:
+                self.staging = Buffer(device, end, host_visible=True,
+                                      name=f"batch_inputs[{T}] staging")
+            except BaseException:
+                self.buffer.close()
+                raise
+            self.host_inputs = Tensor(self.staging, 0, end, "uint32", (end // 4,),
+                                      "batch_inputs staging")
+
+    def upload(self) -> list[Copy]:
+        """The records that bring `host_inputs` into `inputs` (none where they are one)."""
+        return [] if self.staging is None else [Copy(self.host_inputs, self.inputs, "upload")]
 
     def pack(self, fields: dict[str, np.ndarray]) -> np.ndarray:
         """The bytes of `inputs`: each field's u32 values at its view's offset."""
@@ -173,6 +198,34 @@ class StepInputs:
 
     def close(self) -> None:
         self.buffer.close()
+        if self.staging is not None:
+            self.staging.close()
+
+
+class PendingStep:
+    """A submitted step (`PagedBatch.submit_batch`): `result()` waits for it and returns its
+    `BatchOutput` (once; later calls return the same). Until then its step inputs stay
+    reserved, so the next step is written into the bucket's other inputs."""
+
+    def __init__(self, owner, inputs: StepInputs | None, n_rows: int, readback=None,
+                 output: BatchOutput | None = None):
+        self._owner, self._inputs, self.n_rows = owner, inputs, n_rows
+        self._readback, self._output = readback, output
+
+    @property
+    def done(self) -> bool:
+        return self._output is not None
+
+    def result(self) -> BatchOutput:
+        if self._output is None:
+            R = self.n_rows
+            argmax = (self._readback.get()[:R].copy() if R else np.zeros(0, np.uint32))
+            self._output = BatchOutput(np.asarray(argmax, np.uint32), None)
+            self._readback = None
+        if self._inputs is not None:
+            self._owner._busy_inputs.discard(id(self._inputs))
+            self._inputs = None
+        return self._output
 
 
 class PagedBatch:
@@ -184,7 +237,9 @@ class PagedBatch:
 
     _paged: PagedCache | None = None
     _step_inputs: dict | None = None      # bucket (or recorded T) -> StepInputs
-    _batch_replays: dict | None = None    # (stream serial, T bucket, R bucket) -> Recording
+    _batch_replays: dict | None = None    # (stream serial, shape, phase) -> Recording
+    _busy_inputs: set = frozenset()       # id() of the StepInputs of uncollected steps
+    _prev_rows = 0                        # logit rows of the step submitted last (prev_rows < it)
 
     # -- what the family supplies (vkrt/models/llama_batch.py, vkrt/models/opt_batch.py) ---
     def _paged_kv_width(self) -> int:
@@ -313,15 +368,26 @@ class PagedBatch:
         max_positions = min(hp.n_ctx, num_blocks * block_size)
         buffer, k, v = kv_cache(self.device, hp.n_layer, n_slots, width,
                                 self._paged_kv_name, kv_dtype)
+        rows = max(MAX_REPLAY_TOKENS, bucket(max_batch or 0))
         try:
             tables = self._paged_tables(max_positions)
         except BaseException:
             buffer.close()      # nothing half-allocated stays
             raise
+        try:
+            sampled = Buffer(self.device, 4 * rows, name="batch_sampled")
+        except BaseException:
+            buffer.close()
+            for table in tables.values():
+                table.buffer.close()
+            raise
         self._paged = PagedCache(int(num_blocks), int(block_size), buffer, k, v, tables,
                                  max_positions, -(-max_positions // block_size),
                                  self.k.batch_products(max_batch),
-                                 self.k.batch_coop_tiles(max_batch))
+                                 self.k.batch_coop_tiles(max_batch),
+                                 Tensor(sampled, 0, 4 * rows, "uint32", (rows,),
+                                        "batch_sampled"))
+        self._prev_rows = 0
 
     @staticmethod
     def _paged_kv_name(i: int, what: str) -> str:
@@ -369,6 +435,7 @@ class PagedBatch:
         for inputs in (self._step_inputs or {}).values():
             inputs.close()
         self._step_inputs = {}
+        self._busy_inputs = set()
         if self._paged is not None:
             self._paged.close()
             self._paged = None
@@ -380,7 +447,8 @@ class PagedBatch:
         a token id past the vocabulary, a row past block_tables, a position at or past the
         paged cache's positions or its block-table row, a block a token reads outside the
         cache, a slot outside it, a slot_mapping entry that is not its position's slot, a slot
-        written twice, a logit row outside the T tokens, no paged cache."""
+        written twice, a logit row outside the T tokens, a previous-step row (`prev_rows`)
+        that step did not return, no paged cache."""
         p = self._paged
         if p is None:
             raise ValueError("execute_batch: no paged KV cache (call setup_paged_cache first)")
@@ -404,6 +472,18 @@ class PagedBatch:
                     else type(b.prompt).__name__)
             raise ValueError(f"BatchInput.prompt: {what}, expected a bool array of the {T} "
                              "tokens or None")
+        if b.prev_rows is not None:
+            a = b.prev_rows
+            if not (isinstance(a, np.ndarray) and a.dtype == np.uint32 and a.shape == (T,)):
+                what = (f"{a.dtype} {list(a.shape)}" if isinstance(a, np.ndarray)
+                        else type(a).__name__)
+                raise ValueError(f"BatchInput.prev_rows: {what}, expected a uint32 array of "
+                                 f"the {T} tokens or None")
+            bad = (a != NO_ROW) & (a >= min(self._prev_rows, p.sampled.shape[0]))
+            if bad.any():
+                t = int(np.argmax(bad))
+                raise ValueError(f"BatchInput.prev_rows: token {t} takes row {a[t]} of the "
+                                 f"step before, which returned {self._prev_rows} rows")
         S, W = b.block_tables.shape
         R = b.logit_tokens.shape[0]
 
@@ -463,14 +543,27 @@ class PagedBatch:
         return self.device.max_storage_buffer_range // (4 * self.hp.n_vocab)
 
     def execute_batch(self, batch: BatchInput, want_logits: bool = False) -> BatchOutput:
-        """Run one step of T tokens (`BatchInput`) over the paged KV cache and return the
-        greedy token of each `logit_tokens` row (`BatchOutput.argmax`, u32 [R]) and, with
-        `want_logits`, their logits (f32 [R, n_vocab]). K/V of the T tokens are written into
-        their slots before attention. The generated tokens take the device rows first, the
-        prompt tokens after them (`StepShape`); with at most MAX_REPLAY_TOKENS of each, each
-        part is padded to its bucket and the step replayed (VKRT_REPLAY, no timestamps), else
-        recorded. Waits for the step.
-        Raises: ValueError from `validate_batch` (nothing is written then)."""
+        """Run one step and wait for it: `submit_batch(batch, want_logits).result()`."""
+        return self.submit_batch(batch, want_logits).result()
+
+    def submit_batch(self, batch: BatchInput, want_logits: bool = False) -> PendingStep:
+        """Submit one step of T tokens (`BatchInput`) over the paged KV cache; its
+        `PendingStep.result()` is the greedy token of each `logit_tokens` row
+        (`BatchOutput.argmax`, u32 [R]) and, with `want_logits`, their logits (f32 [R,
+        n_vocab]). K/V of the T tokens are written into their slots before attention. The
+        generated tokens take the device rows first, the prompt tokens after them
+        (`StepShape`); with at most MAX_REPLAY_TOKENS of each, each part is padded to its
+        bucket and the step replayed (VKRT_REPLAY, no timestamps), else recorded.
+
+        Does not wait for the step (with want_logits it does: the logits live in the
+        activations, which the next step overwrites), nor for the step before it: its inputs
+        go to the other of the bucket's two `StepInputs` when the one is still reserved by an
+        uncollected step. A token whose `prev_rows` entry is a row R' of the step submitted
+        just before takes that row's greedy token on the GPU (`Kernels.feed_sampled`: every
+        step starts with it and ends copying its argmax rows into `PagedCache.sampled`), so
+        the host may schedule step n + 1 before it has read step n's tokens.
+        Raises: ValueError from `validate_batch` (nothing is written then); VkrtError when
+        two steps of the bucket are uncollected already."""
         self.validate_batch(batch)
         p, s = self._paged, self.stream
         T, R = batch.token_ids.shape[0], batch.logit_tokens.shape[0]
@@ -482,7 +575,7 @@ class PagedBatch:
         T_b = D_b + P_b
         R_b = min(bucket(R), T_b) if replay else R
         shape = StepShape(D_b, P_b, R_b)
-        inputs = self._inputs(T_b, replay)
+        phase, inputs = self._inputs(T_b, replay)
         # Device row of each token: generated tokens from row 0, prompt tokens from row D_b,
         # each in their order; the padded rows between are scratch tokens.
         row = np.empty(T, np.int64)
@@ -505,46 +598,71 @@ class PagedBatch:
             "positions": placed(batch.positions, 0),
             "seq": placed(seq.astype(np.uint32), T_b),
             "slots": placed(batch.slot_mapping, p.scratch_slot),
+            "prev_rows": placed(batch.prev_rows if batch.prev_rows is not None
+                                else np.full(T, NO_ROW, np.uint32), NO_ROW),
             "logit_rows": np.concatenate([row[batch.logit_tokens].astype(np.uint32),
                                           np.zeros(T_b - R, np.uint32)]),
             "tables": tables}
-        s.write(inputs.inputs, inputs.pack(fields))
+        s.write(inputs.host_inputs, inputs.pack(fields))
         a = self._batch_activations(T_b, R_b)
+        self._prev_rows = R
         if replay:
             t0 = time.perf_counter_ns()
-            slot = (s.serial, shape)
+            slot = (s.serial, shape, phase)
             key = (slot, a.arena.serial, p.buffer.serial, inputs.buffer.serial,
-                   s.tracker.always)
+                   p.sampled.buffer.serial, s.tracker.always)
             rec = self._batch_replays.get(slot)
             if rec is None or rec.key != key:
                 if rec is not None:
                     s.drop(rec)
-                records = self.batch_step(inputs, shape)
+                records = self._step_records(inputs, shape)
                 s.profiler.add("build", t0)
                 rec = self._batch_replays[slot] = s.capture(records, readback=inputs.argmax,
                                                             key=key)
             readback = s.replay(rec, inputs.argmax)
-            argmax = readback.get()[:R].copy() if R else np.zeros(0, np.uint32)
         else:
             t0 = time.perf_counter_ns()
-            records = self.batch_step(inputs, shape)
+            records = self._step_records(inputs, shape)
             s.profiler.add("build", t0)
             s.record(records, flush_every=config.PREFILL_FLUSH.value if T_b > 1 else 0)
-            argmax = s.read(inputs.argmax.rows(0, R)) if R else np.zeros(0, np.uint32)
-        logits = None
+            readback = s.read_later(inputs.argmax.rows(0, R)) if R else None
+            s.submit()
+        self._busy_inputs.add(id(inputs))
+        pending = PendingStep(self, inputs, R, readback)
         if want_logits:
-            logits = (s.read(a.logits.rows(0, R)) if R
-                      else np.zeros((0, self.hp.n_vocab), np.float32))
-        return BatchOutput(np.asarray(argmax, np.uint32), logits)
+            out = pending.result()
+            out.logits = (s.read(a.logits.rows(0, R)) if R
+                          else np.zeros((0, self.hp.n_vocab), np.float32))
+        return pending
 
-    def _inputs(self, n_tokens: int, replayed: bool) -> StepInputs:
-        """The step inputs of a replayed step of n_tokens rows (one per count), or of a
-        recorded one (one kept, the largest so far)."""
-        key = n_tokens if replayed else "recorded"
-        cur = self._step_inputs.get(key)
-        if cur is None or cur.n_tokens < n_tokens:
-            if cur is not None:
-                cur.close()
-            cur = self._step_inputs[key] = StepInputs(self.device, n_tokens,
-                                                      self._paged.table_width)
-        return cur
+    def _step_records(self, inputs: StepInputs, shape: StepShape) -> list:
+        """A step's records: its inputs' upload (`StepInputs.upload`), the ids of tokens
+        sampled by the step before (`feed_sampled`), the family's `batch_step`, and the copy
+        of its argmax rows into `PagedCache.sampled` for the step after."""
+        p = self._paged
+        records = inputs.upload()
+        records.append(self.k.feed_sampled(inputs.ids, inputs.prev_rows, p.sampled,
+                                           shape.tokens))
+        records += self.batch_step(inputs, shape)
+        n = min(shape.logits, p.sampled.shape[0])
+        if n:
+            records.append(Copy(inputs.argmax.rows(0, n), p.sampled.rows(0, n), "sampled"))
+        return records
+
+    def _inputs(self, n_tokens: int, replayed: bool) -> tuple[int, StepInputs]:
+        """(phase, the step inputs) of a replayed step of n_tokens rows (two per count:
+        phase 0, or 1 while phase 0's are reserved by an uncollected step), or of a recorded
+        one (two kept, each the largest so far). Raises VkrtError when both are reserved."""
+        for phase in (0, 1):
+            key = (n_tokens if replayed else "recorded", phase)
+            cur = self._step_inputs.get(key)
+            if cur is not None and id(cur) in self._busy_inputs:
+                continue
+            if cur is None or cur.n_tokens < n_tokens:
+                if cur is not None:
+                    cur.close()
+                cur = self._step_inputs[key] = StepInputs(self.device, n_tokens,
+                                                          self._paged.table_width)
+            return phase, cur
+        raise VkrtError(f"submit_batch: two steps of {n_tokens} tokens are submitted and not "
+                        "collected (PendingStep.result) yet")

@@ -4,9 +4,21 @@ loop; any thread submits requests and gets their outputs through a callback.
 Shaped as vLLM v1 splits it (vllm/v1/engine/core.py: `EngineCore.step` = schedule, execute,
 update; vllm/v1/engine/output_processor.py: detokenization and stop strings per request):
 
-    step():  aborts (their KV blocks freed)  -> Scheduler.schedule()  -> runner.execute()
+    step():  aborts (their KV blocks freed)  -> Scheduler.schedule()  -> runner.submit()
+             -> Scheduler.on_submitted()  -> runner.collect() of the step before
              -> Scheduler.update_from_output()  -> per sequence: detokenize, match stop
              strings, emit a RequestOutput, retire what finished (its blocks freed)
+
+Asynchronous scheduling (vLLM v1's `--async-scheduling`; `async_scheduling=True`, the
+default): a step whose every sampled token is greedy stays in flight while the engine
+schedules and submits the next one, whose decodes take those tokens on the GPU; its outputs
+are collected after that submission, so the host's scheduling, input packing and
+detokenizing overlap the GPU's step instead of following it. A sequence that step n
+finishes (an end-of-generation token, a stop string) has had one more token computed in step
+n + 1, which is dropped; max_tokens is known ahead and costs nothing. A step with a sequence
+that samples by drawing (temperature > 0) needs its logits on the host first, so it is
+collected before the next is scheduled (as with `async_scheduling=False`). The tokens are
+the same either way.
 
 A request is `n` sequences (`request.Sequence`), scheduled independently. Where the model
 has a batched forward (`execute_batch` over a paged KV cache, vkrt.models.batch: every
@@ -42,8 +54,8 @@ from vkrt.models.generate import check_context
 from vkrt.models.scratch import KV_CACHE_DTYPES
 from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KVCacheManager,
                                  blocks_for)
-from vkrt.serve.request import (ABORT, ERROR, STOP, Request, RequestOutput, SamplingParams,
-                                Sequence)
+from vkrt.serve.request import (ABORT, ERROR, STOP, Request, RequestOutput, RequestStatus,
+                                SamplingParams, Sequence)
 from vkrt.serve.runner import BatchRunner, SingleSequenceRunner, batched_model
 from vkrt.serve.scheduler import (DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCHED_TOKENS, QueueFullError,
                                   Scheduler, SchedulerOutput)
@@ -121,15 +133,19 @@ class Engine:
     `max_paged_blocks` of the model; DEFAULT_BLOCK_SIZE) of kv_cache_dtype elements ("f32",
     or "f16": K and V rounded to f16 as they are stored, half the bytes; `KV_CACHE_DTYPES`),
     allocated here, so a cache that does not fit raises VkrtError now rather than failing
-    every request. Without one it runs one sequence at a time
+    every request. async_scheduling: a greedy step stays in flight while the next is
+    scheduled (the module docstring). Without one it runs one sequence at a time
     (`runner.SingleSequenceRunner`); max_batch must then be None or 1, the other three None
     and kv_cache_dtype "f32". Raises VkrtError for a value out of range or a KV
     cache that cannot be allocated."""
 
     def __init__(self, model, max_queue: int = 16, max_batch: int | None = None,
                  kv_blocks: int | None = None, block_size: int | None = None,
-                 max_batched_tokens: int | None = None, kv_cache_dtype: str = "f32"):
+                 max_batched_tokens: int | None = None, kv_cache_dtype: str = "f32",
+                 async_scheduling: bool = True):
         self.model = model
+        self.async_scheduling = bool(async_scheduling)
+        self._in_flight = None      # the submitted step not collected yet (RunnerStep)
         lm = batched_model(model)
         self.kv: KVCacheManager | None = None
         self.kv_cache_dtype = kv_cache_dtype
@@ -369,17 +385,25 @@ class Engine:
                     self._cond.wait()
             self.step()
 
+    def has_unfinished(self) -> bool:
+        """Requests wait or run, or a step is still in flight (engine thread, or under
+        `start(thread=False)` the caller's loop: `while engine.has_unfinished(): engine.step()`)."""
+        return self._in_flight is not None or self.scheduler.has_unfinished()
+
     def _has_work(self) -> bool:
         s = self.scheduler
+        if self._in_flight is not None:
+            return True
         if any(q.request.abort_requested for q in (*s.running, *s.waiting)):
             return True
         return not self._paused and s.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
         """One engine step (engine thread only): retire aborted requests (their KV blocks go
-        back to the pool before this step schedules), schedule, run the step's tokens of
-        every scheduled sequence, detokenize and check stop strings, emit outputs, retire
-        what finished. Returns the outputs it sent."""
+        back to the pool before this step schedules), schedule and submit the step's tokens
+        of every scheduled sequence, collect the step before it (asynchronous scheduling)
+        or this one, detokenize and check stop strings, emit outputs, retire what finished.
+        Returns the outputs it sent."""
         outputs: list[tuple[Request, RequestOutput]] = []
         with self._cond:
             aborted = {id(q.request): q.request
@@ -388,32 +412,60 @@ class Engine:
             for request in aborted.values():
                 outputs.append((request, self._retire(request, ABORT)))
             plan = SchedulerOutput() if self._paused else self.scheduler.schedule()
-        results: dict = {}
+        step = None
         if plan.scheduled:
             try:
                 for seq in plan.seqs:
                     if not self.runner.running(seq):
                         self._start_sequence(seq)
-                results = self.runner.execute(plan)
+                step = self.runner.submit(plan)
             except Exception as e:   # a failure inside the model: fail the requests, go on
-                log.exception("engine step failed")
-                results = {}
+                outputs += self._fail(plan, e)
+            else:
                 with self._cond:
-                    failed = {id(q.request): q.request for q in plan.seqs}
-                    for request in failed.values():
-                        out = self._retire(request, ERROR)
-                        out.error = f"{type(e).__name__}: {e}"
-                        outputs.append((request, out))
-            with self._cond:
-                self.scheduler.update_from_output(plan, {q: t for q, (t, _) in results.items()})
-        for seq, (token, reason) in results.items():
-            outputs.append((seq.request, self._update(seq, token, reason)))
+                    self.scheduler.on_submitted(plan)
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None:
+            outputs += self._collect(previous)
+        if step is not None:
+            if step.overlaps and self.async_scheduling:
+                self._in_flight = step
+            else:
+                outputs += self._collect(step)
         for request, out in outputs:
             try:
                 request.sink(out)
             except Exception:   # a consumer's failure must not stop the engine
                 log.exception("request %s: output callback failed", request.request_id)
         return [out for _, out in outputs]
+
+    def _fail(self, plan: SchedulerOutput, e: Exception) -> list[tuple[Request, RequestOutput]]:
+        """Retire the requests of `plan`'s sequences with an "error" output naming `e`."""
+        log.exception("engine step failed")
+        outputs = []
+        with self._cond:
+            failed = {id(q.request): q.request for q in plan.seqs}
+            for request in failed.values():
+                if request.finished:
+                    continue
+                out = self._retire(request, ERROR)
+                out.error = f"{type(e).__name__}: {e}"
+                outputs.append((request, out))
+        return outputs
+
+    def _collect(self, step) -> list[tuple[Request, RequestOutput]]:
+        """Wait for a submitted step and fold its tokens into their sequences (those retired
+        since are skipped: a token computed after its sequence stopped is dropped)."""
+        try:
+            results = self.runner.collect(step)
+        except Exception as e:
+            return self._fail(step.plan, e)
+        with self._cond:
+            self.scheduler.update_from_output(step.plan,
+                                              {q: t for q, (t, _) in results.items()})
+        return [(seq.request, self._update(seq, token, reason))
+                for seq, (token, reason) in results.items()
+                if seq.status is not RequestStatus.FINISHED]
 
     def _start_sequence(self, seq: Sequence) -> None:
         self.runner.start(seq)

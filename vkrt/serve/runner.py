@@ -4,8 +4,15 @@ sequence (vLLM v1's vllm/v1/worker/gpu_model_runner.py, host side).
 Both have the same interface, used by the engine on its thread:
 
     start(seq)                       a sequence was admitted (its prefill runs next)
-    execute(plan) -> {seq: (token id, finish reason or None)}   for every sequence that sampled
+    submit(plan) -> step             the step is on its way (`RunnerStep`)
+    collect(step) -> {seq: (token id, finish reason or None)}   for every sequence that sampled
+    execute(plan)                    collect(submit(plan))
     release(seq)                     it finished or was aborted: drop its state
+
+A step may be collected after the next one is submitted (asynchronous scheduling) when it
+`overlaps`: every token it samples is greedy, so the next step's decode of that sequence
+takes it on the GPU (`BatchInput.prev_rows`, vkrt/models/batch.py); its id is PENDING_TOKEN
+on the host until then.
 
 `BatchRunner` (a model with a batched forward, `execute_batch`, over a paged KV cache):
 every step is ONE `execute_batch` call over the flattened tokens of every scheduled sequence
@@ -31,7 +38,7 @@ from vkrt.errors import VkrtError
 from vkrt.models.generate import GenerationResult, Sampling, _sample, stream_tokens
 from vkrt.serve.kv_cache import KVCacheManager
 from vkrt.serve.request import LENGTH, STOP, Sequence
-from vkrt.serve.scheduler import ScheduledSeq, SchedulerOutput
+from vkrt.serve.scheduler import PENDING_TOKEN, ScheduledSeq, SchedulerOutput
 
 
 def batched_model(model) -> Any:
@@ -48,15 +55,26 @@ def _sampling_of(seq: Sequence) -> Sampling:
     return Sampling(p.temperature, p.top_p, p.seed_of(seq.index))
 
 
-def _finish_reason(seq: Sequence, token: int, stop_ids: frozenset) -> str | None:
-    """"stop" at an end-of-generation id, "length" when `token` is the max_tokens-th output
-    (it is not appended yet), else None; end-of-generation ids do not stop a sequence whose
-    request sets `ignore_eos`."""
-    if token in stop_ids and not seq.request.params.ignore_eos:
+def _finish_reason(s: ScheduledSeq, token: int, stop_ids: frozenset) -> str | None:
+    """"stop" at an end-of-generation id, "length" when `token`, sampled by `s`, is its
+    sequence's max_tokens-th output, else None; end-of-generation ids do not stop a sequence
+    whose request sets `ignore_eos`."""
+    if token in stop_ids and not s.seq.request.params.ignore_eos:
         return STOP
-    if seq.num_output_tokens + 1 >= seq.request.max_tokens:
+    if s.num_outputs >= s.seq.request.max_tokens:
         return LENGTH
     return None
+
+
+class RunnerStep:
+    """A submitted step: its `plan`, the sampling entries in logit-row order (`sampling`),
+    the model's pending step (`pending`: `result()` waits), and whether the engine may submit
+    the next step before collecting this one (`overlaps`: every token it samples is the
+    GPU's argmax)."""
+
+    def __init__(self, plan: SchedulerOutput, sampling: list[ScheduledSeq], pending,
+                 overlaps: bool):
+        self.plan, self.sampling, self.pending, self.overlaps = plan, sampling, pending, overlaps
 
 
 # The runner of the started (not yet shut down) engine of each model: the model's paged KV
@@ -72,7 +90,7 @@ class BatchRunner:
     `setup_cache`: the engine calls it when it is made, before its thread starts, and
     `activate` when it starts), `paged_cache_info`, `paged_kv_dtype`, `paged_products`,
     `paged_coop_tiles`, `batch_products(max_batch)`, `batch_coop_tiles(max_batch)` and
-    `execute_batch(BatchInput, want_logits) -> BatchOutput` (vkrt.models.batch). kv: the
+    `submit_batch(BatchInput, want_logits) -> PendingStep` (vkrt.models.batch). kv: the
     block manager whose tables the slots come from; kv_dtype: the cache's elements (float32
     or float16); max_batch: the engine's sequences per step, which chooses the products'
     kernels and matmul_coop's tiles (the cache keeps them for its life:
@@ -87,7 +105,9 @@ class BatchRunner:
         self.coop_tiles = lm.batch_coop_tiles(max_batch)
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self._rngs: dict[Sequence, tuple[Sampling, np.random.Generator | None]] = {}
+        self._rows: dict[Sequence, int] = {}   # logit row of each sampler of the last step
         self.steps = self.batched_tokens = self.max_seqs_in_step = 0
+        self.fed_tokens = 0      # tokens whose id came from the step before, on the GPU
 
     def _cache_is_mine(self) -> bool:
         return (self.lm.paged_cache_info == (self.kv.num_blocks, self.kv.block_size)
@@ -153,8 +173,11 @@ class BatchRunner:
         0, never read past a sequence's own positions), logit_tokens [R] (index in T of
         the last token of each sampling sequence); prompt (bool [T]): the token's position
         lies inside its sequence's prompt (a generated token recomputed after a preemption
-        stays a generated one: its role, and so its product's kernel, is its own)."""
-        from vkrt.models.batch import BatchInput
+        stays a generated one: its role, and so its product's kernel, is its own);
+        prev_rows [T] (u32, or None when no token needs it): for a PENDING_TOKEN (a decode
+        of the token the last submitted step samples) that step's logit row, else NO_ROW.
+        Raises RuntimeError for a PENDING_TOKEN that step does not sample (a bug)."""
+        from vkrt.models.batch import NO_ROW, BatchInput
 
         bs = self.kv.block_size
         tables = [self.kv.block_table(s.seq) for s in scheduled]
@@ -164,7 +187,7 @@ class BatchRunner:
         for i, s in enumerate(scheduled):
             block_tables[i, :len(tables[i])] = tables[i]
             n = s.n_tokens
-            ids.append(np.asarray(s.seq.token_ids[s.start:s.start + n], np.uint32))
+            ids.append(np.asarray(s.seq.token_ids[s.start:s.start + n], np.int64))
             positions.append(np.arange(s.start, s.start + n, dtype=np.uint32))
             rows.append(np.full(n, i, np.uint32))
             t += n
@@ -173,40 +196,68 @@ class BatchRunner:
                 sampling.append(s)
         positions = np.concatenate(positions)
         seq_of_token = np.concatenate(rows)
+        token_ids = np.concatenate(ids)
+        prev_rows = None
+        pending = np.flatnonzero(token_ids == PENDING_TOKEN)
+        if pending.size:
+            prev_rows = np.full(len(token_ids), NO_ROW, np.uint32)
+            for t in pending:
+                seq = scheduled[seq_of_token[t]].seq
+                if seq not in self._rows or positions[t] != seq.num_tokens - 1:
+                    raise RuntimeError(f"{seq}: position {positions[t]} is pending, not a "
+                                       "token of the step submitted last")
+                prev_rows[t] = self._rows[seq]
+            token_ids[pending] = 0
         prompt_len = np.array([s.seq.num_prompt_tokens for s in scheduled], np.int64)
         prompt = positions < prompt_len[seq_of_token]
         slot_mapping = (block_tables[seq_of_token, positions // bs] * bs
                         + positions % bs).astype(np.uint32)
-        batch = BatchInput(token_ids=np.concatenate(ids), positions=positions,
+        batch = BatchInput(token_ids=token_ids.astype(np.uint32), positions=positions,
                            seq_of_token=seq_of_token, slot_mapping=slot_mapping,
                            block_tables=block_tables,
-                           logit_tokens=np.asarray(logit_tokens, np.uint32), prompt=prompt)
+                           logit_tokens=np.asarray(logit_tokens, np.uint32), prompt=prompt,
+                           prev_rows=prev_rows)
         return batch, sampling
 
-    def execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[int, str | None]]:
-        """Run the step: one `execute_batch`, then a token for each sequence whose chunk
-        reached its last token (greedy: the model's argmax; else drawn from its logits row).
-        Raises whatever the model raises (the engine fails the step's requests)."""
-        if not plan.scheduled:
-            return {}
+    def submit(self, plan: SchedulerOutput) -> RunnerStep:
+        """Submit the step: one `submit_batch` of every scheduled sequence's tokens (logits
+        to the host only when a sequence samples by drawing, not greedy: the step then
+        does not overlap). Raises whatever the model raises (the engine fails the step's
+        requests)."""
         if not self._cache_is_mine():
             raise VkrtError("the model's paged KV cache was replaced by another engine's "
                             "while this one ran it")
         batch, sampling = self.prepare(plan.scheduled)
-        want_logits = any(self._rngs[s.seq][1] is not None for s in sampling)
-        out = self.lm.execute_batch(batch, want_logits=want_logits)
+        greedy = all(self._rngs[s.seq][1] is None for s in sampling)
+        pending = self.lm.submit_batch(batch, want_logits=not greedy)
+        self._rows = {s.seq: r for r, s in enumerate(sampling)}
         self.steps += 1
         self.batched_tokens += len(batch.token_ids)
         self.max_seqs_in_step = max(self.max_seqs_in_step, len(plan.scheduled))
+        if batch.prev_rows is not None:
+            self.fed_tokens += int((batch.prev_rows != 0xFFFFFFFF).sum())
+        return RunnerStep(plan, sampling, pending, greedy)
+
+    def collect(self, step: RunnerStep) -> dict[Sequence, tuple[int, str | None]]:
+        """Wait for the step; a token for each sequence whose chunk reached its last token
+        (greedy: the model's argmax; else drawn from its logits row with its generator)."""
+        out = step.pending.result()
         result = {}
-        for r, s in enumerate(sampling):
-            params, rng = self._rngs[s.seq]
+        for r, s in enumerate(step.sampling):
+            entry = self._rngs.get(s.seq)
+            if entry is None:          # released meanwhile (aborted, failed)
+                continue
+            params, rng = entry
             if rng is None:
                 token = int(out.argmax[r])
             else:
                 token = _sample(np.asarray(out.logits[r]), params, rng)
-            result[s.seq] = (token, _finish_reason(s.seq, token, self.stop_ids))
+            result[s.seq] = (token, _finish_reason(s, token, self.stop_ids))
         return result
+
+    def execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[int, str | None]]:
+        """`collect(submit(plan))`; {} for an empty plan."""
+        return self.collect(self.submit(plan)) if plan.scheduled else {}
 
 
 class SingleSequenceRunner:
@@ -229,6 +280,13 @@ class SingleSequenceRunner:
 
     def running(self, seq: Sequence) -> bool:
         return seq in self._seqs
+
+    def submit(self, plan: SchedulerOutput) -> RunnerStep:
+        """Run the step now (`execute`); it never overlaps the next."""
+        return RunnerStep(plan, [], self.execute(plan), overlaps=False)
+
+    def collect(self, step: RunnerStep) -> dict[Sequence, tuple[int, str | None]]:
+        return step.pending
 
     def execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[int, str | None]]:
         """One step: the next token of every scheduled sequence, with its finish reason

@@ -12,10 +12,16 @@ sequence limit (`max_num_seqs`), in this order:
 3. admissions, unless this step preempted: waiting sequences, first come first served,
    while a sequence slot, budget and KV blocks for their first chunk are left.
 
-A sequence samples a token in a step only when that step's chunk reaches its last token;
-`update_from_output` advances `num_computed_tokens` and appends what was sampled. The engine
-retires what stopped (`finish_seq`, `finish_request`), which frees its KV blocks at once, so
-the next step admits into them.
+A sequence samples a token in a step only when that step's chunk reaches its last token.
+Once the step is submitted, `on_submitted` advances `num_computed_tokens` and appends
+PENDING_TOKEN for each token the step samples, so the next step can be scheduled while this
+one runs (asynchronous scheduling, as vLLM v1's `--async-scheduling`: the next decode's
+input is that token, which the model runner feeds on the GPU); `update_from_output` puts the
+sampled ids in their place when the step is collected. A sequence whose pending tokens reach
+its max_tokens is not scheduled again. The engine retires what stopped (`finish_seq`,
+`finish_request`), which frees its KV blocks at once, so the next step admits into them (a
+step in flight that still writes a freed block is ordered before any later step on the
+queue).
 
 KV blocks are taken lazily, chunk by chunk (`KVCacheManager.allocate_slots`). When the pool
 runs dry for a running sequence, the latest admitted running sequence not yet scheduled
@@ -42,6 +48,7 @@ from vkrt.serve.request import Request, RequestStatus, Sequence
 
 DEFAULT_MAX_BATCH = 8              # sequences per step where the model has execute_batch
 DEFAULT_MAX_BATCHED_TOKENS = 256   # tokens per step: decodes plus prefill chunks
+PENDING_TOKEN = -1                 # Sequence.token_ids: sampled by a step not collected yet
 
 
 class QueueFullError(VkrtError):
@@ -52,14 +59,19 @@ class QueueFullError(VkrtError):
 class ScheduledSeq:
     """One sequence's share of a step: `n_tokens` tokens from position `start` (its
     `num_computed_tokens` when scheduled). `samples`: the chunk ends at the sequence's last
-    token, so the step returns its next token."""
+    token (when scheduled), so the step returns its next token, the sequence's
+    `num_outputs`-th (counted from 1)."""
     seq: Sequence
     start: int
     n_tokens: int
+    samples: bool = field(init=False)
+
+    def __post_init__(self):
+        self.samples = self.start + self.n_tokens == self.seq.num_tokens
 
     @property
-    def samples(self) -> bool:
-        return self.start + self.n_tokens == self.seq.num_tokens
+    def num_outputs(self) -> int:
+        return self.start + self.n_tokens + 1 - self.seq.num_prompt_tokens
 
 
 @dataclass
@@ -181,8 +193,11 @@ class Scheduler:
         out = SchedulerOutput()
         budget = (self.max_num_batched_tokens if self.max_num_batched_tokens is not None
                   else float("inf"))
-        decodes = [q for q in self.running if q.num_tokens - q.num_computed_tokens == 1]
-        prefills = [q for q in self.running if q.num_tokens - q.num_computed_tokens > 1]
+        # A sequence whose last token is sampled (pending: its step is not collected) has
+        # nothing more to compute.
+        active = [q for q in self.running if q.num_output_tokens < q.request.max_tokens]
+        decodes = [q for q in active if q.num_tokens - q.num_computed_tokens == 1]
+        prefills = [q for q in active if q.num_tokens - q.num_computed_tokens > 1]
         scheduled: set[int] = set()
         preemptions_before = self.num_preemptions
         for seq in decodes + prefills:
@@ -218,13 +233,24 @@ class Scheduler:
             budget -= n
         return out
 
-    def update_from_output(self, plan: SchedulerOutput, sampled: dict[Sequence, int]) -> None:
-        """After the step ran: each scheduled sequence computed its n_tokens; those in
-        `sampled` (seq -> token id) grow by that token. Sequences retired meanwhile are
-        skipped."""
+    def on_submitted(self, plan: SchedulerOutput) -> None:
+        """The step is submitted: each scheduled sequence has computed its n_tokens, and one
+        that samples grows by a PENDING_TOKEN (`update_from_output` replaces it). Sequences
+        retired meanwhile are skipped."""
         for s in plan.scheduled:
             if s.seq.status is not RequestStatus.RUNNING:
                 continue
             s.seq.num_computed_tokens = s.start + s.n_tokens
-            if s.seq in sampled:
-                s.seq.token_ids.append(int(sampled[s.seq]))
+            if s.samples:
+                s.seq.token_ids.append(PENDING_TOKEN)
+
+    def update_from_output(self, plan: SchedulerOutput, sampled: dict[Sequence, int]) -> None:
+        """The step is collected: the token each sequence in `sampled` (seq -> token id)
+        sampled takes its PENDING_TOKEN's place (also in a sequence preempted since: its
+        tokens are recomputed). Sequences retired meanwhile are skipped."""
+        for s in plan.scheduled:
+            if s.seq.status is RequestStatus.FINISHED or s.seq not in sampled:
+                continue
+            index = s.start + s.n_tokens
+            assert s.seq.token_ids[index] == PENDING_TOKEN, (s.seq, index)
+            s.seq.token_ids[index] = int(sampled[s.seq])
