@@ -5,7 +5,7 @@ its batch-1 run.
 
     python bench/batched.py [--model M] [--seqs 1,8,32,64] [--prompt-tokens 128]
         [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
-        [--max-batch B]
+        [--max-batch B] [--compare-sync]
         [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K,...]
 
 For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py; with `--max-batch B`,
@@ -29,7 +29,11 @@ and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at po
 (recorded, not replayed: timestamps are recorded per dispatch), GPU µs per kernel name
 (`blk.3.ffn_down` -> `ffn_down`). `--decode-coop-tiles` runs the generated tokens' products on
 `matmul_coop` with the given tiles (split K included) instead of the GPU table's kernel: the
-A/B of bench/README.md, 2026-12-04 second session. Prints one JSON object.
+A/B of bench/README.md, 2026-12-04 second session. The engines schedule asynchronously
+(vkrt serve's default: a greedy step stays in flight while the next is scheduled);
+`--compare-sync` runs each row a second time with `async_scheduling=False` and reports it
+(`sync`: its decode tok/s and TPOT), `async_over_sync` (the decode rates' ratio) and
+`sync_identical` (every sequence's tokens the same both ways). Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -52,10 +56,10 @@ def pct(values: list[float], q: float) -> float:
 
 def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
         first_index: int = 0, kv_cache_dtype: str = "f32",
-        max_batch: int | None = None) -> tuple[dict, list]:
+        max_batch: int | None = None, async_scheduling: bool = True) -> tuple[dict, list]:
     """N = `n` greedy sequences at once, prompts `bench_prompt(n_vocab, p, first_index + i)`,
     `tokens` tokens each, in an engine of `max_batch` (None: n) sequences per step whose KV
-    cache holds `kv_cache_dtype`: (the report row: tok/s,
+    cache holds `kv_cache_dtype`, scheduling asynchronously or not: (the report row: tok/s,
     TTFT and TPOT in ms, the token lists of the n sequences). Raises SystemExit when a
     request fails or the family cannot batch n."""
     from vkrt.bench import bench_prompt
@@ -78,7 +82,7 @@ def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
         batching = {}   # a family without a batched forward runs one sequence at a time
     else:
         raise SystemExit(f"{model.family}: no batched forward (execute_batch); --seqs 1 only")
-    with Engine(model, max_queue=n, **batching) as engine:
+    with Engine(model, max_queue=n, async_scheduling=async_scheduling, **batching) as engine:
         t0 = time.perf_counter()
         for i in range(n):
             engine.add_request(bench_prompt(model.hparams.n_vocab, p, first_index + i), params,
@@ -211,6 +215,8 @@ def main() -> None:
     ap.add_argument("--llama-batched-bench", default=None, help="llama.cpp's tool, for S_TG")
     ap.add_argument("--kernels", action="store_true",
                     help="GPU µs per decode step by kernel (timestamps) for each N")
+    ap.add_argument("--compare-sync", action="store_true",
+                    help="also run each row with synchronous scheduling; report the ratio")
     ap.add_argument("--check", type=int, default=4,
                     help="sequences compared with their runs alone (default 4)")
     ap.add_argument("--decode-coop-tiles", default=None, metavar="MAX:BMxBN:SG_MxSG_NxSG_K,...",
@@ -242,6 +248,15 @@ def main() -> None:
             row["max_batch"] = b
             k = min(n, args.check)
             row["batch_1_identical"] = f"{sum(toks[i] == alone[i] for i in range(k))}/{k}"
+            if args.compare_sync:
+                sync, sync_toks = run(model, n, args.prompt_tokens, args.tokens,
+                                      args.max_batched_tokens, kv_cache_dtype=args.kv_cache_dtype,
+                                      max_batch=b, async_scheduling=False)
+                row["sync"] = {key: sync[key] for key in ("decode_tok_s", "tpot_ms_p50",
+                                                          "tpot_ms_p99", "ttft_ms_p50")}
+                if row["decode_tok_s"] and sync["decode_tok_s"]:
+                    row["async_over_sync"] = round(row["decode_tok_s"] / sync["decode_tok_s"], 3)
+                row["sync_identical"] = sync_toks == toks
             if args.kernels:
                 row.update(gpu_per_step(model, n, args.prompt_tokens) or {})
             report["runs"].append(row)

@@ -47,6 +47,8 @@ BATCH_TESTS = ["tests/test_batch.py::test_batch_family_matches_transformers_and_
 OPT_BATCH_TESTS = [
     "tests/test_opt_batch.py::test_opt_batch_matches_transformers_and_is_batch_invariant",
     "tests/test_opt_batch.py::test_engine_batches_opt_and_each_request_equals_its_batch1_run"]
+# Asynchronous scheduling's device half: steps in flight feeding the greedy tokens on the GPU.
+IN_FLIGHT = "tests/test_batch.py::test_batch_steps_in_flight_take_the_greedy_tokens_on_the_gpu"
 # The serving engine's KV cache, sized to the device and allocated when the engine is made;
 # one engine per model.
 KV_SIZING = [
@@ -1157,9 +1159,9 @@ MUTATIONS = [
      '"positions": placed(batch.positions, 0),',
      '"positions": placed(batch.positions + (seq == 1), 0),', BATCH_TESTS),
     ("batch: a bucket's replay reused for another batch size", "vkrt/models/batch.py",
-     "            slot = (s.serial, shape)\n"
+     "            slot = (s.serial, shape, phase)\n"
      "            key = (slot, a.arena.serial, p.buffer.serial, inputs.buffer.serial,\n",
-     "            slot = (s.serial, shape.logits)\n"
+     "            slot = (s.serial, shape.logits, phase)\n"
      "            key = (slot, a.arena.serial, p.buffer.serial,\n", BATCH_TESTS),
     ("batch: K/V written by token index, not slot mapping", "vkrt/glsl/rope_kv_write.comp",
      "uint slot = slots[t];", "uint slot = t;", BATCH_TESTS),
@@ -1312,8 +1314,8 @@ MUTATIONS = [
      "return wide.coop_tiles if wide is not None and wide.coop_tiles else self.batch_coop_tiles",
      "return self.batch_coop_tiles", WIDE),
     ("batch: the paged cache's matmul_coop tiles chosen without the engine's max_batch",
-     "vkrt/models/batch.py", "                                 self.k.batch_coop_tiles(max_batch))",
-     "                                 self.k.batch_coop_tiles())", WIDE),
+     "vkrt/models/batch.py", "                                 self.k.batch_coop_tiles(max_batch),\n",
+     "                                 self.k.batch_coop_tiles(),\n", WIDE),
     ("batch: a step's products on the table's matmul_coop tiles, not its cache's",
      "vkrt/models/batch.py", '"coop_tiles": self._paged.coop_tiles}', '"coop_tiles": None}', WIDE),
     ("tuning: the wide batch's rules never applied", "vkrt/tuning.py",
@@ -1423,6 +1425,44 @@ MUTATIONS = [
     ("serve batch: a preempted sequence resumes without recomputing its freed KV",
      "vkrt/serve/scheduler.py", "        seq.num_computed_tokens = 0\n", "",
      ["tests/test_serve_batch.py::test_preemption_by_recompute_keeps_every_sequence_exact"]),
+    # -- asynchronous scheduling (a step in flight while the next is scheduled) ----------
+    ("async: a step's argmax rows not kept for the next step's feed_sampled",
+     "vkrt/models/batch.py", "        if n:\n            records.append(Copy(", "        if False:\n            records.append(Copy(",
+     [IN_FLIGHT]),
+    ("async: one StepInputs per bucket (the next step written over the uncollected one's)",
+     "vkrt/models/batch.py",
+     "            if cur is not None and id(cur) in self._busy_inputs:\n                continue\n",
+     "", [IN_FLIGHT]),
+    ("async: feed_sampled gives every fed token the first row's token",
+     "vkrt/glsl/feed_sampled.comp", "ids[t] = sampled[r];", "ids[t] = sampled[0];",
+     [IN_FLIGHT]),
+    ("async: a fed token takes another sequence's row of the step before",
+     "vkrt/serve/runner.py", "        self._rows = {s.seq: r for r, s in enumerate(sampling)}\n",
+     "        self._rows = {s.seq: len(sampling) - 1 - r for r, s in enumerate(sampling)}\n",
+     ["tests/test_serve_batch.py::test_concurrent_requests_equal_their_alone_run"]),
+    ("async: a token computed after its sequence stopped is emitted",
+     "vkrt/serve/engine.py", "                if seq.status is not RequestStatus.FINISHED]",
+     "                ]", ["tests/test_serve_batch.py::test_concurrent_requests_equal_their_alone_run",
+                          "tests/test_serve_batch.py::test_stop_strings_are_each_sequences_own"]),
+    ("async: a sequence whose last token is pending is scheduled again",
+     "vkrt/serve/scheduler.py",
+     "        active = [q for q in self.running if q.num_output_tokens < q.request.max_tokens]\n",
+     "        active = list(self.running)\n",
+     ["tests/test_serve_batch.py::test_concurrent_requests_equal_their_alone_run"]),
+    ("async: a sequence preempted while its token is in flight never gets that token",
+     "vkrt/serve/scheduler.py",
+     "            if s.seq.status is RequestStatus.FINISHED or s.seq not in sampled:\n",
+     "            if s.seq.status is not RequestStatus.RUNNING or s.seq not in sampled:\n",
+     ["tests/test_serve_batch.py::test_preemption_by_recompute_keeps_every_sequence_exact"]),
+    ("async: no step stays in flight (the engine collects each before scheduling the next)",
+     "vkrt/serve/engine.py", "            if step.overlaps and self.async_scheduling:\n",
+     "            if False:\n",
+     ["tests/test_serve_batch.py::test_concurrent_requests_equal_their_alone_run"]),
+    ("async: a step that samples by drawing left in flight",
+     "vkrt/serve/runner.py", "        return RunnerStep(plan, sampling, pending, greedy)\n",
+     "        return RunnerStep(plan, sampling, pending, True)\n",
+     ["tests/test_serve_batch.py::test_n_sequences_and_seeded_sampling_are_reproducible_in_any_batch",
+      "tests/test_serve_batch.py::test_preemption_by_recompute_keeps_every_sequence_exact"]),
     # -- decode attention's splits ---------------------------------------------------------
     ("attention_chunk: always rounded up (17 splits at 4,128 positions)", "vkrt/kernels.py",
      "    return min((up, down), key=lambda c: abs(-(-n_positions // c) - ATTENTION_TARGET_SPLITS))",

@@ -494,3 +494,48 @@ def test_batch_through_staging(tmp_path):
             model.close()
     for s, ids in prompts.items():
         assert tokens[s] == ref.greedy(ids, 4), s
+
+
+def test_batch_steps_in_flight_take_the_greedy_tokens_on_the_gpu(llama, tok):
+    """Asynchronous scheduling's device half: each decode step is submitted while the step
+    before it is still held back from the GPU (`Stream.hold`: a host wait for it would time
+    out), its tokens' ids unknown to the host (0) and named by that step's logit rows
+    (`BatchInput.prev_rows`): `feed_sampled` takes the greedy tokens on the GPU, and the
+    tokens equal a synchronous run's. The bucket's second `StepInputs` (phase 1) holds the
+    step written while phase 0's is in flight."""
+    prompts = {s: tok.encode(p) for s, p in PROMPTS.items()}
+    names, n_new = list(prompts), 4
+    _, want = run_schedule(llama, mixed(64), prompts, n_new, all_logits=False)
+    pages = Pages(NUM_BLOCKS, BLOCK_SIZE, 1)
+    llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
+    plen = {s: len(p) for s, p in prompts.items()}
+    got = {s: [] for s in names}
+    s = llama.stream
+    s.hold()
+    b, _ = pages.step([(n, prompts[n], 0, True) for n in names], all_logits=False,
+                      prompt_len=plen)
+    pending = llama.submit_batch(b)
+    try:
+        for i in range(n_new):
+            if i < n_new - 1:
+                b, _ = pages.step([(n, [0], plen[n] + i, True) for n in names],
+                                  all_logits=False, prompt_len=plen)
+                b.prev_rows = np.arange(len(names), dtype=np.uint32)
+                with config.FENCE_TIMEOUT_S.override("5"):
+                    following = llama.submit_batch(b)   # the step before is held
+            s.release()
+            out = pending.result()
+            for r, n in enumerate(names):
+                got[n].append(int(out.argmax[r]))
+            s.hold()
+            pending = following
+    finally:
+        s.release()
+    assert got == want
+    assert {key[1] for key in llama._step_inputs} == {0, 1}
+    with pytest.raises(ValueError, match=r"prev_rows: token 2 takes row 3 of the step "
+                                         r"before, which returned 3 rows"):
+        b, _ = pages.step([(n, [0], plen[n] + n_new, True) for n in names],
+                          all_logits=False, prompt_len=plen)
+        b.prev_rows = np.array([0, 1, 3], np.uint32)
+        llama.submit_batch(b)

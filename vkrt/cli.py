@@ -244,7 +244,8 @@ def _serve(args) -> int:
     got: list[int] = []
     try:
         engine = Engine(model, args.max_queue, args.max_batch, args.kv_blocks, args.block_size,
-                        args.max_batched_tokens, args.kv_cache_dtype)
+                        args.max_batched_tokens, args.kv_cache_dtype,
+                        async_scheduling=not args.sync_scheduling)
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         log = logging.getLogger("vkrt.serve")
@@ -537,6 +538,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batched-tokens", type=_positive_int, default=None,
                    help="tokens one step computes, decodes and prompt chunks together "
                         f"(default: {DEFAULT_MAX_BATCHED_TOKENS}, at least --max-batch)")
+    p.add_argument("--sync-scheduling", action="store_true",
+                   help="collect every step before scheduling the next (default: a step "
+                        "whose tokens are all greedy stays in flight while the next is "
+                        "scheduled and submitted; the tokens are the same)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the file or folder name)")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
