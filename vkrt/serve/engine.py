@@ -54,8 +54,8 @@ from vkrt.models.generate import check_context
 from vkrt.models.scratch import KV_CACHE_DTYPES
 from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KVCacheManager,
                                  blocks_for)
-from vkrt.serve.request import (ABORT, ERROR, STOP, Request, RequestOutput, RequestStatus,
-                                SamplingParams, Sequence)
+from vkrt.serve.request import (ABORT, ERROR, STOP, Request, RequestOutput, SamplingParams,
+                                Sequence)
 from vkrt.serve.runner import BatchRunner, SingleSequenceRunner, batched_model
 from vkrt.serve.scheduler import (DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCHED_TOKENS, QueueFullError,
                                   Scheduler, SchedulerOutput)
@@ -454,8 +454,9 @@ class Engine:
         return outputs
 
     def _collect(self, step) -> list[tuple[Request, RequestOutput]]:
-        """Wait for a submitted step and fold its tokens into their sequences (those retired
-        since are skipped: a token computed after its sequence stopped is dropped)."""
+        """Wait for a submitted step and fold its tokens into their sequences (the runner
+        gives none for a sequence released since: a token computed after its sequence
+        stopped is dropped)."""
         try:
             results = self.runner.collect(step)
         except Exception as e:
@@ -464,8 +465,7 @@ class Engine:
             self.scheduler.update_from_output(step.plan,
                                               {q: t for q, (t, _) in results.items()})
         return [(seq.request, self._update(seq, token, reason))
-                for seq, (token, reason) in results.items()
-                if seq.status is not RequestStatus.FINISHED]
+                for seq, (token, reason) in results.items()]
 
     def _start_sequence(self, seq: Sequence) -> None:
         self.runner.start(seq)

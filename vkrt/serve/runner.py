@@ -245,7 +245,7 @@ class BatchRunner:
         result = {}
         for r, s in enumerate(step.sampling):
             entry = self._rngs.get(s.seq)
-            if entry is None:          # released meanwhile (aborted, failed)
+            if entry is None:     # released meanwhile: stopped, aborted or failed
                 continue
             params, rng = entry
             if rng is None:
