@@ -474,7 +474,8 @@ def test_batch_output_split_over_rows(split_files, device, monkeypatch):  # noqa
 
 def test_batch_through_staging(tmp_path):
     """A device whose memory the host does not map (a discrete GPU's path): the step inputs
-    go through staging copies recorded before the replay, the argmax comes back through the
+    go through their own staging buffer, copied in by the step's first record (replayed
+    with it), the argmax comes back through the
     recording's own staging copy, the logits through a copy recorded after it. The same
     greedy tokens as transformers, alone and mixed bit-identical."""
     from vkrt.runtime.device import Device
@@ -496,27 +497,48 @@ def test_batch_through_staging(tmp_path):
         assert tokens[s] == ref.greedy(ids, 4), s
 
 
-def test_batch_steps_in_flight_take_the_greedy_tokens_on_the_gpu(llama, tok):
-    """Asynchronous scheduling's device half: each decode step is submitted while the step
-    before it is still held back from the GPU (`Stream.hold`: a host wait for it would time
-    out), its tokens' ids unknown to the host (0) and named by that step's logit rows
+def test_batch_steps_in_flight_take_the_greedy_tokens_on_the_gpu(checked_device, tmp_path):
+    """Asynchronous scheduling's device half, host-mapped and through staging, under the
+    validation layer where installed: each decode step is submitted while the step before
+    it is still held back from the GPU (`Stream.hold`: a host wait for it would time out),
+    its tokens' ids unknown to the host (0) and named by that step's logit rows
     (`BatchInput.prev_rows`): `feed_sampled` takes the greedy tokens on the GPU, and the
     tokens equal a synchronous run's. The bucket's second `StepInputs` (phase 1) holds the
     step written while phase 0's is in flight."""
-    prompts = {s: tok.encode(p) for s, p in PROMPTS.items()}
-    names, n_new = list(prompts), 4
-    _, want = run_schedule(llama, mixed(64), prompts, n_new, all_logits=False)
+    path = write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), "qwen2", "F32")
+    rng = np.random.default_rng(6)
+    prompts = {s: [int(i) for i in rng.integers(0, N_VOCAB, n)]
+               for s, n in (("a", 7), ("b", 2), ("c", 12))}
+    n_new = 5
+    llama = Llama.from_gguf(checked_device, load_gguf(path))
+    try:
+        _, want = run_schedule(llama, mixed(64), prompts, n_new, all_logits=False)
+        assert len({tuple(w) for w in want.values()}) == 3
+        got = steps_in_flight(llama, prompts, n_new)
+        assert got == want
+        assert {key[1] for key in llama._step_inputs} == {0, 1}
+    finally:
+        llama.close()
+
+
+def steps_in_flight(llama, prompts, n_new):
+    """The greedy tokens of `prompts` prefilled in one step, then decoded n_new - 1 steps,
+    each submitted with the step before held and uncollected; a row past the last step's
+    rows refused by name at the end."""
+    names = list(prompts)
     pages = Pages(NUM_BLOCKS, BLOCK_SIZE, 1)
     llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
     plen = {s: len(p) for s, p in prompts.items()}
     got = {s: [] for s in names}
     s = llama.stream
+    s.synchronize()   # the cache's tables uploaded (staging): only steps are in flight below
     s.hold()
     b, _ = pages.step([(n, prompts[n], 0, True) for n in names], all_logits=False,
                       prompt_len=plen)
     pending = llama.submit_batch(b)
     try:
         for i in range(n_new):
+            following = None
             if i < n_new - 1:
                 b, _ = pages.step([(n, [0], plen[n] + i, True) for n in names],
                                   all_logits=False, prompt_len=plen)
@@ -531,11 +553,10 @@ def test_batch_steps_in_flight_take_the_greedy_tokens_on_the_gpu(llama, tok):
             pending = following
     finally:
         s.release()
-    assert got == want
-    assert {key[1] for key in llama._step_inputs} == {0, 1}
     with pytest.raises(ValueError, match=r"prev_rows: token 2 takes row 3 of the step "
                                          r"before, which returned 3 rows"):
         b, _ = pages.step([(n, [0], plen[n] + n_new, True) for n in names],
                           all_logits=False, prompt_len=plen)
         b.prev_rows = np.array([0, 1, 3], np.uint32)
         llama.submit_batch(b)
+    return got
