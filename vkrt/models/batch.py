@@ -18,18 +18,27 @@ sequence's physical block ids in order: position j of sequence s is slot
 max_positions = min(n_ctx, num_blocks * block_size) (n_ctx: the family's context, OPT's
 max_position_embeddings); the family's tables (`_paged_tables(max_positions)`) cover them.
 
-One step (`execute_batch`): the token ids, positions, sequence rows, slot mapping, block table
-rows and logit rows are written into device tensors (u32, `StepInputs`), generated tokens'
-rows first and prompt tokens' after them (`StepShape`), then the family's `batch_step` runs:
+One step (`submit_batch`; `execute_batch` waits for it too): the token ids, positions,
+sequence rows, slot mapping, previous-step rows, block table rows and logit rows are written
+into device tensors (u32, `StepInputs`), generated tokens' rows first and prompt tokens' after
+them (`StepShape`); the step's first records copy them in where the host cannot map them
+(`StepInputs.upload`) and give the tokens whose ids the host did not know the greedy tokens
+of the step before (`feed_sampled`, from `PagedCache.sampled`), then the family's
+`batch_step` runs:
 embedding, per layer the norms and products, K and V written by slot mapping (`kv_write`)
 BEFORE attention, so a prefill chunk attends to its own keys in the same step and decode
 tokens mix with it; attention over each token's own sequence through its block table
 (`attention_paged`); the MLP; the final norm, logits and argmax of the `logit_tokens` rows
-only (`argmax_rows`). The command buffer does not depend on those values: each part is padded
+only (`argmax_rows`), and the last record copies those argmax rows into `PagedCache.sampled`
+for the step after. The command buffer does not depend on those values: each part is padded
 to a bucket (1, 2, 4, ..., MAX_REPLAY_TOKENS; R, the logit rows, likewise up to the bucket)
 and each (decode bucket, prompt bucket, logit bucket) step is captured once and replayed
 (vkrt/runtime/replay.py), captured again when the activations, the KV cache or the bucket's
-input tensors are reallocated. Padded tokens are token 0 at position 0 of a scratch
+input tensors are reallocated. Asynchronous scheduling (vkrt/serve/engine.py): a step may be
+submitted while the one before is still running, its decodes naming that step's logit rows
+(`BatchInput.prev_rows`); each bucket then has two `StepInputs` and two recordings (phases
+0 and 1), the second taken while the first's step is not collected (`PendingStep`), so
+writing a step's inputs never waits for the GPU. Padded tokens are token 0 at position 0 of a scratch
 block-table row whose every block is the scratch slot's, so they write and read only that
 slot. More tokens of a role than the largest bucket (long prefill chunks) are recorded each
 step, unpadded.
@@ -239,7 +248,7 @@ class PagedBatch:
     _step_inputs: dict | None = None      # bucket (or recorded T) -> StepInputs
     _batch_replays: dict | None = None    # (stream serial, shape, phase) -> Recording
     _busy_inputs: set = frozenset()       # id() of the StepInputs of uncollected steps
-    _prev_rows = 0                        # logit rows of the step submitted last (prev_rows < it)
+    _last_rows = 0                        # logit rows of the step submitted last (prev_rows < it)
 
     # -- what the family supplies (vkrt/models/llama_batch.py, vkrt/models/opt_batch.py) ---
     def _paged_kv_width(self) -> int:
@@ -387,7 +396,7 @@ class PagedBatch:
                                  self.k.batch_coop_tiles(max_batch),
                                  Tensor(sampled, 0, 4 * rows, "uint32", (rows,),
                                         "batch_sampled"))
-        self._prev_rows = 0
+        self._last_rows = 0
 
     @staticmethod
     def _paged_kv_name(i: int, what: str) -> str:
@@ -479,11 +488,11 @@ class PagedBatch:
                         else type(a).__name__)
                 raise ValueError(f"BatchInput.prev_rows: {what}, expected a uint32 array of "
                                  f"the {T} tokens or None")
-            bad = (a != NO_ROW) & (a >= min(self._prev_rows, p.sampled.shape[0]))
+            bad = (a != NO_ROW) & (a >= min(self._last_rows, p.sampled.shape[0]))
             if bad.any():
                 t = int(np.argmax(bad))
                 raise ValueError(f"BatchInput.prev_rows: token {t} takes row {a[t]} of the "
-                                 f"step before, which returned {self._prev_rows} rows")
+                                 f"step before, which returned {self._last_rows} rows")
         S, W = b.block_tables.shape
         R = b.logit_tokens.shape[0]
 
@@ -605,7 +614,7 @@ class PagedBatch:
             "tables": tables}
         s.write(inputs.host_inputs, inputs.pack(fields))
         a = self._batch_activations(T_b, R_b)
-        self._prev_rows = R
+        self._last_rows = R
         if replay:
             t0 = time.perf_counter_ns()
             slot = (s.serial, shape, phase)
