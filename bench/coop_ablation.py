@@ -165,17 +165,16 @@ def main(argv: list[str] | None = None) -> int:
             for r in json.loads(out.read_text())["runs"]:
                 key = f"{r['tile'].removeprefix('coop:')} @{r['tokens']}"
                 decode[key] = round(decode.get(key, 0.0) + r["us"], 1)
-            text = io.StringIO()
-            with contextlib.redirect_stdout(text):
+            out = Path(tmp) / f"{name}.prefill.json"
+            with contextlib.redirect_stdout(io.StringIO()):   # its per-product lines
                 rc = matmul_coop.main([
                     "--tokens", str(args.prefill_tokens), "--shapes", args.prefill_shapes,
                     "--types", args.type, "--repeat", str(args.repeat), "--rounds", "1",
-                    "--spirv-dir", str(d), "--json"])
+                    "--spirv-dir", str(d), "--out", str(out)])
             if rc:
                 return rc
-            lines = text.getvalue()                 # its per-product lines, then the JSON
             prefill = {f"{p['rows']}x{p['cols']}": p["arms"]["coop"]["tflops"]
-                       for p in json.loads(lines[lines.index("\n{") + 1:])["products"]}
+                       for p in json.loads(out.read_text())["products"]}
             report["variants"][name] = {"decode_us": decode, "prefill_tflops": prefill}
             print(f"{name}: " + "  ".join(f"{k} {v}" for k, v in decode.items())
                   + "  | prefill TFLOP/s " + "  ".join(f"{k} {v}" for k, v in prefill.items()),

@@ -4,6 +4,7 @@ process: `matmul_tiled` and `matmul_coop` (the tiling `Kernels.linear` picks, `c
 
     python bench/matmul_coop.py [--tokens 512] [--shapes 4096x4096,14336x4096,4096x14336]
         [--types q4_1,q4_k,float16] [--tiles 64x64:2x2,128x64:2x2] [--repeat 20] [--json]
+        [--out FILE.json]
 
 A shape is [rows, cols] of W (N, K); x is [tokens, cols] f32 of standard normals, y [tokens,
 rows]. Each type's matrix holds random bytes with its f16 scale fields set to finite values
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default="", help="also write the JSON report to this file")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     T = args.tokens
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         stream.close()
     if args.json:
         print(json.dumps(report, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 
 
