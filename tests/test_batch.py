@@ -517,6 +517,15 @@ def test_batch_steps_in_flight_take_the_greedy_tokens_on_the_gpu(checked_device,
         got = steps_in_flight(llama, prompts, n_new)
         assert got == want
         assert {key[1] for key in llama._step_inputs} == {0, 1}
+        # Three steps of one bucket uncollected: the third waits for the first's.
+        pages = Pages(NUM_BLOCKS, BLOCK_SIZE, 2)
+        llama.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
+        steps = []
+        for seq in "def":
+            steps.append(llama.submit_batch(pages.step([(seq, [5, 6], 0, True)],
+                                                       all_logits=False)[0]))
+        assert [p.done for p in steps] == [True, False, False]
+        assert len({tuple(p.result().argmax.tolist()) for p in steps}) == 1
     finally:
         llama.close()
 

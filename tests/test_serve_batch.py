@@ -216,6 +216,23 @@ def test_preemption_by_recompute_keeps_every_sequence_exact(sampled):
     assert_no_block_leaked(engine)
 
 
+def test_shutdown_collects_the_step_in_flight():
+    """An engine stepped by hand and shut down with a step in flight waits for it and drops
+    its tokens; the next engine on the model runs as if alone."""
+    model = FakeModel()
+    engine = Engine(model, max_batch=2, block_size=4).start(thread=False)
+    engine.add_request([3, 1, 4], SamplingParams(max_tokens=8), Collect())
+    engine.step()
+    engine.step()
+    assert engine._in_flight is not None
+    engine.shutdown()
+    assert engine._in_flight is None
+    again, a = Engine(model, max_batch=2, block_size=4).start(thread=False), Collect()
+    again.add_request([3, 1, 4], SamplingParams(max_tokens=8), a)
+    run_to_end(again)
+    assert a.tokens[0] == reference([3, 1, 4], 8)
+
+
 def test_abort_frees_the_blocks_within_one_step():
     engine = engine_of(max_batch=4, block_size=4)
     kv = engine.kv

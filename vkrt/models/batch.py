@@ -68,7 +68,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkrt import config
-from vkrt.errors import VkrtError
 from vkrt.kernels import KV_DTYPES
 from vkrt.models.scratch import arena, kv_cache, kv_cache_bytes
 from vkrt.runtime.dispatch import Copy, Dispatch
@@ -232,7 +231,7 @@ class PendingStep:
             self._output = BatchOutput(np.asarray(argmax, np.uint32), None)
             self._readback = None
         if self._inputs is not None:
-            self._owner._busy_inputs.discard(id(self._inputs))
+            self._owner._busy_inputs.pop(id(self._inputs), None)
             self._inputs = None
         return self._output
 
@@ -247,7 +246,7 @@ class PagedBatch:
     _paged: PagedCache | None = None
     _step_inputs: dict | None = None      # bucket (or recorded T) -> StepInputs
     _batch_replays: dict | None = None    # (stream serial, shape, phase) -> Recording
-    _busy_inputs: set = frozenset()       # id() of the StepInputs of uncollected steps
+    _busy_inputs: dict = {}               # id() of a StepInputs -> its uncollected step
     _last_rows = 0                        # logit rows of the step submitted last (prev_rows < it)
 
     # -- what the family supplies (vkrt/models/llama_batch.py, vkrt/models/opt_batch.py) ---
@@ -444,7 +443,7 @@ class PagedBatch:
         for inputs in (self._step_inputs or {}).values():
             inputs.close()
         self._step_inputs = {}
-        self._busy_inputs = set()
+        self._busy_inputs = {}
         if self._paged is not None:
             self._paged.close()
             self._paged = None
@@ -567,12 +566,11 @@ class PagedBatch:
         Does not wait for the step (with want_logits it does: the logits live in the
         activations, which the next step overwrites), nor for the step before it: its inputs
         go to the other of the bucket's two `StepInputs` when the one is still reserved by an
-        uncollected step. A token whose `prev_rows` entry is a row R' of the step submitted
+        uncollected step (with both reserved, it waits for phase 0's step). A token whose `prev_rows` entry is a row R' of the step submitted
         just before takes that row's greedy token on the GPU (`Kernels.feed_sampled`: every
         step starts with it and ends copying its argmax rows into `PagedCache.sampled`), so
         the host may schedule step n + 1 before it has read step n's tokens.
-        Raises: ValueError from `validate_batch` (nothing is written then); VkrtError when
-        two steps of the bucket are uncollected already."""
+        Raises: ValueError from `validate_batch` (nothing is written then)."""
         self.validate_batch(batch)
         p, s = self._paged, self.stream
         T, R = batch.token_ids.shape[0], batch.logit_tokens.shape[0]
@@ -636,8 +634,7 @@ class PagedBatch:
             s.record(records, flush_every=config.PREFILL_FLUSH.value if T_b > 1 else 0)
             readback = s.read_later(inputs.argmax.rows(0, R)) if R else None
             s.submit()
-        self._busy_inputs.add(id(inputs))
-        pending = PendingStep(self, inputs, R, readback)
+        pending = self._busy_inputs[id(inputs)] = PendingStep(self, inputs, R, readback)
         if want_logits:
             out = pending.result()
             out.logits = (s.read(a.logits.rows(0, R)) if R
@@ -661,17 +658,18 @@ class PagedBatch:
     def _inputs(self, n_tokens: int, replayed: bool) -> tuple[int, StepInputs]:
         """(phase, the step inputs) of a replayed step of n_tokens rows (two per count:
         phase 0, or 1 while phase 0's are reserved by an uncollected step), or of a recorded
-        one (two kept, each the largest so far). Raises VkrtError when both are reserved."""
-        for phase in (0, 1):
-            key = (n_tokens if replayed else "recorded", phase)
-            cur = self._step_inputs.get(key)
-            if cur is not None and id(cur) in self._busy_inputs:
-                continue
-            if cur is None or cur.n_tokens < n_tokens:
-                if cur is not None:
-                    cur.close()
-                cur = self._step_inputs[key] = StepInputs(self.device, n_tokens,
-                                                          self._paged.table_width)
-            return phase, cur
-        raise VkrtError(f"submit_batch: two steps of {n_tokens} tokens are submitted and not "
-                        "collected (PendingStep.result) yet")
+        one (two kept, each the largest so far). With both reserved, phase 0's step is
+        waited for (`PendingStep.result`: its output stays with it)."""
+        keys = [(n_tokens if replayed else "recorded", phase) for phase in (0, 1)]
+        free = [k for k in keys if id(self._step_inputs.get(k)) not in self._busy_inputs]
+        if not free:
+            self._busy_inputs[id(self._step_inputs[keys[0]])].result()
+            free = keys[:1]
+        key = free[0]
+        cur = self._step_inputs.get(key)
+        if cur is None or cur.n_tokens < n_tokens:
+            if cur is not None:
+                cur.close()
+            cur = self._step_inputs[key] = StepInputs(self.device, n_tokens,
+                                                      self._paged.table_width)
+        return key[1], cur

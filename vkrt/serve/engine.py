@@ -355,7 +355,18 @@ class Engine:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         if thread is None or not thread.is_alive() or thread is threading.current_thread():
+            self._drop_in_flight()
             self.runner.deactivate()     # another engine may run the model now
+
+    def _drop_in_flight(self) -> None:
+        """Wait for the step still in flight, if any, and drop its tokens (the engine stops
+        without stepping again: `start(thread=False)`; the engine thread collects it)."""
+        step, self._in_flight = self._in_flight, None
+        if step is not None:
+            try:
+                self.runner.collect(step)
+            except Exception:
+                log.exception("the step in flight at shutdown failed")
 
     def cancel_all(self) -> None:
         """Refuse new requests (EngineStoppedError) and abort every waiting and running one:
