@@ -215,10 +215,9 @@ class PendingStep:
     `BatchOutput` (once; later calls return the same). Until then its step inputs stay
     reserved, so the next step is written into the bucket's other inputs."""
 
-    def __init__(self, owner, inputs: StepInputs | None, n_rows: int, readback=None,
-                 output: BatchOutput | None = None):
+    def __init__(self, owner, inputs: StepInputs, n_rows: int, readback=None):
         self._owner, self._inputs, self.n_rows = owner, inputs, n_rows
-        self._readback, self._output = readback, output
+        self._readback, self._output = readback, None
 
     @property
     def done(self) -> bool:
@@ -566,10 +565,11 @@ class PagedBatch:
         Does not wait for the step (with want_logits it does: the logits live in the
         activations, which the next step overwrites), nor for the step before it: its inputs
         go to the other of the bucket's two `StepInputs` when the one is still reserved by an
-        uncollected step (with both reserved, it waits for phase 0's step). A token whose `prev_rows` entry is a row R' of the step submitted
-        just before takes that row's greedy token on the GPU (`Kernels.feed_sampled`: every
-        step starts with it and ends copying its argmax rows into `PagedCache.sampled`), so
-        the host may schedule step n + 1 before it has read step n's tokens.
+        uncollected step (with both reserved, it waits for phase 0's step). A token whose
+        `prev_rows` entry is a logit row of the step submitted just before takes that row's
+        greedy token on the GPU (`Kernels.feed_sampled`: every step starts with it and ends
+        copying its argmax rows into `PagedCache.sampled`), so the host may schedule step
+        n + 1 before it has read step n's tokens.
         Raises: ValueError from `validate_batch` (nothing is written then)."""
         self.validate_batch(batch)
         p, s = self._paged, self.stream

@@ -235,7 +235,8 @@ class BatchRunner:
         self.batched_tokens += len(batch.token_ids)
         self.max_seqs_in_step = max(self.max_seqs_in_step, len(plan.scheduled))
         if batch.prev_rows is not None:
-            self.fed_tokens += int((batch.prev_rows != 0xFFFFFFFF).sum())
+            from vkrt.models.batch import NO_ROW
+            self.fed_tokens += int((batch.prev_rows != NO_ROW).sum())
         return RunnerStep(plan, sampling, pending, greedy)
 
     def collect(self, step: RunnerStep) -> dict[Sequence, tuple[int, str | None]]:
