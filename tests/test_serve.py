@@ -407,10 +407,13 @@ def serve_cli(*args):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_serves_and_stops_on_a_signal(chat_folder, sig):
-    p = serve_cli("--model", chat_folder, "--port", "0", "--max-queue", "1")
+    sync = sig == signal.SIGINT        # and --sync-scheduling, named on the startup line
+    p = serve_cli("--model", chat_folder, "--port", "0", "--max-queue", "1",
+                  *(["--sync-scheduling"] if sync else []))
     try:
         line = p.stderr.readline()
         assert line.startswith("vkrt: serving opt-chat "), line + p.stderr.read()
+        assert f" {'synchronous' if sync else 'asynchronous'} scheduling, " in line, line
         url = line.split(" on ")[-1].strip()
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
         r = client.completions.create(model="opt-chat", prompt=PROMPT, max_tokens=3,

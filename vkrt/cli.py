@@ -264,7 +264,9 @@ def _serve(args) -> int:
                 splits = sorted({t.sg_k for t in engine.runner.coop_tiles})
                 decode += f" (columns split {'/'.join(map(str, splits))} ways)"
             batching = (f"batches of up to {engine.max_batch} sequences, "
-                        f"{engine.scheduler.max_num_batched_tokens} tokens a step, generated "
+                        f"{engine.scheduler.max_num_batched_tokens} tokens a step, "
+                        f"{'asynchronous' if engine.async_scheduling else 'synchronous'} "
+                        "scheduling, generated "
                         f"tokens' products on {decode}, KV cache "
                         f"{kv.num_blocks} blocks of {kv.block_size} "
                         f"({kv.num_blocks * kv.block_size} positions, "
