@@ -1,7 +1,9 @@
 """A numpy model behind the batched interface (`setup_paged_cache`, `execute_batch`) that
 emulates a paged KV cache faithfully, for the continuous-batching tests (no GPU).
 
-`execute_batch` first writes every token's (id, position, role: `BatchInput.prompt`, a prompt
+`submit_batch` (computed at once; `execute_batch` is it and its result) first gives the tokens
+that `BatchInput.prev_rows` names the previous step's argmax rows, as `feed_sampled` does on a
+GPU, then writes every token's (id, position, role: `BatchInput.prompt`, a prompt
 token or a generated one, whose products run on different kernels on a GPU) into its
 `slot_mapping` slot (the K/V write), then computes each requested logit row from what it
 reads back through `block_tables[seq][q // block_size] * block_size + q % block_size` for q =

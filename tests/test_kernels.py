@@ -2022,6 +2022,25 @@ def test_argmax_rows_one_row_each(gpu):
                          int(np.argmax(logits[4])), 0xDEAD]
 
 
+@pytest.mark.parametrize("n_tokens", [1, 63, 65, 130])
+def test_feed_sampled_takes_the_named_rows_only(gpu, kernels, n_tokens):
+    """ids[t] = sampled[src[t]] where src[t] is not 0xFFFFFFFF, for t < n_tokens only: the
+    numpy expectation over odd counts (one workgroup of 64 and a part of the next), the
+    ids past n_tokens untouched."""
+    r = rng(44 + n_tokens)
+    ids = r.integers(0, 1000, n_tokens + 3).astype(np.uint32)
+    src = np.where(r.random(n_tokens + 3) < 0.5, 0xFFFFFFFF,
+                   r.integers(0, 9, n_tokens + 3)).astype(np.uint32)
+    sampled = r.integers(1000, 2000, 9).astype(np.uint32)
+    bi, bs, bv = gpu.upload(ids), gpu.upload(src), gpu.upload(sampled)
+    gpu.stream.record([kernels.feed_sampled(bi, bs, bv, n_tokens)])
+    want = ids.copy()
+    fed = src[:n_tokens] != 0xFFFFFFFF
+    want[:n_tokens][fed] = sampled[src[:n_tokens][fed]]
+    assert 0 < fed.sum() < n_tokens or n_tokens == 1
+    assert np.array_equal(gpu.read(bi, np.uint32), want)
+
+
 @pytest.mark.parametrize("kernel,tiles", [
     ("matmul", ((1, 8),)), ("matmul", ((4, 8), (3, 16), (2, 32), (1, 1))),
     ("matmul_tiled", ()),

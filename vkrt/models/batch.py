@@ -38,9 +38,9 @@ input tensors are reallocated. Asynchronous scheduling (vkrt/serve/engine.py): a
 submitted while the one before is still running, its decodes naming that step's logit rows
 (`BatchInput.prev_rows`); each bucket then has two `StepInputs` and two recordings (phases
 0 and 1), the second taken while the first's step is not collected (`PendingStep`), so
-writing a step's inputs never waits for the GPU. Padded tokens are token 0 at position 0 of a scratch
-block-table row whose every block is the scratch slot's, so they write and read only that
-slot. More tokens of a role than the largest bucket (long prefill chunks) are recorded each
+writing a step's inputs never waits for the GPU. Padded tokens are token 0 at position 0
+of a scratch block-table row whose every block is the scratch slot's, so they write and read
+only that slot. More tokens of a role than the largest bucket (long prefill chunks) are recorded each
 step, unpadded.
 
 Batch invariance (what each family's `batch_step` keeps): a sequence's logits are
@@ -215,8 +215,8 @@ class PendingStep:
     `BatchOutput` (once; later calls return the same). Until then its step inputs stay
     reserved, so the next step is written into the bucket's other inputs."""
 
-    def __init__(self, owner, inputs: StepInputs, n_rows: int, readback=None):
-        self._owner, self._inputs, self.n_rows = owner, inputs, n_rows
+    def __init__(self, busy: dict, key, n_rows: int, readback=None):
+        self._busy, self._key, self.n_rows = busy, key, n_rows
         self._readback, self._output = readback, None
 
     @property
@@ -229,9 +229,8 @@ class PendingStep:
             argmax = (self._readback.get()[:R].copy() if R else np.zeros(0, np.uint32))
             self._output = BatchOutput(np.asarray(argmax, np.uint32), None)
             self._readback = None
-        if self._inputs is not None:
-            self._owner._busy_inputs.pop(id(self._inputs), None)
-            self._inputs = None
+        if self._busy.get(self._key) is self:
+            del self._busy[self._key]
         return self._output
 
 
@@ -245,7 +244,7 @@ class PagedBatch:
     _paged: PagedCache | None = None
     _step_inputs: dict | None = None      # bucket (or recorded T) -> StepInputs
     _batch_replays: dict | None = None    # (stream serial, shape, phase) -> Recording
-    _busy_inputs: dict = {}               # id() of a StepInputs -> its uncollected step
+    _busy_inputs: dict | None = None      # _step_inputs key -> its uncollected step
     _last_rows = 0                        # logit rows of the step submitted last (prev_rows < it)
 
     # -- what the family supplies (vkrt/models/llama_batch.py, vkrt/models/opt_batch.py) ---
@@ -582,7 +581,8 @@ class PagedBatch:
         T_b = D_b + P_b
         R_b = min(bucket(R), T_b) if replay else R
         shape = StepShape(D_b, P_b, R_b)
-        phase, inputs = self._inputs(T_b, replay)
+        inputs_key, inputs = self._inputs(T_b, replay)
+        phase = inputs_key[1]
         # Device row of each token: generated tokens from row 0, prompt tokens from row D_b,
         # each in their order; the padded rows between are scratch tokens.
         row = np.empty(T, np.int64)
@@ -634,7 +634,8 @@ class PagedBatch:
             s.record(records, flush_every=config.PREFILL_FLUSH.value if T_b > 1 else 0)
             readback = s.read_later(inputs.argmax.rows(0, R)) if R else None
             s.submit()
-        pending = self._busy_inputs[id(inputs)] = PendingStep(self, inputs, R, readback)
+        pending = PendingStep(self._busy_inputs, inputs_key, R, readback)
+        self._busy_inputs[inputs_key] = pending
         if want_logits:
             out = pending.result()
             out.logits = (s.read(a.logits.rows(0, R)) if R
@@ -655,15 +656,16 @@ class PagedBatch:
             records.append(Copy(inputs.argmax.rows(0, n), p.sampled.rows(0, n), "sampled"))
         return records
 
-    def _inputs(self, n_tokens: int, replayed: bool) -> tuple[int, StepInputs]:
-        """(phase, the step inputs) of a replayed step of n_tokens rows (two per count:
-        phase 0, or 1 while phase 0's are reserved by an uncollected step), or of a recorded
-        one (two kept, each the largest so far). With both reserved, phase 0's step is
-        waited for (`PendingStep.result`: its output stays with it)."""
+    def _inputs(self, n_tokens: int, replayed: bool) -> tuple[tuple, StepInputs]:
+        """(key: (count or "recorded", phase), the step inputs) of a replayed step of
+        n_tokens rows (two per count: phase 0, or 1 while phase 0's are reserved by an
+        uncollected step), or of a recorded one (two kept, each the largest so far). With
+        both reserved, phase 0's step is waited for (`PendingStep.result`: its output stays
+        with it)."""
         keys = [(n_tokens if replayed else "recorded", phase) for phase in (0, 1)]
-        free = [k for k in keys if id(self._step_inputs.get(k)) not in self._busy_inputs]
+        free = [k for k in keys if k not in self._busy_inputs]
         if not free:
-            self._busy_inputs[id(self._step_inputs[keys[0]])].result()
+            self._busy_inputs[keys[0]].result()
             free = keys[:1]
         key = free[0]
         cur = self._step_inputs.get(key)
@@ -672,4 +674,4 @@ class PagedBatch:
                 cur.close()
             cur = self._step_inputs[key] = StepInputs(self.device, n_tokens,
                                                       self._paged.table_width)
-        return key[1], cur
+        return key, cur

@@ -397,8 +397,8 @@ class Engine:
             self.step()
 
     def has_unfinished(self) -> bool:
-        """Requests wait or run, or a step is still in flight (engine thread, or under
-        `start(thread=False)` the caller's loop: `while engine.has_unfinished(): engine.step()`)."""
+        """Requests wait or run, or a step is still in flight. Under `start(thread=False)`
+        the caller steps until it is False: `while engine.has_unfinished(): engine.step()`."""
         return self._in_flight is not None or self.scheduler.has_unfinished()
 
     def _has_work(self) -> bool:

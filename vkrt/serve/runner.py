@@ -287,6 +287,7 @@ class SingleSequenceRunner:
         return RunnerStep(plan, [], self.execute(plan), overlaps=False)
 
     def collect(self, step: RunnerStep) -> dict[Sequence, tuple[int, str | None]]:
+        """The tokens `submit` computed already."""
         return step.pending
 
     def execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[int, str | None]]:
