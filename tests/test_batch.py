@@ -569,3 +569,48 @@ def steps_in_flight(llama, prompts, n_new):
         b.prev_rows = np.array([0, 1, 3], np.uint32)
         llama.submit_batch(b)
     return got
+
+
+def prefix_shared(model, prompts: dict[str, list[int]], shared: int, n_new: int):
+    """Prefix caching at the model's level (vkrt/serve/kv_cache.py): "a" is prefilled, then
+    "b"'s table starts with a's first `shared` blocks (its first shared * BLOCK_SIZE prompt
+    tokens are a's) and b computes only the rest, then decodes. Returns b's (logits of its
+    sampled rows, tokens)."""
+    pages = Pages(NUM_BLOCKS, BLOCK_SIZE, seed=3)
+    model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE)
+    a, b = prompts["a"], list(prompts["b"])
+    lens = {s: len(p) for s, p in prompts.items()}
+    step, _ = pages.step([("a", a, 0, True)], all_logits=False, prompt_len=lens)
+    model.execute_batch(step)
+    pages.blocks["b"] = pages.blocks["a"][:shared]
+    start, logits, tokens = shared * BLOCK_SIZE, {}, []
+    while len(tokens) < n_new:
+        step, rows = pages.step([("b", b[start:], start, True)], all_logits=False,
+                                prompt_len=lens)
+        out = model.execute_batch(step, want_logits=True)
+        logits[rows[0]] = out.logits[0]
+        tokens.append(int(out.argmax[0]))
+        start = len(b)
+        b.append(tokens[-1])
+    return logits, tokens
+
+
+@pytest.mark.parametrize("which", ["smollm2", "qwen2"])
+def test_a_cached_prefix_gives_the_bits_of_computing_it(which, request):
+    """A sequence whose first prompt blocks were computed by another sequence's prefill (the
+    serving engine's prefix cache hands them over) gets the logits, bit for bit, of
+    computing its whole prompt alone: a prompt token's K and V do not depend on the
+    sequence or step that computed them."""
+    model = request.getfixturevalue("llama" if which == "smollm2" else "qwen2")
+    rng = np.random.default_rng(5)
+    head = [int(t) for t in rng.integers(1, 200, 2 * BLOCK_SIZE + 1)]
+    prompts = {"a": head + [7, 8, 9, 10, 11], "b": head + [12, 13]}
+    n_new = 2 if which == "smollm2" else 4
+    want_logits, want = run_schedule(model, alone("b"), {"b": prompts["b"]}, n_new,
+                                     all_logits=False)
+    for shared in (1, 2):
+        logits, tokens = prefix_shared(model, prompts, shared, n_new)
+        assert tokens == want["b"], shared
+        assert logits.keys() == want_logits.keys()
+        for key in logits:
+            assert np.array_equal(logits[key], want_logits[key]), (shared, key)

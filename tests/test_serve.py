@@ -85,6 +85,8 @@ def served(chat_folder, device):
     chat_ids = model.checkpoint.encode("Hi there", chat=True)
     refs["chat"] = "".join(model.generate(chat_ids, max_tokens=12))
     refs["chat4"] = "".join(model.generate(chat_ids, max_tokens=4))
+    refs["long_ids"] = (refs["ids"] * 40)[:40]          # 2 whole KV blocks of 16, and 8
+    refs["long"] = "".join(model.generate(refs["long_ids"], max_tokens=8))
     engine = Engine(model, max_queue=1).start()
     server = Server(engine, NAME)
     server.refs = refs
@@ -147,6 +149,21 @@ def test_greedy_completion_equals_generate_streamed_or_not(srv):
     # Token ids in, the same text out.
     assert complete(srv.client, prompt=srv.refs["ids"], max_tokens=24).choices[0].text == \
         expected
+
+
+def test_prefix_cache_hit_reported_in_usage_with_the_same_text(srv):
+    """The same 40-token prompt twice: the second takes its first two KV blocks (32
+    positions) from the prefix cache, says so in `usage.prompt_tokens_details`, and its
+    text is still `generate`'s."""
+    ids = srv.refs["long_ids"]
+    first = complete(srv.client, prompt=ids, max_tokens=8)
+    assert first.choices[0].text == srv.refs["long"]
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    texts, _, chunks = streamed(complete(srv.client, prompt=ids, max_tokens=8, stream=True,
+                                         stream_options={"include_usage": True}))
+    assert texts == {0: srv.refs["long"]}
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 32
+    assert chunks[-1].usage.prompt_tokens == 40
 
 
 def test_include_usage_sends_a_last_usage_chunk(srv):
@@ -407,18 +424,22 @@ def serve_cli(*args):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_serves_and_stops_on_a_signal(chat_folder, sig):
-    sync = sig == signal.SIGINT        # and --sync-scheduling, named on the startup line
+    # and --sync-scheduling --no-prefix-caching, named on the startup line
+    sync = sig == signal.SIGINT
     p = serve_cli("--model", chat_folder, "--port", "0", "--max-queue", "1",
-                  *(["--sync-scheduling"] if sync else []))
+                  *(["--sync-scheduling", "--no-prefix-caching"] if sync else []))
     try:
         line = p.stderr.readline()
         assert line.startswith("vkrt: serving opt-chat "), line + p.stderr.read()
         assert f" {'synchronous' if sync else 'asynchronous'} scheduling, " in line, line
+        assert f" prefix caching {'off' if sync else 'on'}, " in line, line
         url = line.split(" on ")[-1].strip()
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
-        r = client.completions.create(model="opt-chat", prompt=PROMPT, max_tokens=3,
-                                      temperature=0)
-        assert r.usage.completion_tokens == 3
+        for cached in (0, 0 if sync else 16):     # a prompt of 2 KV blocks of 16, twice
+            r = client.completions.create(model="opt-chat", prompt=list(range(4, 36)),
+                                          max_tokens=3, temperature=0)
+            assert r.usage.completion_tokens == 3
+            assert r.usage.prompt_tokens_details.cached_tokens == cached
         p.send_signal(sig)
         _, err = p.communicate(timeout=30)
     finally:

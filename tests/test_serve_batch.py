@@ -86,6 +86,62 @@ def test_kv_manager_allocates_frees_and_refuses_when_short():
     kv.check()
 
 
+class _Prompt:
+    """A sequence as the manager sees it: prompt ids, generated ids, computed positions."""
+
+    def __init__(self, prompt, generated=()):
+        self.token_ids = list(prompt) + list(generated)
+        self.num_prompt_tokens = len(prompt)
+        self.num_computed_tokens = 0
+
+
+def admit(kv: KVCacheManager, seq: _Prompt) -> list[int]:
+    """As the scheduler admits: the cached prefix, then the rest, then its blocks cached."""
+    cached = kv.cached_prefix(seq)
+    assert kv.allocate_slots(seq, len(seq.token_ids) - len(cached) * kv.block_size, cached)
+    kv.cache_blocks(seq, len(seq.token_ids))
+    seq.num_computed_tokens = len(seq.token_ids)
+    kv.check()
+    return cached
+
+
+def test_kv_manager_caches_full_prompt_blocks_by_their_whole_prefix():
+    """Prefix caching's bookkeeping: full prompt blocks are cached under a key that chains
+    their whole prefix; a later prompt takes the longest cached prefix but never its last
+    token's block; generated tokens' blocks are not cached; a cached block shared by two
+    tables is counted twice and freed once both let go; freed cached blocks are handed out
+    after the uncached ones, and evicted then."""
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    head = [1, 2, 3, 4, 5, 6, 7, 8]
+    a = _Prompt(head + [9, 10], generated=[11, 12, 13, 14, 15, 16])
+    assert admit(kv, a) == [] and kv.num_cached_blocks == 2   # [9, 10, 11, 12] holds outputs
+    b = _Prompt(head + [20, 21, 22])
+    assert admit(kv, b) == kv.block_table(a)[:2] and kv.num_hit_tokens == 8
+    assert kv.num_allocated_blocks == 4 + 1 and kv.num_cached_blocks == 2
+    assert kv.cached_prefix(_Prompt(head)) == kv.block_table(a)[:1]     # its last token's: no
+    assert kv.cached_prefix(_Prompt(head + [0])) == kv.block_table(a)[:2]
+    assert kv.cached_prefix(_Prompt([5, 6, 7, 8, 1])) == []    # a's second block, other parent
+    assert kv.cached_prefix(_Prompt([1, 2, 3, 4, 1, 2, 3, 4, 0])) == kv.block_table(a)[:1]
+    assert kv.free(a) == 4 and kv.num_free_blocks == 10 - 3    # the shared two stay b's
+    assert kv.free(b) == 3 and kv.num_free_blocks == 10 and kv.num_cached_blocks == 2
+    assert kv.num_allocations == kv.num_frees
+    again = _Prompt(head + [30])
+    assert admit(kv, again) == kv.block_table(again)[:2]       # out of the pool, still cached
+    kv.free(again)
+    # The 8 uncached blocks go first; the 9th evicts a cached one: the prefix's tail.
+    head_block = kv.cached_prefix(_Prompt(head + [0]))[:1]
+    big = _Prompt(list(range(100, 133)))
+    admit(kv, big)
+    assert kv.num_evictions == 1 and kv.cached_prefix(_Prompt(head + [0])) == head_block
+    kv.free(big)
+    off = KVCacheManager(num_blocks=4, block_size=4, prefix_caching=False)
+    admit(off, _Prompt(head + [1]))
+    assert off.num_cached_blocks == 0 and off.cached_prefix(_Prompt(head + [1])) == []
+    kv.reset_prefix_cache()
+    assert kv.num_cached_blocks == 0 and kv.cached_prefix(_Prompt(list(range(100, 133)))) == []
+    kv.check()
+
+
 # -- the engine: batch invariance, chunked prefill, admission, abort -----------------------
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
@@ -188,15 +244,18 @@ def test_admission_waits_for_blocks_and_refuses_what_never_fits():
     assert engine.load()["waiting"] == 0
 
 
+@pytest.mark.parametrize("prefix_caching", [True, False], ids=["cached", "uncached"])
 @pytest.mark.parametrize("sampled", [True, False], ids=["with-sampled", "greedy"])
-def test_preemption_by_recompute_keeps_every_sequence_exact(sampled):
+def test_preemption_by_recompute_keeps_every_sequence_exact(sampled, prefix_caching):
     """8 blocks of 4 slots (32 positions) for sequences that grow to 8 + 14 - 1 = 21
     positions each: once they outgrow the pool the latest admitted is preempted, its
     blocks freed, and it recomputes prompt + output later. Greedy and seeded sampled
     sequences still equal their alone runs token for token; nothing leaks. Greedy only,
     every step overlaps the next (asynchronous scheduling): a sequence is preempted while
-    the step that samples its last token is in flight, and recomputes with that token."""
-    engine = engine_of(max_batch=4, block_size=4, kv_blocks=8, max_batched_tokens=8)
+    the step that samples its last token is in flight, and recomputes with that token.
+    With prefix caching, a preempted sequence may take its own prompt blocks back."""
+    engine = engine_of(max_batch=4, block_size=4, kv_blocks=8, max_batched_tokens=8,
+                       prefix_caching=prefix_caching)
     prompts = [[i + 1] * 8 for i in range(3)]
     sinks = [Collect() for _ in range(4)]
     for p, sink in zip(prompts, sinks):
@@ -213,6 +272,78 @@ def test_preemption_by_recompute_keeps_every_sequence_exact(sampled):
                                    for i in (0, 1)}
     else:
         assert engine.runner.fed_tokens > 0
+    assert_no_block_leaked(engine)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_prefix_cache_hits_give_each_request_its_alone_tokens(async_scheduling):
+    """Prompts that share leading blocks (a system prompt, a conversation's history, `n`
+    choices of one prompt): later ones take the cached blocks and compute the rest, and
+    every request still gets exactly its tokens alone (the fake model's logits hash each
+    position's (id, position, role) history, so a wrong block changes them). Cases: a hit
+    after the first request finished; `n` = 3, whose choices 1 and 2 take choice 0's blocks
+    in the step that computes them; the same prompt again, a whole number of blocks (its
+    last block is computed again); a block with a cached block's ids at another place in
+    the prompt (no hit); a prompt computed in chunks over several steps."""
+    engine = engine_of(max_batch=4, block_size=4, max_batched_tokens=16,
+                       async_scheduling=async_scheduling)
+    system = [5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
+    cases = [(system + [1, 2, 3], {}), (system + [4, 4], {"n": 3}), (system[:8], {}),
+             (system[:8], {}), (system[4:8] + system[:4] + [1], {}),
+             (system + list(range(10, 40)), {}), (system + list(range(10, 40)) + [1], {}),
+             (list(range(50, 63)), {"n": 3})]
+    # A conversation's next turn: its first prompt, the reply, a new message. The reply's
+    # positions were generated tokens (another role): only the first prompt's blocks hit.
+    turn = system + [1, 2, 3]
+    cases.append((turn + reference(turn, 6) + [7, 7], {}))
+    sinks, hits, cached = [], [], []
+    for prompt, kw in cases:
+        sink = Collect()
+        before = engine.kv.num_hit_tokens
+        engine.add_request(prompt, SamplingParams(max_tokens=6, **kw), sink)
+        run_to_end(engine)
+        hits.append(engine.kv.num_hit_tokens - before)
+        sinks.append(sink)
+        for i in range(kw.get("n", 1)):
+            assert sink.tokens[i] == reference(prompt, 6), (prompt, i)
+        cached.append(sink.outs[-1].cached_tokens)
+    # system[:8] is two blocks: the second time only its first is taken. Every choice of
+    # the first n = 3 takes the system prompt's two blocks (the third is its last token's);
+    # of the second, choices 1 and 2 take the three blocks choice 0 computes in their step.
+    assert hits == [0, 3 * 8, 4, 4, 0, 8, 40, 2 * 12, 12], hits
+    assert cached == [0, 8, 4, 4, 0, 8, 40, 0, 12], cached     # the first choice's
+    assert engine.load()["prefix_cache_hit_tokens"] == sum(hits)
+    assert engine.load()["kv_cached_blocks"] == engine.kv.num_cached_blocks > 0
+    assert_no_block_leaked(engine)
+
+
+def test_prefix_cache_off_and_reset_by_a_failed_step():
+    """`prefix_caching=False` takes nothing from the cache; a step that fails leaves the
+    blocks it was to fill empty, so the cache forgets its keys (a later prompt that takes
+    them would read unwritten slots: the fake model raises)."""
+    off = engine_of(max_batch=2, block_size=4, prefix_caching=False)
+    for _ in range(2):
+        sink = Collect()
+        off.add_request(list(range(1, 12)), SamplingParams(max_tokens=3), sink)
+        run_to_end(off)
+        assert sink.tokens[0] == reference(list(range(1, 12)), 3)
+    assert off.kv.num_hit_tokens == 0 and off.kv.num_cached_blocks == 0
+    engine = engine_of(max_batch=2, block_size=4)
+    lm, submit = engine.model.lm, engine.model.lm.submit_batch
+
+    def broken(batch, want_logits=False):
+        raise RuntimeError("device lost")
+
+    lm.submit_batch = broken
+    a = Collect()
+    engine.add_request(list(range(1, 12)), SamplingParams(max_tokens=3), a)
+    engine.step()
+    assert a.outs[-1].finish_reason == "error"
+    lm.submit_batch = submit
+    b = Collect()
+    engine.add_request(list(range(1, 12)), SamplingParams(max_tokens=3), b)
+    run_to_end(engine)
+    assert b.tokens[0] == reference(list(range(1, 12)), 3) and engine.kv.num_hit_tokens == 0
     assert_no_block_leaked(engine)
 
 

@@ -245,7 +245,8 @@ def _serve(args) -> int:
     try:
         engine = Engine(model, args.max_queue, args.max_batch, args.kv_blocks, args.block_size,
                         args.max_batched_tokens, args.kv_cache_dtype,
-                        async_scheduling=not args.sync_scheduling)
+                        async_scheduling=not args.sync_scheduling,
+                        prefix_caching=not args.no_prefix_caching)
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         log = logging.getLogger("vkrt.serve")
@@ -266,7 +267,8 @@ def _serve(args) -> int:
             batching = (f"batches of up to {engine.max_batch} sequences, "
                         f"{engine.scheduler.max_num_batched_tokens} tokens a step, "
                         f"{'asynchronous' if engine.async_scheduling else 'synchronous'} "
-                        "scheduling, generated "
+                        f"scheduling, prefix caching {'off' if args.no_prefix_caching else 'on'}, "
+                        "generated "
                         f"tokens' products on {decode}, KV cache "
                         f"{kv.num_blocks} blocks of {kv.block_size} "
                         f"({kv.num_blocks * kv.block_size} positions, "
@@ -544,6 +546,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="collect every step before scheduling the next (default: a step "
                         "whose tokens are all greedy stays in flight while the next is "
                         "scheduled and submitted; the tokens are the same)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="compute every prompt whole (default: full KV blocks of prompts "
+                        "stay cached, and a later prompt that starts with the same tokens "
+                        "computes only the rest; the tokens are the same)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the file or folder name)")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,

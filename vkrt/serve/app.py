@@ -163,15 +163,16 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
                 reasons[out.index] = out.finish_reason
             if out.request_finished:
                 return JSONResponse(protocol.response(parsed, model_name, texts, reasons,
-                                                      n_prompt, out.completion_tokens))
+                                                      n_prompt, out.completion_tokens,
+                                                      out.cached_tokens))
 
     async def events(parsed: ParsedRequest, outputs: asyncio.Queue, n_prompt: int):
         chat_kind = parsed.kind == "chat"
         started = set()
-        completion_tokens = 0
+        completion_tokens = cached_tokens = 0
         while True:
             out = await outputs.get()
-            completion_tokens = out.completion_tokens
+            completion_tokens, cached_tokens = out.completion_tokens, out.cached_tokens
             if out.finish_reason in (ERROR, ABORT):
                 message = (f"generation failed: {out.error}" if out.finish_reason == ERROR
                            else "the request was cancelled (server shutting down)")
@@ -190,7 +191,7 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
                 break
         if parsed.include_usage:
             yield protocol.sse(protocol.usage_chunk(parsed, model_name, n_prompt,
-                                                    completion_tokens))
+                                                    completion_tokens, cached_tokens))
         yield protocol.sse("[DONE]")
 
     async def models(request: Request):

@@ -134,15 +134,17 @@ class Engine:
     or "f16": K and V rounded to f16 as they are stored, half the bytes; `KV_CACHE_DTYPES`),
     allocated here, so a cache that does not fit raises VkrtError now rather than failing
     every request. async_scheduling: a greedy step stays in flight while the next is
-    scheduled (the module docstring). Without one it runs one sequence at a time
+    scheduled (the module docstring). prefix_caching: full prompt blocks stay cached for
+    later prompts that start with the same tokens (kv_cache.py; the tokens are the same
+    either way). Without one it runs one sequence at a time
     (`runner.SingleSequenceRunner`); max_batch must then be None or 1, the other three None
-    and kv_cache_dtype "f32". Raises VkrtError for a value out of range or a KV
+    and kv_cache_dtype "f32" (prefix_caching has nothing to cache there). Raises VkrtError for a value out of range or a KV
     cache that cannot be allocated."""
 
     def __init__(self, model, max_queue: int = 16, max_batch: int | None = None,
                  kv_blocks: int | None = None, block_size: int | None = None,
                  max_batched_tokens: int | None = None, kv_cache_dtype: str = "f32",
-                 async_scheduling: bool = True):
+                 async_scheduling: bool = True, prefix_caching: bool = True):
         self.model = model
         self.async_scheduling = bool(async_scheduling)
         self._in_flight = None      # the submitted step not collected yet (RunnerStep)
@@ -183,7 +185,7 @@ class Engine:
                     kv_blocks = min(want, fit)
                     if kv_blocks < want:
                         self.kv_capped_from = want
-            self.kv = KVCacheManager(kv_blocks, block_size)
+            self.kv = KVCacheManager(kv_blocks, block_size, prefix_caching)
             if max_batched_tokens is None:
                 max_batched_tokens = max(DEFAULT_MAX_BATCHED_TOKENS, self.max_batch)
             elif not (isinstance(max_batched_tokens, int)
@@ -319,14 +321,18 @@ class Engine:
 
     def load(self) -> dict:
         """The scheduler's occupancy now: {"running", "waiting"} (requests), "running_seqs",
-        "max_queue", "max_batch", and with a paged KV cache "kv_blocks", "kv_free_blocks"."""
+        "max_queue", "max_batch", and with a paged KV cache "kv_blocks", "kv_free_blocks",
+        "kv_cached_blocks" (prefix caching: cached blocks, in tables or free) and
+        "prefix_cache_hit_tokens" (prompt positions taken from the cache so far)."""
         with self._cond:
             s = self.scheduler
             out = {"running": s.num_running_requests(), "waiting": s.num_waiting_requests(),
                    "running_seqs": len(s.running), "max_queue": s.max_queue,
                    "max_batch": self.max_batch}
             if self.kv is not None:
-                out.update(kv_blocks=self.kv.num_blocks, kv_free_blocks=self.kv.num_free_blocks)
+                out.update(kv_blocks=self.kv.num_blocks, kv_free_blocks=self.kv.num_free_blocks,
+                           kv_cached_blocks=self.kv.num_cached_blocks,
+                           prefix_cache_hit_tokens=self.kv.num_hit_tokens)
             return out
 
     def start(self, thread: bool = True) -> "Engine":
@@ -455,6 +461,9 @@ class Engine:
         log.exception("engine step failed")
         outputs = []
         with self._cond:
+            if self.kv is not None:
+                # The blocks the step was to fill may hold nothing: no later prompt takes them.
+                self.kv.reset_prefix_cache()
             failed = {id(q.request): q.request for q in plan.seqs}
             for request in failed.values():
                 if request.finished:
@@ -503,7 +512,8 @@ class Engine:
             reason = STOP
         out = RequestOutput(request.request_id, seq.index, delta, [token],
                             prompt_tokens=len(request.prompt_ids),
-                            completion_tokens=request.completion_tokens)
+                            completion_tokens=request.completion_tokens,
+                            cached_tokens=request.cached_tokens)
         if reason is None:
             return out
         out.finished, out.finish_reason = True, reason
@@ -540,4 +550,4 @@ class Engine:
         index = max((q.index for q in request.seqs), default=0)
         return RequestOutput(request.request_id, index, "", [], True, reason, True,
                              len(request.prompt_ids), request.completion_tokens,
-                             ttft_s=ttft, tpot_s=tpot)
+                             ttft_s=ttft, tpot_s=tpot, cached_tokens=request.cached_tokens)

@@ -233,9 +233,12 @@ def parse_chat(body: Any) -> ParsedRequest:
 
 # -- responses ------------------------------------------------------------------------------
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: the prompt positions
+    the prefix cache held (vkrt/serve/kv_cache.py)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _head(req: ParsedRequest, model: str, chunk: bool) -> dict:
@@ -248,7 +251,7 @@ def _head(req: ParsedRequest, model: str, chunk: bool) -> dict:
 
 
 def response(req: ParsedRequest, model: str, texts: list[str], reasons: list[str],
-             prompt_tokens: int, completion_tokens: int) -> dict:
+             prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     """The whole (non-streamed) response: one choice per generated sequence."""
     out = _head(req, model, chunk=False)
     if req.kind == "chat":
@@ -258,7 +261,7 @@ def response(req: ParsedRequest, model: str, texts: list[str], reasons: list[str
     else:
         out["choices"] = [{"index": i, "text": t, "logprobs": None, "finish_reason": r}
                           for i, (t, r) in enumerate(zip(texts, reasons))]
-    out["usage"] = usage(prompt_tokens, completion_tokens)
+    out["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return out
 
 
@@ -288,11 +291,11 @@ def chunk(req: ParsedRequest, model: str, index: int, text: str | None,
 
 
 def usage_chunk(req: ParsedRequest, model: str, prompt_tokens: int,
-                completion_tokens: int) -> dict:
+                completion_tokens: int, cached_tokens: int = 0) -> dict:
     """The last chunk with stream_options.include_usage: empty `choices`, the `usage`."""
     out = _head(req, model, chunk=True)
     out["choices"] = []
-    out["usage"] = usage(prompt_tokens, completion_tokens)
+    out["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return out
 
 

@@ -74,6 +74,8 @@ class RequestOutput:
     (max_tokens or the context), "abort" or "error" (then `error` holds the message).
     request_finished: the last output of the request (all `n` sequences done).
     prompt_tokens / completion_tokens: counts so far (completion summed over sequences).
+    cached_tokens: of the prompt, the positions taken from the prefix cache (the first
+    sequence's first admission; 0 before it).
     ttft_s, tpot_s: time to first token (from arrival) and mean time per output token after
     the first, seconds, on the request's last output (None before)."""
     request_id: str
@@ -87,6 +89,7 @@ class RequestOutput:
     completion_tokens: int = 0
     error: str | None = None
     ttft_s: float | None = None
+    cached_tokens: int = 0
     tpot_s: float | None = None
 
 
@@ -118,6 +121,12 @@ class Request:
         return all(s.status is RequestStatus.FINISHED for s in self.seqs)
 
     @property
+    def cached_tokens(self) -> int:
+        """Prompt positions the first sequence's first admission took from the prefix
+        cache (0 before it is admitted)."""
+        return self.seqs[0].num_cached_tokens or 0
+
+    @property
     def max_tokens(self) -> int:
         """Tokens this request may generate per sequence (params.max_tokens, filled in by
         the engine when None)."""
@@ -132,11 +141,14 @@ class Sequence:
 
     token_ids: the prompt's ids, then each generated id as it is sampled.
     num_computed_tokens: leading positions of `token_ids` whose K/V are in the cache; the
-    sequence is in prefill while fewer than the prompt's, decodes one token a step after."""
+    sequence is in prefill while fewer than the prompt's, decodes one token a step after.
+    num_cached_tokens: of its prompt, the positions its first admission took from the
+    prefix cache instead of computing them (None before it is admitted)."""
     request: Request
     index: int
     token_ids: list[int]
     num_computed_tokens: int = 0
+    num_cached_tokens: int | None = None
     status: RequestStatus = RequestStatus.WAITING
 
     @property

@@ -1,5 +1,5 @@
 """Continuous batching: which sequences run in one engine step, and how many of their tokens
-(vLLM v1's vllm/v1/core/sched/scheduler.py, reduced: no prefix caching, no priorities).
+(vLLM v1's vllm/v1/core/sched/scheduler.py, reduced: no priorities).
 
 Every `schedule()` builds one step under a token budget (`max_num_batched_tokens`) and a
 sequence limit (`max_num_seqs`), in this order:
@@ -10,7 +10,13 @@ sequence limit (`max_num_seqs`), in this order:
    than the budget left is split over several steps; also a sequence recomputing after a
    preemption);
 3. admissions, unless this step preempted: waiting sequences, first come first served,
-   while a sequence slot, budget and KV blocks for their first chunk are left.
+   while a sequence slot, budget and KV blocks for their first chunk are left. A sequence
+   whose prompt starts with blocks the KV-cache manager has cached (prefix caching,
+   vkrt/serve/kv_cache.py) takes them and starts computing after them.
+
+Every full prompt block a step computes is cached as the step is scheduled, so a sequence
+admitted later in the same step (another of the same request's `n`) can take it: in a
+step, every token's K/V are written before any attention reads them.
 
 A sequence samples a token in a step only when that step's chunk reaches its last token.
 Once the step is submitted, `on_submitted` advances `num_computed_tokens` and appends
@@ -215,6 +221,7 @@ class Scheduler:
                         break
                 if seq.status is not RequestStatus.RUNNING:
                     continue
+                self.kv.cache_blocks(seq, seq.num_computed_tokens + n)
             out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
             scheduled.add(id(seq))
             budget -= n
@@ -222,9 +229,18 @@ class Scheduler:
         while (self.waiting and self.num_preemptions == preemptions_before
                and len(self.running) < self.max_num_seqs and budget > 0):
             seq = self.waiting[0]
-            n = int(min(seq.num_tokens - seq.num_computed_tokens, budget))
-            if self.kv is not None and not self.kv.allocate_slots(seq, n):
-                break            # first come, first served: later ones wait behind it
+            # A waiting sequence has nothing computed (`_preempt`) but what the prefix
+            # cache holds.
+            cached = [] if self.kv is None else self.kv.cached_prefix(seq)
+            start = len(cached) * self.kv.block_size if cached else seq.num_computed_tokens
+            n = int(min(seq.num_tokens - start, budget))
+            if self.kv is not None:
+                if not self.kv.allocate_slots(seq, n, cached):
+                    break        # first come, first served: later ones wait behind it
+                seq.num_computed_tokens = start
+                self.kv.cache_blocks(seq, start + n)
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = seq.num_computed_tokens
             self.waiting.popleft()
             seq.status = seq.request.status = RequestStatus.RUNNING
             self.running.append(seq)
