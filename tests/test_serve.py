@@ -31,8 +31,9 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 class Server:
     """uvicorn serving `build_app(engine, name)` on 127.0.0.1:<free port> in a thread."""
 
-    def __init__(self, engine, name):
-        config = uvicorn.Config(build_app(engine, name), host="127.0.0.1", port=0,
+    def __init__(self, engine, name, api_key=None):
+        config = uvicorn.Config(build_app(engine, name, api_key=api_key), host="127.0.0.1",
+                                port=0,
                                 log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -391,6 +392,40 @@ def test_engine_from_python(srv, served):
     assert wait_for(lambda: engine.stats["aborted"] == aborted + 1)
 
 
+def test_api_key_required_on_v1_routes_not_health(served):
+    """With an API key, each /v1 route answers 401 (OpenAI's `invalid_api_key`, before the
+    body is read) to a request without `Authorization: Bearer <key>` or with another key,
+    and serves one with it; /health stays open."""
+    _, engine, _ = served
+    server = Server(engine, NAME, api_key="s3cret")
+    server.refs = served[2].refs
+    try:
+        base = server.url + "/v1"
+        for path, body in (("/completions", {"prompt": PROMPT, "max_tokens": 1}),
+                           ("/chat/completions",
+                            {"messages": [{"role": "user", "content": "Hi"}]}),
+                           ("/models", None)):
+            status, err = raw(base + path, body)
+            assert status == 401 and err["error"]["code"] == "invalid_api_key", (path, err)
+        status, _ = raw(base + "/completions", b"not json")      # refused before parsing
+        assert status == 401
+        basic = urllib.request.Request(base + "/models",
+                                       headers={"Authorization": "Basic s3cret"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(basic, timeout=30)
+        assert e.value.code == 401
+        wrong = openai.OpenAI(base_url=base, api_key="s3cre", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+        right = openai.OpenAI(base_url=base, api_key="s3cret", max_retries=0, timeout=60)
+        assert [m.id for m in right.models.list()] == [NAME]
+        r = right.completions.create(model=NAME, prompt=PROMPT, max_tokens=3, temperature=0)
+        assert r.choices[0].text == "".join(server.refs["greedy"][:3])
+        assert raw(server.url + "/health")[0] == 200
+    finally:
+        server.stop()
+
+
 # -- the default model, once ---------------------------------------------------------------
 
 def test_default_model_greedy_equals_generate(default_model_path, device):
@@ -417,24 +452,30 @@ def test_default_model_greedy_equals_generate(default_model_path, device):
 
 # -- `vkrt serve` as a user runs it ---------------------------------------------------------
 
-def serve_cli(*args):
+def serve_cli(*args, env=None):
     return subprocess.Popen([sys.executable, "-m", "vkrt.cli", "serve", *args],
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=None if env is None else {**os.environ, **env})
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_serves_and_stops_on_a_signal(chat_folder, sig):
     # and --sync-scheduling --no-prefix-caching, named on the startup line
     sync = sig == signal.SIGINT
+    # and without them an API key from VKRT_API_KEY
     p = serve_cli("--model", chat_folder, "--port", "0", "--max-queue", "1",
-                  *(["--sync-scheduling", "--no-prefix-caching"] if sync else []))
+                  *(["--sync-scheduling", "--no-prefix-caching"] if sync else []),
+                  env=None if sync else {"VKRT_API_KEY": "k3y"})
     try:
         line = p.stderr.readline()
         assert line.startswith("vkrt: serving opt-chat "), line + p.stderr.read()
         assert f" {'synchronous' if sync else 'asynchronous'} scheduling, " in line, line
         assert f" prefix caching {'off' if sync else 'on'}, " in line, line
+        assert (", API key required)" in line) != sync, line
         url = line.split(" on ")[-1].strip()
-        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=url, api_key="none" if sync else "k3y", max_retries=0,
+                               timeout=60)
+        assert raw(url + "/models")[0] == (200 if sync else 401)
         for cached in (0, 0 if sync else 16):     # a prompt of 2 KV blocks of 16, twice
             r = client.completions.create(model="opt-chat", prompt=list(range(4, 36)),
                                           max_tokens=3, temperature=0)
@@ -475,6 +516,7 @@ def test_cli_sigterm_cancels_a_running_stream_and_exits_0(chat_folder):
     (["--port", "70000"], ["--port", "70000"]),
     (["--model", "/nonexistent/model.gguf"], ["/nonexistent/model.gguf"]),
     (["--host", "256.1.1.1"], ["256.1.1.1"]),
+    (["--api-key", " "], ["--api-key", "VKRT_API_KEY", "must not be empty"]),
     (["--max-batch", "4", "--max-batched-tokens", "2"], ["--max-batched-tokens", "(4)"]),
     (["--kv-blocks", "100000000"], ["100000000 blocks of 16 token slots, f32",
                                     "cannot be allocated: 100000000 blocks",

@@ -230,6 +230,9 @@ def _serve(args) -> int:
         raise VkrtError(f"--port must be from 0 to 65535, got {args.port}")
     if not args.shutdown_timeout >= 0:
         raise VkrtError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    api_key = args.api_key if args.api_key is not None else config.API_KEY.value
+    if api_key is not None and not api_key.strip():
+        raise VkrtError("--api-key (or VKRT_API_KEY) must not be empty or blank")
     path = args.model or default_model_path()
     name = args.served_model_name or os.path.splitext(os.path.basename(
         os.path.normpath(path)))[0]
@@ -252,7 +255,8 @@ def _serve(args) -> int:
         log = logging.getLogger("vkrt.serve")
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-        server = draining_server(engine, build_app(engine, name, owns_engine=True),
+        server = draining_server(engine, build_app(engine, name, owns_engine=True,
+                                                   api_key=api_key),
                                  args.shutdown_timeout, log_level="info")
         host, port = sock.getsockname()[:2]
         if engine.kv is None:
@@ -278,7 +282,8 @@ def _serve(args) -> int:
                              "fits the device's memory")
             batching += ")"
         print(f"vkrt: serving {name} ({model.family}, context {model.hparams.n_ctx} tokens, "
-              f"{batching}, --max-queue {args.max_queue}) on "
+              f"{batching}, --max-queue {args.max_queue}"
+              f"{', API key required' if api_key is not None else ''}) on "
               f"http://{host}:{port}/v1", file=sys.stderr, flush=True)
         # uvicorn raises the signal it stopped on again once it is done: let it land here.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -550,6 +555,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="compute every prompt whole (default: full KV blocks of prompts "
                         "stay cached, and a later prompt that starts with the same tokens "
                         "computes only the rest; the tokens are the same)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every /v1 request (HTTP 401 "
+                        "without it; default: $VKRT_API_KEY, else none); /health stays open")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the file or folder name)")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,

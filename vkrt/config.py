@@ -186,5 +186,10 @@ COOPMAT: Switch[str] = Switch(
     "2 tokens or more (refused on a device without a shape); 0 never (the f32 tiled kernel; the "
     "batched runner's products take `matmul` where its table names matmul_coop).")
 
+API_KEY: Switch[str | None] = Switch(
+    "VKRT_API_KEY", str, None,
+    "the key `vkrt serve` requires of every /v1 request as `Authorization: Bearer KEY` (HTTP "
+    "401 without it); `--api-key` overrides; unset: none required. /health stays open.")
+
 ALL = (DEVICE, VALIDATION, MODEL, PROFILE, FENCE_TIMEOUT_S, BARRIERS, INFLIGHT, TIMESTAMPS,
-       REPLAY, FUSE, XQ, PREFILL_FLUSH, COOPMAT)
+       REPLAY, FUSE, XQ, PREFILL_FLUSH, COOPMAT, API_KEY)

@@ -5,8 +5,10 @@ response; true: server-sent events `data: {chunk}` ending with `data: [DONE]`), 
 /v1/models, GET /health (`Engine.load()`: running and waiting requests, running sequences,
 free KV blocks where the cache is paged). Errors are OpenAI's error object
 (`protocol.ProtocolError.body`) with status 400 (a bad field, named in `param`; a prompt
-past the context or past the whole paged KV cache, before any event is sent), 404 (an unknown model or route), 429 (the waiting queue is full), 503 (the
-engine is shutting down), 500 (a failure inside the engine).
+past the context or past the whole paged KV cache, before any event is sent), 401 (an
+`api_key` was set and the request's `Authorization: Bearer` header does not carry it), 404
+(an unknown model or route), 429 (the waiting queue is full), 503 (the engine is shutting
+down), 500 (a failure inside the engine).
 
 The event loop never waits for the GPU: the engine thread hands each output over with
 `loop.call_soon_threadsafe` into an `asyncio.Queue` per request. A streamed request whose
@@ -16,6 +18,7 @@ and KV blocks free within a step; a non-streamed one is checked for a disconnect
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from contextlib import asynccontextmanager
@@ -58,11 +61,24 @@ class _EventStream(StreamingResponse):
             self._on_close()
 
 
-def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Starlette:
+def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
+              api_key: str | None = None) -> Starlette:
     """The app serving `engine`'s model as `model_name` (the id clients send as `model`).
     owns_engine: start the engine when the app starts and shut it down (aborting what is
-    left) when the app stops (ASGI lifespan)."""
+    left) when the app stops (ASGI lifespan). api_key: every /v1 request must send
+    `Authorization: Bearer <api_key>` (else 401, before its body is read; compared in
+    constant time); None: no key. /health needs none."""
     created = int(time.time())
+    key = None if api_key is None else api_key.encode()
+
+    def authorize(request: Request) -> None:
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
+            raise ProtocolError("missing or incorrect API key: send 'Authorization: Bearer "
+                                "<key>', the key vkrt serve was given (--api-key)",
+                                status=401, code="invalid_api_key")
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
@@ -91,6 +107,7 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
                 f"of {n_ctx} tokens", param=field, code="context_length_exceeded")
 
     async def completions(request: Request):
+        authorize(request)
         parsed = protocol.parse_completion(await body_of(request))
         check_model(parsed.model)
         try:
@@ -101,6 +118,7 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
         return await run(request, parsed, ids)
 
     async def chat(request: Request):
+        authorize(request)
         parsed = protocol.parse_chat(await body_of(request))
         check_model(parsed.model)
         try:
@@ -195,6 +213,7 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False) -> Sta
         yield protocol.sse("[DONE]")
 
     async def models(request: Request):
+        authorize(request)
         return JSONResponse({"object": "list", "data": [
             {"id": model_name, "object": "model", "created": created, "owned_by": "vkrt"}]})
 
