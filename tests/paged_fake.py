@@ -74,6 +74,10 @@ class FakeTokenizer:
     def stream(self, skip_special: bool = False) -> FakeDetok:
         return FakeDetok()
 
+    def decode(self, ids: list[int], skip_special: bool = False,
+               continuation: bool = False) -> str:
+        return "".join(map(piece, ids))
+
 
 class Done:
     """A step computed already (`PendingStep`'s interface)."""

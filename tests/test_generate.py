@@ -8,7 +8,7 @@ import pytest
 
 from vkrt.errors import ConfigError, VkrtError
 from vkrt.models.chat import encode_chat, render_chat
-from vkrt.models.generate import Sampling, _sample, generate
+from vkrt.models.generate import Sampling, _sample, generate, logprobs_of
 from vkrt.models.gguf import load_gguf
 from vkrt.models.tokenizer import Tokenizer, load_tokenizer
 
@@ -86,6 +86,33 @@ def test_sampling_infinite_and_nan_logits(temperature):
         _sample(np.full(4, -np.inf, np.float32), s, gen)
     with pytest.raises(VkrtError, match=r"^the logits hold NaN \(at id 1\)"):
         _sample(np.array([0.0, np.nan, 1.0], np.float32), s, gen)
+
+
+def test_logprobs_are_log_softmax_with_the_most_likely_first():
+    """`logprobs_of`: log(softmax(x)) of the chosen id in float64 (against the formula in
+    float64 with math.fsum), its top k sorted by probability, equal ones by id; k = 0 and
+    k past the vocabulary; +inf logits share the mass, -inf ones get -inf; NaN and an
+    all -inf row raise one clear error."""
+    import math
+
+    rng = np.random.default_rng(3)
+    x = (rng.normal(size=1000) * 8).astype(np.float32)
+    x[[10, 20]] = x.max() + 1                           # a tie for the most likely
+    lse = float(x.max()) + math.log(math.fsum(math.exp(float(v) - float(x.max())) for v in x))
+    lp, top = logprobs_of(x, 7, 5)
+    assert abs(lp - (float(x[7]) - lse)) < 1e-12
+    assert [i for i, _ in top[:2]] == [10, 20]
+    want = sorted(range(1000), key=lambda i: (-float(x[i]), i))[:5]
+    assert [i for i, _ in top] == want
+    assert all(abs(v - (float(x[i]) - lse)) < 1e-12 for i, v in top)
+    assert logprobs_of(x, 7, 0)[1] == [] and len(logprobs_of(x[:3], 0, 20)[1]) == 3
+    lp, top = logprobs_of(np.array([np.inf, 1.0, np.inf, -np.inf], np.float32), 0, 4)
+    assert lp == math.log(0.5) and top[:2] == [(0, math.log(0.5)), (2, math.log(0.5))]
+    assert top[2][1] == -np.inf
+    with pytest.raises(VkrtError, match="^every one of the 2 logits is -inf"):
+        logprobs_of(np.full(2, -np.inf, np.float32), 0, 1)
+    with pytest.raises(VkrtError, match=r"^the logits hold NaN \(at id 2\)"):
+        logprobs_of(np.array([0.0, 1.0, np.nan], np.float32), 0, 1)
 
 
 def test_sampling_follows_softmax():

@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import openai
 import pytest
 import uvicorn
@@ -259,7 +260,8 @@ def test_models_and_health(srv):
 
 @pytest.mark.parametrize("field,value", [("temperature", "hot"), ("top_p", 0), ("n", 0),
                                          ("max_tokens", -1), ("stop", 3), ("seed", -2),
-                                         ("logprobs", 3), ("bogus", 1), ("prompt", [99999]),
+                                         ("logprobs", 6), ("logprobs", "3"), ("bogus", 1),
+                                         ("top_logprobs", 2), ("prompt", [99999]),
                                          ("stream", "yes"), ("model", 3)])
 def test_bad_field_is_400_naming_it(srv, field, value):
     body = {"model": NAME, "prompt": PROMPT, field: value}
@@ -267,6 +269,65 @@ def test_bad_field_is_400_naming_it(srv, field, value):
     assert status == 400 and err["error"]["param"] == field, err
     assert field in err["error"]["message"] and set(err["error"]) == {
         "message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("fields,param", [({"logprobs": "yes"}, "logprobs"),
+                                          ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                                          ({"top_logprobs": 2}, "top_logprobs"),
+                                          ({"logprobs": False, "top_logprobs": 1}, "top_logprobs"),
+                                          ({"echo": True}, "echo")])
+def test_bad_chat_logprobs_are_400_naming_the_field(srv, fields, param):
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], **fields}
+    status, err = raw(srv.url + "/v1/chat/completions", body)
+    assert status == 400 and err["error"]["param"] == param, err
+
+
+def test_logprobs_equal_transformers_log_softmax_streamed_or_not(srv, chat_folder):
+    """Completions with `logprobs` 3: each generated token's log-probability and the 3 most
+    likely at its position equal log_softmax of transformers' OPT logits (teacher-forced,
+    float64) within 1e-3, the logits' tolerance (tests/test_opt.py); the chosen (greedy)
+    token is the most likely; streamed chunks carry the same values with running
+    text_offsets. Chat's `logprobs` + `top_logprobs` 2: one entry per token, its UTF-8
+    bytes, 2 alternatives each."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids, n = srv.refs["ids"], 6
+    r = complete(srv.client, prompt=ids, max_tokens=n, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n
+    model = AutoModelForCausalLM.from_pretrained(chat_folder, dtype=torch.float32).eval()
+    full = ids + srv.refs["tokens"][:n]
+    with torch.no_grad():
+        logits = model(torch.tensor([full])).logits[0].double()
+    want = torch.log_softmax(logits, -1).numpy()[len(ids) - 1:len(full) - 1]
+    for t, (tok, got, top) in enumerate(zip(srv.refs["tokens"][:n], lp.token_logprobs,
+                                            lp.top_logprobs)):
+        assert abs(got - want[t, tok]) < 1e-3, (t, got, want[t, tok])
+        # The legacy format keys by text: ids that decode alike (parts of one UTF-8
+        # character, U+FFFD) share one entry.
+        assert 1 <= len(top) <= 3 and max(top.values()) == got               # greedy
+        best = np.sort(want[t])[::-1][:3]
+        assert all(np.abs(best - v).min() < 1e-3 for v in top.values())
+    assert lp.text_offset == list(np.cumsum([0] + [len(s) for s in lp.tokens[:-1]]))
+    _, _, chunks = streamed(complete(srv.client, prompt=ids, max_tokens=n, logprobs=3,
+                                     stream=True))
+    parts = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == lp.tokens
+    assert [v for p in parts for v in p.token_logprobs] == lp.token_logprobs
+    assert [o for p in parts for o in p.text_offset] == lp.text_offset
+    c = srv.client.chat.completions.create(model=NAME, temperature=0, max_tokens=4,
+                                           logprobs=True, top_logprobs=2,
+                                           messages=[{"role": "user", "content": "Hi"}])
+    content = c.choices[0].logprobs.content
+    assert len(content) == c.usage.completion_tokens == 4
+    for e in content:
+        assert e.bytes == list(e.token.encode()) and len(e.top_logprobs) == 2
+        assert e.top_logprobs[0].logprob == e.logprob >= e.top_logprobs[1].logprob
+    plain = srv.client.chat.completions.create(model=NAME, temperature=0, max_tokens=4,
+                                               messages=[{"role": "user", "content": "Hi"}])
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == c.choices[0].message.content
 
 
 def test_errors_keep_the_server_serving(srv):

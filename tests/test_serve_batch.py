@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from paged_fake import EOS, FakeModel, piece, reference
+from paged_fake import EOS, FakeModel, logits_of, piece, reference
+from vkrt.models.generate import logprobs_of
 from vkrt.errors import VkrtError
 from vkrt.serve import Engine, QueueFullError, SamplingParams
 from vkrt.serve.kv_cache import KVCacheManager
@@ -345,6 +346,59 @@ def test_prefix_cache_off_and_reset_by_a_failed_step():
     run_to_end(engine)
     assert b.tokens[0] == reference(list(range(1, 12)), 3) and engine.kv.num_hit_tokens == 0
     assert_no_block_leaked(engine)
+
+
+def reference_logprobs(prompt: list[int], tokens: list[int], k: int):
+    """(logprob, top k) of each of `tokens` generated after `prompt`, from the fake model's
+    logits of its unpaged history."""
+    hist, out = list(prompt), []
+    for t in tokens:
+        logits = logits_of([(v, q, q < len(prompt)) for q, v in enumerate(hist)])
+        out.append(logprobs_of(logits, t, k))
+        hist.append(t)
+    return out
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_logprobs_are_each_tokens_own_in_any_batch(async_scheduling):
+    """Requests with logprobs (0, 3 and 20 alternatives; greedy and sampled) beside ones
+    without, prompts chunked: each generated token comes with its log-probability and top
+    ids as its sequence's logits alone give them, texts included, and the tokens are still
+    each request's alone. A step with a logprobs request is collected before the next is
+    scheduled (its logits go to the host)."""
+    engine = engine_of(max_batch=4, block_size=4, max_batched_tokens=8,
+                       async_scheduling=async_scheduling)
+    cases = [([3, 1, 4, 1, 5], {"logprobs": 3}), ([9, 2, 6], {}),
+             ([5, 3, 5, 8, 9, 7, 9, 3, 2, 3], {"logprobs": 0}),
+             ([2, 7, 1], {"logprobs": 20, "temperature": 1.0, "seed": 4, "n": 2})]
+    sinks = []
+    for prompt, kw in cases:
+        sinks.append(Collect())
+        engine.add_request(prompt, SamplingParams(max_tokens=7, **kw), sinks[-1])
+    run_to_end(engine)
+    for (prompt, kw), sink in zip(cases, sinks):
+        for i in range(kw.get("n", 1)):
+            want = reference(prompt, 7, kw.get("temperature", 0.0), 1.0,
+                             None if "seed" not in kw else kw["seed"] + i)
+            assert sink.tokens[i] == want
+            got = [e for o in sink.outs if o.index == i for e in (o.logprobs or [])]
+            if "logprobs" not in kw:
+                assert got == [] and all(o.logprobs is None for o in sink.outs)
+                continue
+            assert [e.token_id for e in got] == want
+            assert [e.token for e in got] == [piece(t) for t in want]
+            for e, (lp, top) in zip(got, reference_logprobs(prompt, want, kw["logprobs"])):
+                assert e.logprob == lp and [(i, v) for i, _, v in e.top] == top
+                assert [t for _, t, _ in e.top] == [piece(i) for i, _ in top]
+            if "temperature" not in kw and kw["logprobs"]:
+                assert all(e.top[0][0] == e.token_id for e in got)   # greedy: the argmax
+    assert_no_block_leaked(engine)
+    sink = Collect()
+    engine.add_request([4, 4], SamplingParams(max_tokens=5, logprobs=1), sink)
+    while engine.has_unfinished():
+        engine.step()
+        assert engine._in_flight is None      # a logprobs step never stays in flight
+    assert len([e for o in sink.outs for e in o.logprobs or []]) == 5
 
 
 def test_shutdown_collects_the_step_in_flight():

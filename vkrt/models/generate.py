@@ -94,25 +94,51 @@ class GenerationResult:
         return n / self.decode_s if n > 0 and self.decode_s else 0.0
 
 
-def _sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
-    """One id drawn from softmax(logits / temperature) restricted to the top-p nucleus.
-    The maximum is subtracted before dividing, so every z is <= 0 and the maximum's is 0:
-    a temperature so small that the division overflows gives z = -inf for every other token,
-    probability 1 for the maximum (greedy), never inf - inf = nan. Logits of -inf have
-    probability 0; +inf ones share all of it (softmax's limit).
+def _shifted(logits: np.ndarray, why: str) -> tuple[np.ndarray, float]:
+    """(x, top): the logits in float64 and their maximum, for softmax(x - top). +inf logits
+    share all the mass, softmax's limit as they grow (x becomes 0 there and -inf elsewhere,
+    top 0), so nothing computes inf - inf = NaN. `why` ends the errors' message.
 
     Raises: VkrtError when a logit is NaN or every logit is -inf (no distribution)."""
     x = logits.astype(np.float64)
     if np.isnan(x).any():
         raise VkrtError(f"the logits hold NaN (at id {int(np.flatnonzero(np.isnan(x))[0])}): "
-                        "nothing to sample from")
+                        f"{why}")
     top = x.max()
     if top == -np.inf:
-        raise VkrtError(f"every one of the {x.size} logits is -inf: no token can be sampled")
+        raise VkrtError(f"every one of the {x.size} logits is -inf: {why}")
     if top == np.inf:
-        # The limit of softmax as those logits grow: the +inf ones share all the mass.
         x = np.where(x == np.inf, 0.0, -np.inf)
         top = 0.0
+    return x, float(top)
+
+
+def logprobs_of(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The natural-log probability of `token` under softmax(logits), the model's own
+    distribution (before temperature and top_p, as vLLM's default "raw" logprobs), and the
+    `k` most likely ids with theirs, most likely first (equal ones: the lower id first).
+    Computed in float64 as logits - logsumexp(logits); +inf logits share all the mass (as
+    `_sample`), -inf ones get -inf.
+
+    Raises: VkrtError when a logit is NaN or every logit is -inf (no distribution)."""
+    x, top = _shifted(logits, "no log-probabilities")
+    with np.errstate(divide="ignore"):
+        lp = x - (top + np.log(np.exp(x - top).sum()))
+    k = min(k, lp.size)
+    best = np.argpartition(-lp, k - 1)[:k] if 0 < k < lp.size else np.arange(lp.size)[:k]
+    best = sorted(best.tolist(), key=lambda i: (-lp[i], i))
+    return float(lp[token]), [(int(i), float(lp[i])) for i in best]
+
+
+def _sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+    """One id drawn from softmax(logits / temperature) restricted to the top-p nucleus.
+    The maximum is subtracted before dividing, so every z is <= 0 and the maximum's is 0:
+    a temperature so small that the division overflows gives z = -inf for every other token,
+    probability 1 for the maximum (greedy), never inf - inf = nan. Logits of -inf have
+    probability 0; +inf ones share all of it (softmax's limit, `_shifted`).
+
+    Raises: VkrtError when a logit is NaN or every logit is -inf (no distribution)."""
+    x, top = _shifted(logits, "nothing to sample from")
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         z = (x - top) / s.temperature
     p = np.exp(z)

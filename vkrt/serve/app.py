@@ -157,7 +157,7 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
                       n_prompt: int):
         loop = asyncio.get_running_loop()
         n = parsed.params.n
-        texts, reasons = [""] * n, [None] * n
+        texts, reasons, logprobs = [""] * n, [None] * n, [[] for _ in range(n)]
         checked = loop.time()
         while True:
             try:
@@ -177,16 +177,18 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
                 raise ProtocolError("the request was cancelled (server shutting down)",
                                     status=503, type="server_error", code="shutting_down")
             texts[out.index] += out.delta
+            logprobs[out.index] += out.logprobs or []
             if out.finished:
                 reasons[out.index] = out.finish_reason
             if out.request_finished:
                 return JSONResponse(protocol.response(parsed, model_name, texts, reasons,
                                                       n_prompt, out.completion_tokens,
-                                                      out.cached_tokens))
+                                                      out.cached_tokens, logprobs))
 
     async def events(parsed: ParsedRequest, outputs: asyncio.Queue, n_prompt: int):
         chat_kind = parsed.kind == "chat"
         started = set()
+        offsets = [0] * parsed.params.n        # text_offset of each choice's next token
         completion_tokens = cached_tokens = 0
         while True:
             out = await outputs.get()
@@ -200,8 +202,12 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
             if chat_kind and out.index not in started:
                 started.add(out.index)
                 yield protocol.sse(protocol.chunk(parsed, model_name, out.index, "", role=True))
-            if out.delta:
-                yield protocol.sse(protocol.chunk(parsed, model_name, out.index, out.delta))
+            lps = protocol.logprobs_json(parsed, out.logprobs, offsets[out.index])
+            if lps is not None:
+                offsets[out.index] += sum(len(e.token) for e in out.logprobs)
+            if out.delta or lps is not None:
+                yield protocol.sse(protocol.chunk(parsed, model_name, out.index, out.delta,
+                                                  logprobs=lps))
             if out.finished:
                 yield protocol.sse(protocol.chunk(parsed, model_name, out.index, None,
                                                   out.finish_reason))

@@ -55,7 +55,7 @@ from vkrt.models.scratch import KV_CACHE_DTYPES
 from vkrt.serve.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_KV_TOKENS_PER_SEQ, KVCacheManager,
                                  blocks_for)
 from vkrt.serve.request import (ABORT, ERROR, STOP, Request, RequestOutput, SamplingParams,
-                                Sequence)
+                                Sequence, TokenLogprob)
 from vkrt.serve.runner import BatchRunner, SingleSequenceRunner, batched_model
 from vkrt.serve.scheduler import (DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCHED_TOKENS, QueueFullError,
                                   Scheduler, SchedulerOutput)
@@ -256,10 +256,13 @@ class Engine:
         rest of the context (at most what the whole paged KV cache holds). Returns the
         Request (its `request_id` for `abort`).
         Raises VkrtError when the prompt is empty or prompt + max_tokens exceeds the context
-        (`check_context`) or one sequence needs more KV blocks than the cache has,
-        QueueFullError when max_queue requests wait already,
-        EngineStoppedError after shutdown."""
+        (`check_context`) or one sequence needs more KV blocks than the cache has, or
+        logprobs are asked of a model without a batched forward, QueueFullError when
+        max_queue requests wait already, EngineStoppedError after shutdown."""
         ids = list(prompt_ids)
+        if params.logprobs is not None and self.kv is None:
+            raise VkrtError("logprobs need a model with a batched forward (execute_batch); "
+                            f"the {getattr(self.model, 'family', 'model')} family has none")
         max_tokens = params.max_tokens
         if max_tokens is None:     # the rest of the context, or of what the KV cache holds
             limit = self.n_ctx
@@ -483,17 +486,19 @@ class Engine:
             return self._fail(step.plan, e)
         with self._cond:
             self.scheduler.update_from_output(step.plan,
-                                              {q: t for q, (t, _) in results.items()})
-        return [(seq.request, self._update(seq, token, reason))
-                for seq, (token, reason) in results.items()]
+                                              {q: s.token for q, s in results.items()})
+        return [(seq.request, self._update(seq, s.token, s.finish_reason, s.logprobs))
+                for seq, s in results.items()]
 
     def _start_sequence(self, seq: Sequence) -> None:
         self.runner.start(seq)
         detok = self.model.tokenizer.stream(skip_special=True)
         self._texts[seq] = (detok, StopChecker(seq.request.params.stop))
 
-    def _update(self, seq: Sequence, token: int, reason: str | None) -> RequestOutput:
-        """Fold one new token of `seq` into its text; retire the sequence (and the request
+    def _update(self, seq: Sequence, token: int, reason: str | None,
+                logprobs=None) -> RequestOutput:
+        """Fold one new token of `seq` into its text (and its log-probabilities, `Sampled`'s,
+        into a `TokenLogprob` with the ids' texts); retire the sequence (and the request
         after its last) when it stopped."""
         request = seq.request
         now = time.perf_counter()
@@ -507,13 +512,18 @@ class Engine:
             piece = detok.step(token)
             if reason is not None:
                 piece += detok.finish()
+            if logprobs is not None:
+                text = self._token_text
+                lp, top = logprobs
+                logprobs = [TokenLogprob(token, text(token), lp,
+                                         tuple((i, text(i), v) for i, v in top))]
         delta, stopped = checker.add(piece, final=reason is not None)
         if stopped:
             reason = STOP
         out = RequestOutput(request.request_id, seq.index, delta, [token],
                             prompt_tokens=len(request.prompt_ids),
                             completion_tokens=request.completion_tokens,
-                            cached_tokens=request.cached_tokens)
+                            cached_tokens=request.cached_tokens, logprobs=logprobs)
         if reason is None:
             return out
         out.finished, out.finish_reason = True, reason
@@ -526,6 +536,11 @@ class Engine:
             last = self._retire(request, reason)
         out.request_finished, out.ttft_s, out.tpot_s = True, last.ttft_s, last.tpot_s
         return out
+
+    def _token_text(self, token: int) -> str:
+        """One id's text alone (as a generated token: a SentencePiece token keeps its
+        leading space; an id holding part of a UTF-8 character decodes to U+FFFD)."""
+        return self.model.tokenizer.decode([token], continuation=True)
 
     def _retire(self, request: Request, reason: str) -> RequestOutput:
         """Under the lock: free the request's sequences (their KV blocks) and state; its

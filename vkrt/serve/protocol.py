@@ -16,11 +16,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from vkrt.serve.request import SamplingParams
+from vkrt.serve.request import MAX_LOGPROBS, SamplingParams, TokenLogprob
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16   # OpenAI's documented default for /v1/completions
 MAX_STOP = 4                         # OpenAI: "Up to 4 sequences"
 MAX_N = 16
+MAX_COMPLETION_LOGPROBS = 5          # OpenAI (Completions, `logprobs`): "The maximum value is 5"
 
 
 class ProtocolError(Exception):
@@ -59,8 +60,6 @@ _NEUTRAL = {
     "frequency_penalty": lambda v: v is None or v == 0,
     "presence_penalty": lambda v: v is None or v == 0,
     "logit_bias": lambda v: v is None or v == {},
-    "logprobs": lambda v: v is None or v is False,
-    "top_logprobs": lambda v: v is None,
     "echo": lambda v: v is None or v is False,
     "best_of": lambda v: v is None or v == 1,
     "suffix": lambda v: v is None,
@@ -75,12 +74,10 @@ _NEUTRAL = {
 }
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
            "stop", "seed"}
-COMPLETION_FIELDS = _COMMON | {"prompt"} | set(_NEUTRAL) - {"tools", "tool_choice",
-                                                             "parallel_tool_calls",
-                                                             "response_format", "top_logprobs",
-                                                             "store", "metadata"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"} | set(_NEUTRAL) - {
-    "echo", "best_of", "suffix"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs"} | set(_NEUTRAL) - {
+    "tools", "tool_choice", "parallel_tool_calls", "response_format", "store", "metadata"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"} | set(
+    _NEUTRAL) - {"echo", "best_of", "suffix"}
 
 
 @dataclass
@@ -166,9 +163,35 @@ def _max_tokens(body: dict, name: str, default: int | None) -> int | None:
     return v
 
 
-def _params(c: dict, max_tokens: int | None) -> SamplingParams:
+def _params(c: dict, max_tokens: int | None, logprobs: int | None = None) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=c["temperature"], top_p=c["top_p"],
-                          seed=c["seed"], stop=c["stop"], n=c["n"])
+                          seed=c["seed"], stop=c["stop"], n=c["n"], logprobs=logprobs)
+
+
+def _completion_logprobs(body: dict) -> int | None:
+    """Completions' `logprobs`: null, or how many most likely tokens (0 .. 5) to give with
+    each generated one's log-probability."""
+    v = body.get("logprobs")
+    if v is None:
+        return None
+    if not (_is_int(v) and 0 <= v <= MAX_COMPLETION_LOGPROBS):
+        raise _bad("logprobs", v, f"an integer from 0 to {MAX_COMPLETION_LOGPROBS} or null")
+    return v
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat's `logprobs` (a boolean) and `top_logprobs` (0 .. 20, only with logprobs true):
+    None, or the count of most likely tokens per generated one."""
+    on, top = body.get("logprobs"), body.get("top_logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise _bad("logprobs", on, "true or false")
+    if top is not None:
+        if not (_is_int(top) and 0 <= top <= MAX_LOGPROBS):
+            raise _bad("top_logprobs", top, f"an integer from 0 to {MAX_LOGPROBS} or null")
+        if not on:
+            raise ProtocolError("'top_logprobs': only allowed when 'logprobs' is true",
+                                param="top_logprobs")
+    return (top or 0) if on else None
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -187,7 +210,8 @@ def parse_completion(body: Any) -> ParsedRequest:
         raise _bad("prompt", prompt, "a string or a list of token ids")
     return ParsedRequest("completion", c["model"], prompt,
                          _params(c, _max_tokens(body, "max_tokens",
-                                                COMPLETION_DEFAULT_MAX_TOKENS)),
+                                                COMPLETION_DEFAULT_MAX_TOKENS),
+                                 _completion_logprobs(body)),
                          c["stream"], c["include_usage"])
 
 
@@ -227,7 +251,8 @@ def parse_chat(body: Any) -> ParsedRequest:
         max_tokens = _max_tokens(body, "max_completion_tokens", None)
     else:
         max_tokens = _max_tokens(body, "max_tokens", None)
-    return ParsedRequest("chat", c["model"], checked, _params(c, max_tokens),
+    return ParsedRequest("chat", c["model"], checked,
+                         _params(c, max_tokens, _chat_logprobs(body)),
                          c["stream"], c["include_usage"])
 
 
@@ -250,26 +275,63 @@ def _head(req: ParsedRequest, model: str, chunk: bool) -> dict:
             "model": model}
 
 
+def logprobs_json(req: ParsedRequest, entries: list[TokenLogprob] | None,
+                  text_offset: int = 0) -> dict | None:
+    """A choice's `logprobs` for `entries` (None when the request asked for none).
+    Completions (the legacy shape): {"tokens", "token_logprobs", "top_logprobs": one
+    {text: logprob} per token, the most likely ones and the chosen one ("up to
+    logprobs + 1 elements"; ids whose texts are alike, e.g. parts of one UTF-8 character
+    that decode to U+FFFD alone, share the entry of the more likely), "text_offset": each
+    token's offset in the choice's text from `text_offset` on, by the tokens' own texts}. Chat: {"content": [{"token", "logprob",
+    "bytes" (the text's UTF-8), "top_logprobs": [{"token", "logprob", "bytes"}]}],
+    "refusal": null}."""
+    if req.params.logprobs is None or entries is None:
+        return None
+    if req.kind == "chat":
+        def one(text: str, lp: float) -> dict:
+            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+        return {"content": [{**one(e.token, e.logprob),
+                             "top_logprobs": [one(t, v) for _, t, v in e.top]}
+                            for e in entries], "refusal": None}
+    offsets, tops = [], []
+    for e in entries:
+        offsets.append(text_offset)
+        text_offset += len(e.token)
+        top: dict[str, float] = {}
+        for _, t, v in e.top:
+            top.setdefault(t, v)
+        top.setdefault(e.token, e.logprob)
+        tops.append(top)
+    return {"tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+            "text_offset": offsets}
+
+
 def response(req: ParsedRequest, model: str, texts: list[str], reasons: list[str],
-             prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """The whole (non-streamed) response: one choice per generated sequence."""
+             prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+             logprobs: list[list[TokenLogprob]] | None = None) -> dict:
+    """The whole (non-streamed) response: one choice per generated sequence (`logprobs`:
+    each choice's `TokenLogprob`s, when the request asked for them)."""
     out = _head(req, model, chunk=False)
+    lps = [logprobs_json(req, logprobs[i] if logprobs else None) for i in range(len(texts))]
     if req.kind == "chat":
         out["choices"] = [{"index": i, "message": {"role": "assistant", "content": t},
-                           "logprobs": None, "finish_reason": r}
+                           "logprobs": lps[i], "finish_reason": r}
                           for i, (t, r) in enumerate(zip(texts, reasons))]
     else:
-        out["choices"] = [{"index": i, "text": t, "logprobs": None, "finish_reason": r}
+        out["choices"] = [{"index": i, "text": t, "logprobs": lps[i], "finish_reason": r}
                           for i, (t, r) in enumerate(zip(texts, reasons))]
     out["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return out
 
 
 def chunk(req: ParsedRequest, model: str, index: int, text: str | None,
-          finish_reason: str | None = None, role: bool = False) -> dict:
+          finish_reason: str | None = None, role: bool = False,
+          logprobs: dict | None = None) -> dict:
     """One streamed chunk for choice `index`: new `text` (for chat, `delta.content`; `role`
-    adds `delta.role` = "assistant", as the first chunk of a chat choice carries), and the
-    `finish_reason` on a choice's last chunk. With include_usage every chunk has
+    adds `delta.role` = "assistant", as the first chunk of a chat choice carries), the
+    `logprobs` of its tokens (`logprobs_json`), and the `finish_reason` on a choice's last
+    chunk. With include_usage every chunk has
     `"usage": null` (OpenAI: "All other chunks will also include a usage field, but with a
     null value")."""
     out = _head(req, model, chunk=True)
@@ -279,10 +341,10 @@ def chunk(req: ParsedRequest, model: str, index: int, text: str | None,
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice = {"index": index, "delta": delta, "logprobs": None,
+        choice = {"index": index, "delta": delta, "logprobs": logprobs,
                   "finish_reason": finish_reason}
     else:
-        choice = {"index": index, "text": text or "", "logprobs": None,
+        choice = {"index": index, "text": text or "", "logprobs": logprobs,
                   "finish_reason": finish_reason}
     out["choices"] = [choice]
     if req.include_usage:

@@ -15,6 +15,21 @@ from typing import Callable
 from vkrt.errors import ConfigError
 
 
+MAX_LOGPROBS = 20      # most likely alternatives per token (OpenAI's top_logprobs bound)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability (natural log, under the model's softmax before
+    temperature and top_p): `token_id`, its text `token` (the id decoded alone), `logprob`,
+    and `top`: the (id, text, logprob) of the most likely ids at that position, most likely
+    first (SamplingParams.logprobs of them)."""
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request is decoded.
@@ -26,6 +41,10 @@ class SamplingParams:
     on the detokenized text across token boundaries, not included in the output. n: how many
     sequences (choices) to generate for the prompt. ignore_eos: go on past end-of-generation
     tokens up to max_tokens (vLLM's `ignore_eos`; for throughput runs, bench/batched.py).
+    logprobs: None, or each generated token's log-probability and those of the `logprobs`
+    (0 .. MAX_LOGPROBS) most likely ids at its position (`TokenLogprob`; the model's
+    distribution before temperature and top_p). Such a request's steps bring the logits to
+    the host: they are collected before the next is scheduled.
     Raises ConfigError (one line naming the field) for a value out of range."""
     max_tokens: int | None = 16
     temperature: float = 0.0
@@ -34,6 +53,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     n: int = 1
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self):
         if self.max_tokens is not None and not (
@@ -41,6 +61,11 @@ class SamplingParams:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not (isinstance(self.n, int) and self.n >= 1):
             raise ConfigError(f"n must be an integer >= 1, got {self.n!r}")
+        if self.logprobs is not None and not (
+                isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ConfigError(f"logprobs must be None or an integer from 0 to {MAX_LOGPROBS}, "
+                              f"got {self.logprobs!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if not all(isinstance(s, str) and s for s in stop):
             raise ConfigError(f"stop must hold non-empty strings, got {self.stop!r}")
@@ -75,7 +100,8 @@ class RequestOutput:
     request_finished: the last output of the request (all `n` sequences done).
     prompt_tokens / completion_tokens: counts so far (completion summed over sequences).
     cached_tokens: of the prompt, the positions taken from the prefix cache (the first
-    sequence's first admission; 0 before it).
+    sequence's first admission; 0 before it). logprobs: one `TokenLogprob` per id of
+    `token_ids` when the request asked for them, else None.
     ttft_s, tpot_s: time to first token (from arrival) and mean time per output token after
     the first, seconds, on the request's last output (None before)."""
     request_id: str
@@ -89,8 +115,9 @@ class RequestOutput:
     completion_tokens: int = 0
     error: str | None = None
     ttft_s: float | None = None
-    cached_tokens: int = 0
     tpot_s: float | None = None
+    cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(eq=False)

@@ -5,12 +5,13 @@ Both have the same interface, used by the engine on its thread:
 
     start(seq)                       a sequence was admitted (its prefill runs next)
     submit(plan) -> step             the step is on its way (`RunnerStep`)
-    collect(step) -> {seq: (token id, finish reason or None)}   for every sequence that sampled
+    collect(step) -> {seq: Sampled}  for every sequence that sampled
     execute(plan)                    collect(submit(plan))
     release(seq)                     it finished or was aborted: drop its state
 
 A step may be collected after the next one is submitted (asynchronous scheduling) when it
-`overlaps`: every token it samples is greedy, so the next step's decode of that sequence
+`overlaps`: every token it samples is greedy and none wants its log-probabilities (which
+need the logits on the host), so the next step's decode of that sequence
 takes it on the GPU (`BatchInput.prev_rows`, vkrt/models/batch.py); its id is PENDING_TOKEN
 on the host until then.
 
@@ -30,12 +31,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
 from vkrt.errors import VkrtError
-from vkrt.models.generate import GenerationResult, Sampling, _sample, stream_tokens
+from vkrt.models.generate import GenerationResult, Sampling, _sample, logprobs_of, stream_tokens
 from vkrt.serve.kv_cache import KVCacheManager
 from vkrt.serve.request import LENGTH, STOP, Sequence
 from vkrt.serve.scheduler import PENDING_TOKEN, ScheduledSeq, SchedulerOutput
@@ -48,6 +49,16 @@ def batched_model(model) -> Any:
         if candidate is not None and callable(getattr(candidate, "execute_batch", None)):
             return candidate
     return None
+
+
+class Sampled(NamedTuple):
+    """A sequence's token from a step: its id, the finish reason it causes ("stop",
+    "length") or None, and where the request asks for them (`SamplingParams.logprobs`) its
+    log-probability and the (id, log-probability) of the most likely ids
+    (`vkrt.models.generate.logprobs_of`), else None."""
+    token: int
+    finish_reason: str | None
+    logprobs: tuple[float, list[tuple[int, float]]] | None = None
 
 
 def _sampling_of(seq: Sequence) -> Sampling:
@@ -228,8 +239,9 @@ class BatchRunner:
             raise VkrtError("the model's paged KV cache was replaced by another engine's "
                             "while this one ran it")
         batch, sampling = self.prepare(plan.scheduled)
-        greedy = all(self._rngs[s.seq][1] is None for s in sampling)
-        pending = self.lm.submit_batch(batch, want_logits=not greedy)
+        on_gpu = all(self._rngs[s.seq][1] is None and s.seq.request.params.logprobs is None
+                     for s in sampling)
+        pending = self.lm.submit_batch(batch, want_logits=not on_gpu)
         self._rows = {s.seq: r for r, s in enumerate(sampling)}
         self.steps += 1
         self.batched_tokens += len(batch.token_ids)
@@ -237,11 +249,12 @@ class BatchRunner:
         if batch.prev_rows is not None:
             from vkrt.models.batch import NO_ROW
             self.fed_tokens += int((batch.prev_rows != NO_ROW).sum())
-        return RunnerStep(plan, sampling, pending, greedy)
+        return RunnerStep(plan, sampling, pending, on_gpu)
 
-    def collect(self, step: RunnerStep) -> dict[Sequence, tuple[int, str | None]]:
+    def collect(self, step: RunnerStep) -> dict[Sequence, Sampled]:
         """Wait for the step; a token for each sequence whose chunk reached its last token
-        (greedy: the model's argmax; else drawn from its logits row with its generator)."""
+        (greedy: the model's argmax; else drawn from its logits row with its generator),
+        with its log-probabilities where its request asks for them."""
         out = step.pending.result()
         result = {}
         for r, s in enumerate(step.sampling):
@@ -253,10 +266,12 @@ class BatchRunner:
                 token = int(out.argmax[r])
             else:
                 token = _sample(np.asarray(out.logits[r]), params, rng)
-            result[s.seq] = (token, _finish_reason(s, token, self.stop_ids))
+            k = s.seq.request.params.logprobs
+            lp = None if k is None else logprobs_of(np.asarray(out.logits[r]), token, k)
+            result[s.seq] = Sampled(token, _finish_reason(s, token, self.stop_ids), lp)
         return result
 
-    def execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[int, str | None]]:
+    def execute(self, plan: SchedulerOutput) -> dict[Sequence, Sampled]:
         """`collect(submit(plan))`; {} for an empty plan."""
         return self.collect(self.submit(plan)) if plan.scheduled else {}
 
@@ -286,20 +301,21 @@ class SingleSequenceRunner:
         """Run the step now (`execute`); it never overlaps the next."""
         return RunnerStep(plan, [], self.execute(plan), overlaps=False)
 
-    def collect(self, step: RunnerStep) -> dict[Sequence, tuple[int, str | None]]:
+    def collect(self, step: RunnerStep) -> dict[Sequence, Sampled]:
         """The tokens `submit` computed already."""
         return step.pending
 
-    def execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[int, str | None]]:
+    def execute(self, plan: SchedulerOutput) -> dict[Sequence, Sampled]:
         """One step: the next token of every scheduled sequence, with its finish reason
-        ("stop" at an end-of-generation token, "length" at max_tokens, else None)."""
+        ("stop" at an end-of-generation token, "length" at max_tokens, else None); no
+        log-probabilities (the engine refuses requests for them here)."""
         out = {}
         for seq in plan.seqs:
             tokens, result = self._seqs[seq]
             token = next(tokens)
             reason = (STOP if result.stopped_at_eos else
                       LENGTH if len(result.tokens) >= seq.request.max_tokens else None)
-            out[seq] = (token, reason)
+            out[seq] = Sampled(token, reason)
         return out
 
     def activate(self) -> None:
