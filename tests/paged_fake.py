@@ -21,7 +21,7 @@ import zlib
 import numpy as np
 
 from vkrt.models.batch import NO_ROW, BatchInput, BatchOutput
-from vkrt.models.generate import Sampling, _sample
+from vkrt.models.generate import Sampling, _sample, penalized
 
 N_VOCAB = 64
 EOS = 0
@@ -39,18 +39,24 @@ def logits_of(history: list[tuple[int, int, bool]]) -> np.ndarray:
 
 
 def reference(prompt: list[int], max_tokens: int, temperature: float = 0.0,
-              top_p: float = 1.0, seed: int | None = None) -> list[int]:
-    """The tokens one sequence gets alone, without any paging (stops after EOS)."""
+              top_p: float = 1.0, seed: int | None = None,
+              penalties: tuple[float, float, float] | None = None,
+              stop_at_eos: bool = True) -> list[int]:
+    """The tokens one sequence gets alone, without any paging (stops after EOS unless not
+    `stop_at_eos`, as `ignore_eos`); `penalties`: (presence, frequency, repetition) applied
+    to each step's logits (`vkrt.models.generate.penalized`)."""
     hist = list(prompt)
     s = Sampling(temperature, top_p, seed)
     rng = np.random.Generator(np.random.PCG64(seed)) if temperature > 0 else None
     out = []
     for _ in range(max_tokens):
         logits = logits_of([(t, q, q < len(prompt)) for q, t in enumerate(hist)])
+        if penalties is not None:
+            logits = penalized(logits, prompt, out, *penalties)
         token = int(np.argmax(logits)) if rng is None else _sample(logits, s, rng)
         out.append(token)
         hist.append(token)
-        if token == EOS:
+        if token == EOS and stop_at_eos:
             break
     return out
 

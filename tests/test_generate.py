@@ -8,7 +8,7 @@ import pytest
 
 from vkrt.errors import ConfigError, VkrtError
 from vkrt.models.chat import encode_chat, render_chat
-from vkrt.models.generate import Sampling, _sample, generate, logprobs_of
+from vkrt.models.generate import Sampling, _sample, generate, logprobs_of, penalized
 from vkrt.models.gguf import load_gguf
 from vkrt.models.tokenizer import Tokenizer, load_tokenizer
 
@@ -113,6 +113,19 @@ def test_logprobs_are_log_softmax_with_the_most_likely_first():
         logprobs_of(np.full(2, -np.inf, np.float32), 0, 1)
     with pytest.raises(VkrtError, match=r"^the logits hold NaN \(at id 2\)"):
         logprobs_of(np.array([0.0, 1.0, np.nan], np.float32), 0, 1)
+
+
+def test_penalties_by_hand():
+    """`penalized` on 5 logits: repetition 2 over prompt and output ids (positive halved,
+    negative doubled, each id once however often it occurs), then frequency 0.5 per
+    occurrence and presence 1 once, over the output's ids only; ids outside the vocabulary
+    (a pending token, -1) are skipped; no penalty leaves the logits as they are."""
+    x = np.array([1.0, -1.0, 2.0, -2.0, 4.0], np.float32)
+    got = penalized(x, [0, 1, 1], [2, 2, 3, -1], presence=1.0, frequency=0.5, repetition=2.0)
+    want = [1.0 / 2, -1.0 * 2, 2.0 / 2 - 0.5 * 2 - 1, -2.0 * 2 - 0.5 - 1, 4.0]
+    assert got.dtype == np.float32 and got.tolist() == want
+    assert penalized(x, [0], [4, 4], presence=-1.0).tolist() == [1.0, -1.0, 2.0, -2.0, 5.0]
+    assert np.array_equal(penalized(x, [0, 1], [2, 3]), x) and x[0] == 1.0   # a copy
 
 
 def test_sampling_follows_softmax():

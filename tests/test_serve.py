@@ -330,6 +330,45 @@ def test_logprobs_equal_transformers_log_softmax_streamed_or_not(srv, chat_folde
     assert plain.choices[0].message.content == c.choices[0].message.content
 
 
+def test_penalties_equal_transformers_greedy_with_them(srv, served, chat_folder):
+    """Greedy with presence, frequency and repetition penalties: the tokens of a loop over
+    transformers' OPT logits with the penalties written out here (repetition over prompt and
+    output: positive logits divided, negative multiplied; then logit -= frequency * count +
+    presence * (count > 0) over the output), through HTTP and the Python engine."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids, n = srv.refs["ids"], 8
+    pres, freq, rep = 0.5, 1.5, 1.3
+    model = AutoModelForCausalLM.from_pretrained(chat_folder, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            x = model(torch.tensor([ids + out])).logits[0, -1].clone()
+            seen = sorted(set(ids + out))
+            x[seen] = torch.where(x[seen] > 0, x[seen] / rep, x[seen] * rep)
+            for t in set(out):
+                x[t] -= freq * out.count(t) + pres
+            out.append(int(x.argmax()))
+    assert out != srv.refs["tokens"][:n]           # the penalties change the greedy tokens
+    _, engine, _ = served
+    got = [t for o in engine.generate(ids, SamplingParams(
+        max_tokens=n, presence_penalty=pres, frequency_penalty=freq, repetition_penalty=rep,
+        ignore_eos=True)) for t in o.token_ids]
+    assert got == out
+    r = complete(srv.client, prompt=ids, max_tokens=n, presence_penalty=pres,
+                 frequency_penalty=freq, extra_body={"repetition_penalty": rep})
+    assert r.choices[0].text == engine.model.tokenizer.decode(out, continuation=True)
+
+
+@pytest.mark.parametrize("field,value", [("presence_penalty", 2.5), ("frequency_penalty", "1"),
+                                         ("repetition_penalty", 0), ("repetition_penalty", -1)])
+def test_bad_penalty_is_400_naming_it(srv, field, value):
+    status, err = raw(srv.url + "/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": "Hi"}], field: value})
+    assert status == 400 and err["error"]["param"] == field, err
+
+
 def test_errors_keep_the_server_serving(srv):
     with pytest.raises(openai.BadRequestError) as e:
         srv.client.chat.completions.create(model=NAME, messages=[{"role": "wizard",

@@ -401,6 +401,51 @@ def test_logprobs_are_each_tokens_own_in_any_batch(async_scheduling):
     assert len([e for o in sink.outs for e in o.logprobs or []]) == 5
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_penalties_are_each_sequences_own_in_any_batch(async_scheduling):
+    """Penalized requests (greedy and seeded, with logprobs) beside plain ones, prompts
+    chunked and a sequence preempted: each gets the tokens its penalized logits give alone,
+    counting its own prompt and output only; its logprobs stay the model's. A penalized
+    step is collected before the next is scheduled."""
+    engine = engine_of(max_batch=4, block_size=4, kv_blocks=12, max_batched_tokens=8,
+                       async_scheduling=async_scheduling)
+    # A prompt that holds its own greedy first token, which a repetition penalty of 3 (over
+    # the prompt's ids too) turns away from.
+    echo = next(p for p in ([a, b, c, a] for a in range(1, 9) for b in range(1, 9)
+                            for c in range(1, 9))
+                if reference(p, 1)[0] in p
+                and reference(p, 1, penalties=(0.0, 0.0, 3.0)) != reference(p, 1))
+    cases = [([3, 1, 4, 1, 5], {"frequency_penalty": -2.0, "presence_penalty": -1.0}),
+             ([3, 1, 4, 1, 5], {}),
+             (echo, {"repetition_penalty": 3.0, "logprobs": 2}),
+             ([2, 7, 1], {"presence_penalty": -2.0, "temperature": 1.0, "seed": 9, "n": 2})]
+    sinks = []
+    for prompt, kw in cases:
+        sinks.append(Collect())
+        engine.add_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True, **kw),
+                           sinks[-1])
+    run_to_end(engine)
+    for (prompt, kw), sink in zip(cases, sinks):
+        pen = (kw.get("presence_penalty", 0.0), kw.get("frequency_penalty", 0.0),
+               kw.get("repetition_penalty", 1.0))
+        for i in range(kw.get("n", 1)):
+            want = reference(prompt, 12, kw.get("temperature", 0.0), 1.0,
+                             None if "seed" not in kw else kw["seed"] + i,
+                             pen if pen != (0.0, 0.0, 1.0) else None, stop_at_eos=False)
+            assert sink.tokens[i] == want, (prompt, kw, i)
+    assert sinks[0].tokens[0] != sinks[1].tokens[0]       # the penalty changed something
+    got = [e for o in sinks[2].outs for e in o.logprobs or []]
+    for e, (lp, top) in zip(got, reference_logprobs(cases[2][0], sinks[2].tokens[0], 2)):
+        assert e.logprob == lp and [(i, v) for i, _, v in e.top] == top
+    assert engine.scheduler.num_preemptions >= 1
+    assert_no_block_leaked(engine)
+    sink = Collect()
+    engine.add_request([4, 4], SamplingParams(max_tokens=4, frequency_penalty=1.0), sink)
+    while engine.has_unfinished():
+        engine.step()
+        assert engine._in_flight is None      # a penalized step never stays in flight
+
+
 def test_shutdown_collects_the_step_in_flight():
     """An engine stepped by hand and shut down with a step in flight waits for it and drops
     its tokens; the next engine on the model runs as if alone."""

@@ -130,6 +130,28 @@ def logprobs_of(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tup
     return float(lp[token]), [(int(i), float(lp[i])) for i in best]
 
 
+def penalized(logits: np.ndarray, prompt_ids, output_ids, presence: float = 0.0,
+              frequency: float = 0.0, repetition: float = 1.0) -> np.ndarray:
+    """The logits (float32 [vocab]) a penalized sequence samples from, a new array:
+    repetition (> 0; 1 off) first, over the ids of the prompt and the output so far: a
+    positive logit divided by it, a negative one multiplied (CTRL, Keskar et al. 2019, as
+    vLLM and llama.cpp apply it); then OpenAI's presence and frequency penalties over the
+    output's ids: logit[j] -= frequency * count[j] + presence * (count[j] > 0) (OpenAI's
+    API reference, "Parameter details"; vLLM's order)."""
+    x = np.array(logits, np.float32)
+    n = x.size
+    out = np.asarray([i for i in output_ids if 0 <= i < n], np.int64)
+    if repetition != 1:
+        seen = np.unique(np.concatenate([np.asarray([i for i in prompt_ids if 0 <= i < n],
+                                                    np.int64), out]))
+        v = x[seen]
+        x[seen] = np.where(v > 0, v / np.float32(repetition), v * np.float32(repetition))
+    if presence or frequency:
+        counts = np.bincount(out, minlength=n).astype(np.float32)
+        x -= np.float32(frequency) * counts + np.float32(presence) * (counts > 0)
+    return x
+
+
 def _sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
     """One id drawn from softmax(logits / temperature) restricted to the top-p nucleus.
     The maximum is subtracted before dividing, so every z is <= 0 and the maximum's is 0:

@@ -57,8 +57,6 @@ def _is_number(v: Any) -> bool:
 
 # Fields OpenAI defines that vkrt accepts only at their neutral value (name -> is-neutral).
 _NEUTRAL = {
-    "frequency_penalty": lambda v: v is None or v == 0,
-    "presence_penalty": lambda v: v is None or v == 0,
     "logit_bias": lambda v: v is None or v == {},
     "echo": lambda v: v is None or v is False,
     "best_of": lambda v: v is None or v == 1,
@@ -73,7 +71,7 @@ _NEUTRAL = {
     "service_tier": lambda v: True,
 }
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
-           "stop", "seed"}
+           "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs"} | set(_NEUTRAL) - {
     "tools", "tool_choice", "parallel_tool_calls", "response_format", "store", "metadata"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"} | set(
@@ -149,8 +147,18 @@ def _common(body: dict, allowed: set[str]) -> dict:
         if not stream:
             raise ProtocolError("'stream_options': only allowed when 'stream' is true",
                                 param="stream_options")
+    penalties = {}
+    for name, lo, hi, default in (("presence_penalty", -2, 2, 0.0),
+                                  ("frequency_penalty", -2, 2, 0.0),
+                                  ("repetition_penalty", 0, math.inf, 1.0)):
+        v = body.get(name)
+        v = default if v is None else v
+        if not (_is_number(v) and lo <= v <= hi and (name != "repetition_penalty" or v > 0)):
+            raise _bad(name, v, f"a number from {lo} to {hi}" if hi < math.inf
+                       else "a number > 0")
+        penalties[name] = float(v)
     out.update(temperature=float(t), top_p=float(p), n=n, seed=seed, stop=tuple(stop),
-               stream=stream, include_usage=include_usage)
+               stream=stream, include_usage=include_usage, penalties=penalties)
     return out
 
 
@@ -165,7 +173,8 @@ def _max_tokens(body: dict, name: str, default: int | None) -> int | None:
 
 def _params(c: dict, max_tokens: int | None, logprobs: int | None = None) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=c["temperature"], top_p=c["top_p"],
-                          seed=c["seed"], stop=c["stop"], n=c["n"], logprobs=logprobs)
+                          seed=c["seed"], stop=c["stop"], n=c["n"], logprobs=logprobs,
+                          **c["penalties"])
 
 
 def _completion_logprobs(body: dict) -> int | None:

@@ -8,6 +8,7 @@ that made progress, holding only what is new (`delta` text and token ids).
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -45,6 +46,13 @@ class SamplingParams:
     (0 .. MAX_LOGPROBS) most likely ids at its position (`TokenLogprob`; the model's
     distribution before temperature and top_p). Such a request's steps bring the logits to
     the host: they are collected before the next is scheduled.
+    presence_penalty, frequency_penalty (each in [-2, 2], 0 off; OpenAI's): subtracted from
+    the logit of every id the sequence generated so far, once and per occurrence.
+    repetition_penalty (> 0, 1 off; vLLM's and llama.cpp's, after CTRL, Keskar et al. 2019):
+    the logits of ids in the prompt or generated so far are divided by it where positive and
+    multiplied where negative (`vkrt.models.generate.penalized`). A penalized sequence's
+    token (greedy too) is chosen on the host from its penalized logits, so its steps are
+    collected before the next is scheduled; logprobs stay the model's own.
     Raises ConfigError (one line naming the field) for a value out of range."""
     max_tokens: int | None = 16
     temperature: float = 0.0
@@ -54,6 +62,9 @@ class SamplingParams:
     n: int = 1
     ignore_eos: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         if self.max_tokens is not None and not (
@@ -66,6 +77,14 @@ class SamplingParams:
                 and 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ConfigError(f"logprobs must be None or an integer from 0 to {MAX_LOGPROBS}, "
                               f"got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and -2 <= v <= 2):
+                raise ConfigError(f"{name} must be a number from -2 to 2, got {v!r}")
+        r = self.repetition_penalty
+        if not (isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)
+                and r > 0):
+            raise ConfigError(f"repetition_penalty must be a finite number > 0, got {r!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if not all(isinstance(s, str) and s for s in stop):
             raise ConfigError(f"stop must hold non-empty strings, got {self.stop!r}")
@@ -73,6 +92,12 @@ class SamplingParams:
         from vkrt.models.generate import Sampling
 
         Sampling(self.temperature, self.top_p, self.seed)   # temperature, top_p, seed checks
+
+    @property
+    def penalized(self) -> bool:
+        """Some penalty changes the logits."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)
 
     def seed_of(self, index: int) -> int | None:
         """The seed sequence `index` draws with (None stays None: random)."""

@@ -36,7 +36,8 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 
 from vkrt.errors import VkrtError
-from vkrt.models.generate import GenerationResult, Sampling, _sample, logprobs_of, stream_tokens
+from vkrt.models.generate import (GenerationResult, Sampling, _sample, logprobs_of, penalized,
+                                  stream_tokens)
 from vkrt.serve.kv_cache import KVCacheManager
 from vkrt.serve.request import LENGTH, STOP, Sequence
 from vkrt.serve.scheduler import PENDING_TOKEN, ScheduledSeq, SchedulerOutput
@@ -240,7 +241,7 @@ class BatchRunner:
                             "while this one ran it")
         batch, sampling = self.prepare(plan.scheduled)
         on_gpu = all(self._rngs[s.seq][1] is None and s.seq.request.params.logprobs is None
-                     for s in sampling)
+                     and not s.seq.request.params.penalized for s in sampling)
         pending = self.lm.submit_batch(batch, want_logits=not on_gpu)
         self._rows = {s.seq: r for r, s in enumerate(sampling)}
         self.steps += 1
@@ -253,8 +254,9 @@ class BatchRunner:
 
     def collect(self, step: RunnerStep) -> dict[Sequence, Sampled]:
         """Wait for the step; a token for each sequence whose chunk reached its last token
-        (greedy: the model's argmax; else drawn from its logits row with its generator),
-        with its log-probabilities where its request asks for them."""
+        (greedy: the model's argmax, or the host's of the penalized logits where the request
+        sets a penalty; else drawn from its logits row, penalized, with its generator), with
+        its log-probabilities (of the model's logits) where its request asks for them."""
         out = step.pending.result()
         result = {}
         for r, s in enumerate(step.sampling):
@@ -262,11 +264,20 @@ class BatchRunner:
             if entry is None:     # released meanwhile: stopped, aborted or failed
                 continue
             params, rng = entry
-            if rng is None:
-                token = int(out.argmax[r])
+            p = s.seq.request.params
+            logits = None if out.logits is None else np.asarray(out.logits[r])
+            if p.penalized:
+                seq = s.seq
+                logits = penalized(logits, seq.token_ids[:seq.num_prompt_tokens],
+                                   seq.token_ids[seq.num_prompt_tokens:], p.presence_penalty,
+                                   p.frequency_penalty, p.repetition_penalty)
+            if rng is not None:
+                token = _sample(logits, params, rng)
+            elif p.penalized:
+                token = int(np.argmax(logits))
             else:
-                token = _sample(np.asarray(out.logits[r]), params, rng)
-            k = s.seq.request.params.logprobs
+                token = int(out.argmax[r])
+            k = p.logprobs
             lp = None if k is None else logprobs_of(np.asarray(out.logits[r]), token, k)
             result[s.seq] = Sampled(token, _finish_reason(s, token, self.stop_ids), lp)
         return result
