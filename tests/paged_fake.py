@@ -200,7 +200,7 @@ class FakePagedLM:
 
 class _HParams:
     def __init__(self, n_ctx):
-        self.n_ctx = n_ctx
+        self.n_ctx, self.n_vocab = n_ctx, N_VOCAB
 
 
 class _Checkpoint:

@@ -126,6 +126,9 @@ def test_penalties_by_hand():
     assert got.dtype == np.float32 and got.tolist() == want
     assert penalized(x, [0], [4, 4], presence=-1.0).tolist() == [1.0, -1.0, 2.0, -2.0, 5.0]
     assert np.array_equal(penalized(x, [0, 1], [2, 3]), x) and x[0] == 1.0   # a copy
+    # logit_bias last: added after the penalties (not scaled by repetition).
+    got = penalized(x, [0], [], repetition=2.0, bias=((0, 3.0), (4, -100.0)))
+    assert got.tolist() == [1.0 / 2 + 3.0, -1.0, 2.0, -2.0, 4.0 - 100.0]
 
 
 def test_sampling_follows_softmax():

@@ -359,10 +359,19 @@ def test_penalties_equal_transformers_greedy_with_them(srv, served, chat_folder)
     r = complete(srv.client, prompt=ids, max_tokens=n, presence_penalty=pres,
                  frequency_penalty=freq, extra_body={"repetition_penalty": rep})
     assert r.choices[0].text == engine.model.tokenizer.decode(out, continuation=True)
+    # logit_bias: +100 on one id makes it every token, greedy or drawn.
+    tok = srv.refs["tokens"][0] + 1
+    for t in (0, 1):
+        r = complete(srv.client, prompt=ids, max_tokens=3, temperature=t,
+                     logit_bias={str(tok): 100})
+        assert r.choices[0].text == engine.model.tokenizer.decode([tok] * 3, continuation=True)
 
 
 @pytest.mark.parametrize("field,value", [("presence_penalty", 2.5), ("frequency_penalty", "1"),
-                                         ("repetition_penalty", 0), ("repetition_penalty", -1)])
+                                         ("repetition_penalty", 0), ("repetition_penalty", -1),
+                                         ("logit_bias", {"x": 1}), ("logit_bias", {"5": 101}),
+                                         ("logit_bias", {"²": 1}), ("logit_bias", [5]),
+                                         ("logit_bias", {"99999999": 1})])
 def test_bad_penalty_is_400_naming_it(srv, field, value):
     status, err = raw(srv.url + "/v1/chat/completions",
                       {"messages": [{"role": "user", "content": "Hi"}], field: value})

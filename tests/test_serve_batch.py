@@ -434,6 +434,14 @@ def test_penalties_are_each_sequences_own_in_any_batch(async_scheduling):
                              pen if pen != (0.0, 0.0, 1.0) else None, stop_at_eos=False)
             assert sink.tokens[i] == want, (prompt, kw, i)
     assert sinks[0].tokens[0] != sinks[1].tokens[0]       # the penalty changed something
+    forced, banned = Collect(), Collect()
+    engine.add_request([3, 1, 4], SamplingParams(max_tokens=5, logit_bias={5: 100.0}), forced)
+    first = reference([3, 1, 4], 1)[0]
+    engine.add_request([3, 1, 4], SamplingParams(max_tokens=1, logit_bias={first: -100}), banned)
+    run_to_end(engine)
+    assert forced.tokens[0] == [5] * 5 and banned.tokens[0] != [first]
+    with pytest.raises(VkrtError, match="logit_bias: token id 64 is past the vocabulary of 64"):
+        engine.add_request([1], SamplingParams(logit_bias={64: 1.0}), Collect())
     got = [e for o in sinks[2].outs for e in o.logprobs or []]
     for e, (lp, top) in zip(got, reference_logprobs(cases[2][0], sinks[2].tokens[0], 2)):
         assert e.logprob == lp and [(i, v) for i, _, v in e.top] == top

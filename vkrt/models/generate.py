@@ -131,13 +131,14 @@ def logprobs_of(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tup
 
 
 def penalized(logits: np.ndarray, prompt_ids, output_ids, presence: float = 0.0,
-              frequency: float = 0.0, repetition: float = 1.0) -> np.ndarray:
+              frequency: float = 0.0, repetition: float = 1.0, bias=()) -> np.ndarray:
     """The logits (float32 [vocab]) a penalized sequence samples from, a new array:
     repetition (> 0; 1 off) first, over the ids of the prompt and the output so far: a
     positive logit divided by it, a negative one multiplied (CTRL, Keskar et al. 2019, as
     vLLM and llama.cpp apply it); then OpenAI's presence and frequency penalties over the
     output's ids: logit[j] -= frequency * count[j] + presence * (count[j] > 0) (OpenAI's
-    API reference, "Parameter details"; vLLM's order)."""
+    API reference, "Parameter details"; vLLM's order); last `bias`, (id, value) pairs
+    (OpenAI's logit_bias): logit[id] += value."""
     x = np.array(logits, np.float32)
     n = x.size
     out = np.asarray([i for i in output_ids if 0 <= i < n], np.int64)
@@ -149,6 +150,8 @@ def penalized(logits: np.ndarray, prompt_ids, output_ids, presence: float = 0.0,
     if presence or frequency:
         counts = np.bincount(out, minlength=n).astype(np.float32)
         x -= np.float32(frequency) * counts + np.float32(presence) * (counts > 0)
+    for i, v in bias:
+        x[i] += np.float32(v)
     return x
 
 

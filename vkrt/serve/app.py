@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from vkrt.errors import VkrtError
 from vkrt.serve import protocol
-from vkrt.serve.engine import Engine, EngineStoppedError
+from vkrt.serve.engine import Engine, EngineStoppedError, RequestError
 from vkrt.serve.protocol import ParsedRequest, ProtocolError
 from vkrt.serve.request import ABORT, ERROR
 from vkrt.serve.scheduler import QueueFullError
@@ -143,6 +143,8 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
         except EngineStoppedError as e:
             raise ProtocolError(str(e), status=503, type="server_error",
                                 code="shutting_down") from None
+        except RequestError as e:
+            raise ProtocolError(str(e), param=e.param) from None
         except VkrtError as e:   # the engine's own context check
             raise ProtocolError(str(e), param="max_tokens") from None
         if parsed.stream:

@@ -85,6 +85,14 @@ class EngineStoppedError(VkrtError):
     """The engine is shutting down (or was never started): no new requests (HTTP 503)."""
 
 
+class RequestError(VkrtError):
+    """A request the engine refuses (HTTP 400): `param` names the field at fault."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 class StopChecker:
     """Text of one sequence, released as it becomes final. Stop strings are matched on the
     accumulated text, so one that spans several tokens is found (vLLM's StopChecker does the
@@ -256,13 +264,20 @@ class Engine:
         rest of the context (at most what the whole paged KV cache holds). Returns the
         Request (its `request_id` for `abort`).
         Raises VkrtError when the prompt is empty or prompt + max_tokens exceeds the context
-        (`check_context`) or one sequence needs more KV blocks than the cache has, or
-        logprobs are asked of a model without a batched forward, QueueFullError when
+        (`check_context`) or one sequence needs more KV blocks than the cache has,
+        RequestError (naming the field) for logprobs asked of a model without a batched
+        forward or a logit_bias id past the vocabulary, QueueFullError when
         max_queue requests wait already, EngineStoppedError after shutdown."""
         ids = list(prompt_ids)
         if params.logprobs is not None and self.kv is None:
-            raise VkrtError("logprobs need a model with a batched forward (execute_batch); "
-                            f"the {getattr(self.model, 'family', 'model')} family has none")
+            raise RequestError("logprobs need a model with a batched forward (execute_batch); "
+                               f"the {getattr(self.model, 'family', 'model')} family has none",
+                               "logprobs")
+        n_vocab = self.model.hparams.n_vocab
+        bad = [i for i, _ in params.logit_bias if i >= n_vocab]
+        if bad:
+            raise RequestError(f"logit_bias: token id {bad[0]} is past the vocabulary of "
+                               f"{n_vocab}", "logit_bias")
         max_tokens = params.max_tokens
         if max_tokens is None:     # the rest of the context, or of what the KV cache holds
             limit = self.n_ctx

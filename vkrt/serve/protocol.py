@@ -57,7 +57,6 @@ def _is_number(v: Any) -> bool:
 
 # Fields OpenAI defines that vkrt accepts only at their neutral value (name -> is-neutral).
 _NEUTRAL = {
-    "logit_bias": lambda v: v is None or v == {},
     "echo": lambda v: v is None or v is False,
     "best_of": lambda v: v is None or v == 1,
     "suffix": lambda v: v is None,
@@ -71,7 +70,8 @@ _NEUTRAL = {
     "service_tier": lambda v: True,
 }
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
-           "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty"}
+           "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
+           "logit_bias"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs"} | set(_NEUTRAL) - {
     "tools", "tool_choice", "parallel_tool_calls", "response_format", "store", "metadata"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"} | set(
@@ -157,6 +157,16 @@ def _common(body: dict, allowed: set[str]) -> dict:
             raise _bad(name, v, f"a number from {lo} to {hi}" if hi < math.inf
                        else "a number > 0")
         penalties[name] = float(v)
+    bias = body.get("logit_bias") or {}
+    if not isinstance(bias, dict):
+        raise _bad("logit_bias", bias, "an object mapping token ids to numbers from -100 to 100")
+    pairs = []
+    for key, v in bias.items():
+        if not (key.isascii() and key.isdigit() and _is_number(v) and -100 <= v <= 100):
+            raise _bad("logit_bias", {key: v},
+                       "token ids (as strings of digits) mapped to numbers from -100 to 100")
+        pairs.append((int(key), float(v)))
+    penalties["logit_bias"] = tuple(pairs)
     out.update(temperature=float(t), top_p=float(p), n=n, seed=seed, stop=tuple(stop),
                stream=stream, include_usage=include_usage, penalties=penalties)
     return out

@@ -50,9 +50,12 @@ class SamplingParams:
     the logit of every id the sequence generated so far, once and per occurrence.
     repetition_penalty (> 0, 1 off; vLLM's and llama.cpp's, after CTRL, Keskar et al. 2019):
     the logits of ids in the prompt or generated so far are divided by it where positive and
-    multiplied where negative (`vkrt.models.generate.penalized`). A penalized sequence's
-    token (greedy too) is chosen on the host from its penalized logits, so its steps are
-    collected before the next is scheduled; logprobs stay the model's own.
+    multiplied where negative (`vkrt.models.generate.penalized`). logit_bias: (id, value)
+    pairs, value in [-100, 100], added to those ids' logits (OpenAI's; ids below the
+    model's vocabulary, which the engine checks). A sequence with any of these
+    (`adjusts_logits`) has its token, greedy too, chosen on the host from its adjusted
+    logits, so its steps are collected before the next is scheduled; logprobs stay the
+    model's own.
     Raises ConfigError (one line naming the field) for a value out of range."""
     max_tokens: int | None = 16
     temperature: float = 0.0
@@ -65,6 +68,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         if self.max_tokens is not None and not (
@@ -85,6 +89,15 @@ class SamplingParams:
         if not (isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)
                 and r > 0):
             raise ConfigError(f"repetition_penalty must be a finite number > 0, got {r!r}")
+        bias = tuple((i, v) for i, v in (self.logit_bias.items() if isinstance(
+            self.logit_bias, dict) else self.logit_bias))
+        for i, v in bias:
+            if not (isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                    and isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and -100 <= v <= 100):
+                raise ConfigError(f"logit_bias must map token ids >= 0 to numbers from -100 "
+                                  f"to 100, got {i!r}: {v!r}")
+        object.__setattr__(self, "logit_bias", bias)
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if not all(isinstance(s, str) and s for s in stop):
             raise ConfigError(f"stop must hold non-empty strings, got {self.stop!r}")
@@ -94,10 +107,10 @@ class SamplingParams:
         Sampling(self.temperature, self.top_p, self.seed)   # temperature, top_p, seed checks
 
     @property
-    def penalized(self) -> bool:
-        """Some penalty changes the logits."""
+    def adjusts_logits(self) -> bool:
+        """Some penalty or bias changes the logits."""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
-                or self.repetition_penalty != 1)
+                or self.repetition_penalty != 1 or bool(self.logit_bias))
 
     def seed_of(self, index: int) -> int | None:
         """The seed sequence `index` draws with (None stays None: random)."""

@@ -241,7 +241,7 @@ class BatchRunner:
                             "while this one ran it")
         batch, sampling = self.prepare(plan.scheduled)
         on_gpu = all(self._rngs[s.seq][1] is None and s.seq.request.params.logprobs is None
-                     and not s.seq.request.params.penalized for s in sampling)
+                     and not s.seq.request.params.adjusts_logits for s in sampling)
         pending = self.lm.submit_batch(batch, want_logits=not on_gpu)
         self._rows = {s.seq: r for r, s in enumerate(sampling)}
         self.steps += 1
@@ -266,14 +266,14 @@ class BatchRunner:
             params, rng = entry
             p = s.seq.request.params
             logits = None if out.logits is None else np.asarray(out.logits[r])
-            if p.penalized:
+            if p.adjusts_logits:
                 seq = s.seq
                 logits = penalized(logits, seq.token_ids[:seq.num_prompt_tokens],
                                    seq.token_ids[seq.num_prompt_tokens:], p.presence_penalty,
-                                   p.frequency_penalty, p.repetition_penalty)
+                                   p.frequency_penalty, p.repetition_penalty, p.logit_bias)
             if rng is not None:
                 token = _sample(logits, params, rng)
-            elif p.penalized:
+            elif p.adjusts_logits:
                 token = int(np.argmax(logits))
             else:
                 token = int(out.argmax[r])
