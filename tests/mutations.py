@@ -1581,6 +1581,16 @@ MUTATIONS = [
     ("logit_bias: an id past the vocabulary accepted", "vkrt/serve/engine.py",
      "        bad = [i for i, _ in params.logit_bias if i >= n_vocab]",
      "        bad = []", ["tests/test_serve_batch.py::test_penalties_are_each_sequences_own_in_any_batch"]),
+    # -- several prompts in one completions request -----------------------------------------
+    ("several prompts: every prompt's choices at indices 0 .. n - 1", "vkrt/serve/app.py",
+     "            i = k * n + out.index\n            texts[i]", "            i = out.index\n            texts[i]",
+     ["tests/test_serve.py::test_several_prompts_in_one_completions_request"]),
+    ("several prompts: streamed choices at indices 0 .. n - 1", "vkrt/serve/app.py",
+     "            i = k * n + out.index\n            if chat_kind", "            i = out.index\n            if chat_kind",
+     ["tests/test_serve.py::test_several_prompts_in_one_completions_request"]),
+    ("several prompts: a refused prompt leaves the ones before it queued", "vkrt/serve/app.py",
+     "        except Exception as e:\n            abort_all()\n", "        except Exception as e:\n",
+     ["tests/test_serve.py::test_queue_full_is_429"]),
     # -- decode attention's splits ---------------------------------------------------------
     ("attention_chunk: always rounded up (17 splits at 4,128 positions)", "vkrt/kernels.py",
      "    return min((up, down), key=lambda c: abs(-(-n_positions // c) - ATTENTION_TARGET_SPLITS))",

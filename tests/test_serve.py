@@ -89,7 +89,7 @@ def served(chat_folder, device):
     refs["chat4"] = "".join(model.generate(chat_ids, max_tokens=4))
     refs["long_ids"] = (refs["ids"] * 40)[:40]          # 2 whole KV blocks of 16, and 8
     refs["long"] = "".join(model.generate(refs["long_ids"], max_tokens=8))
-    engine = Engine(model, max_queue=1).start()
+    engine = Engine(model, max_queue=2).start()
     server = Server(engine, NAME)
     server.refs = refs
     yield model, engine, server
@@ -166,6 +166,30 @@ def test_prefix_cache_hit_reported_in_usage_with_the_same_text(srv):
     assert texts == {0: srv.refs["long"]}
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 32
     assert chunks[-1].usage.prompt_tokens == 40
+
+
+def test_several_prompts_in_one_completions_request(srv):
+    """`prompt` as a list of prompts (text and token ids), n = 2: n choices per prompt,
+    prompt k's at indices 2k, 2k + 1, each the text that prompt gets alone; usage sums the
+    prompts; streamed the same; a bad prompt among them is 400 naming it, nothing queued."""
+    ids = srv.refs["long_ids"][:12]
+    alone = [complete(srv.client, prompt=p, max_tokens=4).choices[0].text
+             for p in (PROMPT, ids)]
+    r = complete(srv.client, prompt=[PROMPT, ids], max_tokens=4, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.text for c in r.choices] == [alone[0]] * 2 + [alone[1]] * 2
+    assert r.usage.prompt_tokens == len(srv.refs["ids"]) + 12
+    assert r.usage.completion_tokens == 4 * 4
+    texts, reasons, chunks = streamed(complete(srv.client, prompt=[PROMPT, ids], max_tokens=4,
+                                               n=2, stream=True,
+                                               stream_options={"include_usage": True}))
+    assert texts == {0: alone[0], 1: alone[0], 2: alone[1], 3: alone[1]}
+    assert reasons == {i: "length" for i in range(4)}
+    assert chunks[-1].usage.completion_tokens == 16
+    status, err = raw(srv.url + "/v1/completions", {"prompt": [PROMPT, []]})
+    assert status == 400 and err["error"]["param"] == "prompt[1]", err
+    status, err = raw(srv.url + "/v1/completions", {"prompt": [PROMPT, ids * 200]})
+    assert status == 400 and "'prompt[1]': the prompt is 2400 tokens" in err["error"]["message"]
 
 
 def test_include_usage_sends_a_last_usage_chunk(srv):
@@ -421,10 +445,15 @@ def test_queue_full_is_429(srv, served):
     waiting = threading.Thread(target=lambda: results.update(
         r=complete(srv.client, max_tokens=2)))
     waiting.start()
-    assert wait_for(lambda: engine.load()["waiting"] == 1)   # --max-queue 1: full
+    assert wait_for(lambda: engine.load()["waiting"] == 1)   # --max-queue 2: one left
     with pytest.raises(openai.RateLimitError) as e:   # at once, not after waiting
-        complete(srv.client.with_options(timeout=5), max_tokens=2)
+        complete(srv.client.with_options(timeout=5), max_tokens=2,
+                 prompt=[PROMPT, PROMPT])         # two prompts take two places
     assert e.value.status_code == 429 and e.value.body["code"] == "queue_full"
+    assert engine.load()["waiting"] == 1          # all or none of a request's prompts
+    with pytest.raises(openai.BadRequestError) as e:      # never: more than the queue holds
+        complete(srv.client, max_tokens=2, prompt=[PROMPT] * 3)
+    assert e.value.body["param"] == "prompt" and "--max-queue 2" in e.value.body["message"]
     engine.resume()
     waiting.join(30)
     assert results["r"].usage.completion_tokens == 2

@@ -96,26 +96,36 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
             raise ProtocolError("the request body is not valid JSON: nested too deeply") \
                 from None
 
-    def context_check(ids: list[int], parsed: ParsedRequest, field: str) -> None:
+    def context_check(ids: list[int], parsed: ParsedRequest, field: str,
+                      param: str | None = None) -> None:
         n_ctx, want = engine.n_ctx, parsed.params.max_tokens
         if not ids:
-            raise ProtocolError(f"'{field}': the prompt is empty", param=field)
+            raise ProtocolError(f"'{field}': the prompt is empty", param=param or field)
         if len(ids) + (want or 1) > n_ctx:
             extra = f" + max_tokens {want}" if want is not None else ""
             raise ProtocolError(
                 f"'{field}': the prompt is {len(ids)} tokens{extra}, past the model's context "
-                f"of {n_ctx} tokens", param=field, code="context_length_exceeded")
+                f"of {n_ctx} tokens", param=param or field, code="context_length_exceeded")
 
     async def completions(request: Request):
         authorize(request)
         parsed = protocol.parse_completion(await body_of(request))
         check_model(parsed.model)
-        try:
-            ids = engine.encode(parsed.prompt)
-        except VkrtError as e:
-            raise ProtocolError(f"'prompt': {e}", param="prompt") from None
-        context_check(ids, parsed, "prompt")
-        return await run(request, parsed, ids)
+        held = engine.scheduler.max_queue
+        if len(parsed.prompt) > held:
+            raise ProtocolError(f"'prompt': {len(parsed.prompt)} prompts, more than the "
+                                f"waiting queue holds (--max-queue {held}): each prompt is "
+                                "queued as a request", param="prompt")
+        prompts = []
+        for k, prompt in enumerate(parsed.prompt):
+            field = "prompt" if len(parsed.prompt) == 1 else f"prompt[{k}]"
+            try:
+                ids = engine.encode(prompt)
+            except VkrtError as e:
+                raise ProtocolError(f"'{field}': {e}", param="prompt") from None
+            context_check(ids, parsed, field, "prompt")
+            prompts.append(ids)
+        return await run(request, parsed, prompts)
 
     async def chat(request: Request):
         authorize(request)
@@ -126,44 +136,57 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
         except VkrtError as e:
             raise ProtocolError(f"'messages': {e}", param="messages") from None
         context_check(ids, parsed, "messages")
-        return await run(request, parsed, ids)
+        return await run(request, parsed, [ids])
 
-    async def run(request: Request, parsed: ParsedRequest, ids: list[int]):
+    async def run(request: Request, parsed: ParsedRequest, prompts: list[list[int]]):
+        """One engine request per prompt (all or none queued); their outputs, tagged with
+        the prompt's index, through one queue (choice index = prompt index * n + the
+        sequence's)."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
+        queued = []
 
-        def sink(out):   # on the engine thread
-            loop.call_soon_threadsafe(outputs.put_nowait, out)
+        def abort_all():
+            for r in queued:
+                engine.abort(r.request_id)   # a no-op once it finished
 
         try:
-            req = engine.add_request(ids, parsed.params, sink, request_id=parsed.id)
-        except QueueFullError as e:
-            raise ProtocolError(str(e), status=429, type="rate_limit_error",
-                                code="queue_full") from None
-        except EngineStoppedError as e:
-            raise ProtocolError(str(e), status=503, type="server_error",
-                                code="shutting_down") from None
-        except RequestError as e:
-            raise ProtocolError(str(e), param=e.param) from None
-        except VkrtError as e:   # the engine's own context check
-            raise ProtocolError(str(e), param="max_tokens") from None
+            for k, ids in enumerate(prompts):
+                def sink(out, k=k):   # on the engine thread
+                    loop.call_soon_threadsafe(outputs.put_nowait, (k, out))
+                rid = parsed.id if len(prompts) == 1 else f"{parsed.id}-{k}"
+                queued.append(engine.add_request(ids, parsed.params, sink, request_id=rid))
+        except Exception as e:
+            abort_all()
+            if isinstance(e, QueueFullError):
+                raise ProtocolError(str(e), status=429, type="rate_limit_error",
+                                    code="queue_full") from None
+            if isinstance(e, EngineStoppedError):
+                raise ProtocolError(str(e), status=503, type="server_error",
+                                    code="shutting_down") from None
+            if isinstance(e, RequestError):
+                raise ProtocolError(str(e), param=e.param) from None
+            if isinstance(e, VkrtError):   # the engine's own context check
+                raise ProtocolError(str(e), param="max_tokens") from None
+            raise
         if parsed.stream:
-            return _EventStream(events(parsed, outputs, len(ids)),
-                                lambda: engine.abort(req.request_id))
+            return _EventStream(events(parsed, outputs, prompts), abort_all)
         try:
-            return await collect(request, parsed, outputs, len(ids))
+            return await collect(request, parsed, outputs, prompts)
         finally:
-            engine.abort(req.request_id)   # a no-op once it finished
+            abort_all()
 
     async def collect(request: Request, parsed: ParsedRequest, outputs: asyncio.Queue,
-                      n_prompt: int):
+                      prompts: list[list[int]]):
         loop = asyncio.get_running_loop()
-        n = parsed.params.n
-        texts, reasons, logprobs = [""] * n, [None] * n, [[] for _ in range(n)]
+        n, left = parsed.params.n, len(prompts)
+        choices = n * len(prompts)
+        texts, reasons, logprobs = [""] * choices, [None] * choices, [[] for _ in range(choices)]
+        completion, cached = [0] * len(prompts), [0] * len(prompts)
         checked = loop.time()
         while True:
             try:
-                out = await asyncio.wait_for(outputs.get(), DISCONNECT_POLL_S)
+                k, out = await asyncio.wait_for(outputs.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 out = None
             if loop.time() - checked >= DISCONNECT_POLL_S:   # idle or not
@@ -178,46 +201,51 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
                                         type="server_error")
                 raise ProtocolError("the request was cancelled (server shutting down)",
                                     status=503, type="server_error", code="shutting_down")
-            texts[out.index] += out.delta
-            logprobs[out.index] += out.logprobs or []
+            i = k * n + out.index
+            texts[i] += out.delta
+            logprobs[i] += out.logprobs or []
+            completion[k], cached[k] = out.completion_tokens, out.cached_tokens
             if out.finished:
-                reasons[out.index] = out.finish_reason
+                reasons[i] = out.finish_reason
             if out.request_finished:
-                return JSONResponse(protocol.response(parsed, model_name, texts, reasons,
-                                                      n_prompt, out.completion_tokens,
-                                                      out.cached_tokens, logprobs))
+                left -= 1
+                if not left:
+                    return JSONResponse(protocol.response(
+                        parsed, model_name, texts, reasons, sum(map(len, prompts)),
+                        sum(completion), sum(cached), logprobs))
 
-    async def events(parsed: ParsedRequest, outputs: asyncio.Queue, n_prompt: int):
-        chat_kind = parsed.kind == "chat"
+    async def events(parsed: ParsedRequest, outputs: asyncio.Queue, prompts: list[list[int]]):
+        chat_kind, n, left = parsed.kind == "chat", parsed.params.n, len(prompts)
         started = set()
-        offsets = [0] * parsed.params.n        # text_offset of each choice's next token
-        completion_tokens = cached_tokens = 0
-        while True:
-            out = await outputs.get()
-            completion_tokens, cached_tokens = out.completion_tokens, out.cached_tokens
+        offsets = [0] * (n * len(prompts))     # text_offset of each choice's next token
+        completion, cached = [0] * len(prompts), [0] * len(prompts)
+        while left:
+            k, out = await outputs.get()
+            completion[k], cached[k] = out.completion_tokens, out.cached_tokens
             if out.finish_reason in (ERROR, ABORT):
                 message = (f"generation failed: {out.error}" if out.finish_reason == ERROR
                            else "the request was cancelled (server shutting down)")
                 yield protocol.sse(ProtocolError(message, 500, "server_error").body())
                 yield protocol.sse("[DONE]")   # the stream still ends in order
                 return
-            if chat_kind and out.index not in started:
-                started.add(out.index)
-                yield protocol.sse(protocol.chunk(parsed, model_name, out.index, "", role=True))
-            lps = protocol.logprobs_json(parsed, out.logprobs, offsets[out.index])
+            i = k * n + out.index
+            if chat_kind and i not in started:
+                started.add(i)
+                yield protocol.sse(protocol.chunk(parsed, model_name, i, "", role=True))
+            lps = protocol.logprobs_json(parsed, out.logprobs, offsets[i])
             if lps is not None:
-                offsets[out.index] += sum(len(e.token) for e in out.logprobs)
+                offsets[i] += sum(len(e.token) for e in out.logprobs)
             if out.delta or lps is not None:
-                yield protocol.sse(protocol.chunk(parsed, model_name, out.index, out.delta,
+                yield protocol.sse(protocol.chunk(parsed, model_name, i, out.delta,
                                                   logprobs=lps))
             if out.finished:
-                yield protocol.sse(protocol.chunk(parsed, model_name, out.index, None,
+                yield protocol.sse(protocol.chunk(parsed, model_name, i, None,
                                                   out.finish_reason))
             if out.request_finished:
-                break
+                left -= 1
         if parsed.include_usage:
-            yield protocol.sse(protocol.usage_chunk(parsed, model_name, n_prompt,
-                                                    completion_tokens, cached_tokens))
+            yield protocol.sse(protocol.usage_chunk(parsed, model_name, sum(map(len, prompts)),
+                                                    sum(completion), sum(cached)))
         yield protocol.sse("[DONE]")
 
     async def models(request: Request):

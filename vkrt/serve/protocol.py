@@ -21,6 +21,7 @@ from vkrt.serve.request import MAX_LOGPROBS, SamplingParams, TokenLogprob
 COMPLETION_DEFAULT_MAX_TOKENS = 16   # OpenAI's documented default for /v1/completions
 MAX_STOP = 4                         # OpenAI: "Up to 4 sequences"
 MAX_N = 16
+MAX_PROMPTS = 64                     # prompts in one completions request
 MAX_COMPLETION_LOGPROBS = 5          # OpenAI (Completions, `logprobs`): "The maximum value is 5"
 
 
@@ -80,7 +81,8 @@ CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_l
 
 @dataclass
 class ParsedRequest:
-    """A checked request: `prompt` (text or token ids; for chat, the messages), the model
+    """A checked request: `prompt` (completions: a list of prompts, each text or token ids;
+    chat: the messages), the model
     name it asked for, `params` (SamplingParams; `max_tokens` None means "the rest of the
     context"), `stream`, `include_usage` (stream_options.include_usage)."""
     kind: str                    # "completion" or "chat"
@@ -214,20 +216,29 @@ def _chat_logprobs(body: dict) -> int | None:
 
 
 def parse_completion(body: Any) -> ParsedRequest:
-    """POST /v1/completions body -> ParsedRequest. `prompt`: a string, a list of token ids,
-    or a list holding one of those (several prompts in one request are refused).
-    Raises ProtocolError (400) naming the field."""
+    """POST /v1/completions body -> ParsedRequest whose `prompt` is a list of prompts (each
+    a string or a list of token ids): `prompt` is one of those or a non-empty list of them
+    (at most MAX_PROMPTS; the response has n choices per prompt, prompt k's at indices
+    k * n ..). Raises ProtocolError (400) naming the field."""
     c = _common(body, COMPLETION_FIELDS)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        if not prompt or not all(_is_int(i) for i in prompt):
-            raise _bad("prompt", prompt, "a string or a non-empty list of token ids (one "
-                                         "prompt per request)")
-    elif not isinstance(prompt, str):
-        raise _bad("prompt", prompt, "a string or a list of token ids")
-    return ParsedRequest("completion", c["model"], prompt,
+
+    def one(p: Any) -> bool:
+        return isinstance(p, str) or (isinstance(p, list) and bool(p)
+                                      and all(_is_int(i) for i in p))
+
+    if one(prompt):
+        prompts = [prompt]
+    elif (isinstance(prompt, list) and 0 < len(prompt) <= MAX_PROMPTS
+          and all(isinstance(p, (str, list)) for p in prompt)):
+        prompts = prompt
+        for k, p in enumerate(prompts):
+            if not one(p):
+                raise _bad(f"prompt[{k}]", p, "a string or a non-empty list of token ids")
+    else:
+        raise _bad("prompt", prompt, "a string, a non-empty list of token ids, or a list of "
+                                     f"up to {MAX_PROMPTS} of those")
+    return ParsedRequest("completion", c["model"], prompts,
                          _params(c, _max_tokens(body, "max_tokens",
                                                 COMPLETION_DEFAULT_MAX_TOKENS),
                                  _completion_logprobs(body)),
