@@ -89,6 +89,7 @@ def served(chat_folder, device):
     refs["chat4"] = "".join(model.generate(chat_ids, max_tokens=4))
     refs["long_ids"] = (refs["ids"] * 40)[:40]          # 2 whole KV blocks of 16, and 8
     refs["long"] = "".join(model.generate(refs["long_ids"], max_tokens=8))
+    refs["decode"] = model.tokenizer.decode
     engine = Engine(model, max_queue=2).start()
     server = Server(engine, NAME)
     server.refs = refs
@@ -400,6 +401,45 @@ def test_bad_penalty_is_400_naming_it(srv, field, value):
     status, err = raw(srv.url + "/v1/chat/completions",
                       {"messages": [{"role": "user", "content": "Hi"}], field: value})
     assert status == 400 and err["error"]["param"] == field, err
+
+
+def test_echo_with_prompt_logprobs_as_evaluation_harnesses_ask(srv, chat_folder):
+    """`echo` with `logprobs` and `max_tokens` 1, several prompts in one request (how
+    lm-evaluation-harness scores a continuation through /v1/completions): each choice's
+    text is its prompt then the completion; its logprobs cover the prompt's tokens (the
+    first null) then the generated one, each within 1e-3 of log_softmax of transformers' OPT
+    logits at the position before; the same streamed; a prompt the prefix cache holds is
+    computed again (cached_tokens 0); without logprobs echo only prefixes the text."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(chat_folder, dtype=torch.float32).eval()
+    prompts = [srv.refs["long_ids"][:20], srv.refs["ids"]]
+    r = complete(srv.client, prompt=prompts, max_tokens=1, logprobs=1, echo=True)
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    decode = srv.refs["decode"]
+    for ids, c in zip(prompts, r.choices):
+        lp = c.logprobs
+        assert c.text.startswith(decode(ids)) and len(lp.tokens) == len(ids) + 1
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].double()
+        want = torch.log_softmax(logits, -1).numpy()
+        for q in range(1, len(ids)):
+            assert abs(lp.token_logprobs[q] - want[q - 1, ids[q]]) < 1e-3, q
+            assert abs(max(lp.top_logprobs[q].values()) - want[q - 1].max()) < 1e-3
+        assert abs(lp.token_logprobs[-1] - want[-1].max()) < 1e-3      # greedy: the argmax
+        assert lp.text_offset == list(np.cumsum([0] + [len(s) for s in lp.tokens[:-1]]))
+    _, _, chunks = streamed(complete(srv.client, prompt=prompts, max_tokens=1, logprobs=1,
+                                     echo=True, stream=True))
+    for i, c in enumerate(r.choices):
+        parts = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].index == i]
+        assert "".join(p.text for p in parts) == c.text
+        got = [v for p in parts if p.logprobs for v in p.logprobs.token_logprobs]
+        assert got == c.logprobs.token_logprobs
+    plain = complete(srv.client, prompt=PROMPT, max_tokens=3, echo=True)
+    assert plain.choices[0].text == PROMPT + "".join(srv.refs["greedy"][:3])
+    assert plain.choices[0].logprobs is None
 
 
 def test_errors_keep_the_server_serving(srv):

@@ -402,6 +402,50 @@ def test_logprobs_are_each_tokens_own_in_any_batch(async_scheduling):
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
+def test_prompt_logprobs_come_with_the_first_token(async_scheduling):
+    """`prompt_logprobs`: every prompt token from the second on gets its log-probability
+    and top ids given the tokens before it, with the sequence's first output, computed over
+    chunks (prompts longer than a step's budget) and for each of `n` choices, not again
+    after a preemption; a prompt the prefix cache holds is computed again for them; the
+    generated tokens are still each request's alone."""
+    engine = engine_of(max_batch=3, block_size=4, kv_blocks=10, max_batched_tokens=8,
+                       async_scheduling=async_scheduling)
+    long = [5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6]
+    warm = Collect()
+    engine.add_request(long, SamplingParams(max_tokens=2), warm)    # the prefix cache has it
+    run_to_end(engine)
+    cases = [(long, {"prompt_logprobs": 2, "logprobs": 1}), ([7], {"prompt_logprobs": 0}),
+             ([4, 2, 4, 2, 4], {"prompt_logprobs": 3, "n": 2}), ([1, 1, 2], {})]
+    sinks = []
+    for prompt, kw in cases:
+        sinks.append(Collect())
+        engine.add_request(prompt, SamplingParams(max_tokens=10, ignore_eos=True, **kw),
+                           sinks[-1])
+    run_to_end(engine)
+    assert engine.scheduler.num_preemptions >= 1
+    for (prompt, kw), sink in zip(cases, sinks):
+        for i in range(kw.get("n", 1)):
+            outs = [o for o in sink.outs if o.index == i and o.token_ids]
+            assert sink.tokens[i] == reference(prompt, 10, stop_at_eos=False)
+            if "prompt_logprobs" not in kw:
+                assert all(o.prompt_logprobs is None for o in outs)
+                continue
+            got = outs[0].prompt_logprobs
+            assert all(o.prompt_logprobs is None for o in outs[1:])
+            assert len(got) == len(prompt)
+            assert (got[0].token_id, got[0].logprob, got[0].top) == (prompt[0], None, ())
+            for q in range(1, len(prompt)):
+                lp, top = logprobs_of(logits_of([(t, p, True) for p, t in
+                                                 enumerate(prompt[:q])]),
+                                      prompt[q], kw["prompt_logprobs"])
+                e = got[q]
+                assert (e.token_id, e.token, e.logprob) == (prompt[q], piece(prompt[q]), lp)
+                assert [(j, v) for j, _, v in e.top] == top
+    assert sinks[0].outs[-1].cached_tokens == 0
+    assert_no_block_leaked(engine)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
 def test_penalties_are_each_sequences_own_in_any_batch(async_scheduling):
     """Penalized requests (greedy and seeded, with logprobs) beside plain ones, prompts
     chunked and a sequence preempted: each gets the tokens its penalized logits give alone,

@@ -125,7 +125,11 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
                 raise ProtocolError(f"'{field}': {e}", param="prompt") from None
             context_check(ids, parsed, field, "prompt")
             prompts.append(ids)
-        return await run(request, parsed, prompts)
+        echoes = None
+        if parsed.echo:   # the prompt as given, or its ids' text
+            echoes = [p if isinstance(p, str) else engine.decode(ids)
+                      for p, ids in zip(parsed.prompt, prompts)]
+        return await run(request, parsed, prompts, echoes)
 
     async def chat(request: Request):
         authorize(request)
@@ -138,10 +142,11 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
         context_check(ids, parsed, "messages")
         return await run(request, parsed, [ids])
 
-    async def run(request: Request, parsed: ParsedRequest, prompts: list[list[int]]):
+    async def run(request: Request, parsed: ParsedRequest, prompts: list[list[int]],
+                  echoes: list[str] | None = None):
         """One engine request per prompt (all or none queued); their outputs, tagged with
         the prompt's index, through one queue (choice index = prompt index * n + the
-        sequence's)."""
+        sequence's). `echoes`: each prompt's text, which its choices' texts start with."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         queued = []
@@ -170,18 +175,19 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
                 raise ProtocolError(str(e), param="max_tokens") from None
             raise
         if parsed.stream:
-            return _EventStream(events(parsed, outputs, prompts), abort_all)
+            return _EventStream(events(parsed, outputs, prompts, echoes), abort_all)
         try:
-            return await collect(request, parsed, outputs, prompts)
+            return await collect(request, parsed, outputs, prompts, echoes)
         finally:
             abort_all()
 
     async def collect(request: Request, parsed: ParsedRequest, outputs: asyncio.Queue,
-                      prompts: list[list[int]]):
+                      prompts: list[list[int]], echoes: list[str] | None):
         loop = asyncio.get_running_loop()
         n, left = parsed.params.n, len(prompts)
         choices = n * len(prompts)
-        texts, reasons, logprobs = [""] * choices, [None] * choices, [[] for _ in range(choices)]
+        texts = [echoes[i // n] if echoes else "" for i in range(choices)]
+        reasons, logprobs = [None] * choices, [[] for _ in range(choices)]
         completion, cached = [0] * len(prompts), [0] * len(prompts)
         checked = loop.time()
         while True:
@@ -203,7 +209,7 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
                                     status=503, type="server_error", code="shutting_down")
             i = k * n + out.index
             texts[i] += out.delta
-            logprobs[i] += out.logprobs or []
+            logprobs[i] += (out.prompt_logprobs or []) + (out.logprobs or [])
             completion[k], cached[k] = out.completion_tokens, out.cached_tokens
             if out.finished:
                 reasons[i] = out.finish_reason
@@ -214,7 +220,8 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
                         parsed, model_name, texts, reasons, sum(map(len, prompts)),
                         sum(completion), sum(cached), logprobs))
 
-    async def events(parsed: ParsedRequest, outputs: asyncio.Queue, prompts: list[list[int]]):
+    async def events(parsed: ParsedRequest, outputs: asyncio.Queue, prompts: list[list[int]],
+                     echoes: list[str] | None):
         chat_kind, n, left = parsed.kind == "chat", parsed.params.n, len(prompts)
         started = set()
         offsets = [0] * (n * len(prompts))     # text_offset of each choice's next token
@@ -232,6 +239,13 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
             if chat_kind and i not in started:
                 started.add(i)
                 yield protocol.sse(protocol.chunk(parsed, model_name, i, "", role=True))
+            if echoes and i not in started:   # the prompt first, with its logprobs
+                started.add(i)
+                lps = protocol.logprobs_json(parsed, out.prompt_logprobs, 0)
+                if lps is not None:
+                    offsets[i] += sum(len(e.token) for e in out.prompt_logprobs)
+                yield protocol.sse(protocol.chunk(parsed, model_name, i, echoes[k],
+                                                  logprobs=lps))
             lps = protocol.logprobs_json(parsed, out.logprobs, offsets[i])
             if lps is not None:
                 offsets[i] += sum(len(e.token) for e in out.logprobs)

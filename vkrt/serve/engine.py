@@ -239,6 +239,11 @@ class Engine:
         with self._tokenizer_lock:
             return self.model.encode(prompt)
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of prompt token ids (special tokens spelled out, as `Tokenizer.decode`)."""
+        with self._tokenizer_lock:
+            return self.model.tokenizer.decode(list(ids))
+
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Token ids of `messages` through the model's chat template, ending with the opening
         of an assistant turn (`vkrt.models.chat.encode_chat`). Raises VkrtError when the model
@@ -502,7 +507,8 @@ class Engine:
         with self._cond:
             self.scheduler.update_from_output(step.plan,
                                               {q: s.token for q, s in results.items()})
-        return [(seq.request, self._update(seq, s.token, s.finish_reason, s.logprobs))
+        return [(seq.request, self._update(seq, s.token, s.finish_reason, s.logprobs,
+                                           s.prompt_logprobs))
                 for seq, s in results.items()]
 
     def _start_sequence(self, seq: Sequence) -> None:
@@ -511,10 +517,10 @@ class Engine:
         self._texts[seq] = (detok, StopChecker(seq.request.params.stop))
 
     def _update(self, seq: Sequence, token: int, reason: str | None,
-                logprobs=None) -> RequestOutput:
-        """Fold one new token of `seq` into its text (and its log-probabilities, `Sampled`'s,
-        into a `TokenLogprob` with the ids' texts); retire the sequence (and the request
-        after its last) when it stopped."""
+                logprobs=None, prompt_logprobs=None) -> RequestOutput:
+        """Fold one new token of `seq` into its text (and its log-probabilities and its
+        prompt's, `Sampled`'s, into `TokenLogprob`s with the ids' texts); retire the
+        sequence (and the request after its last) when it stopped."""
         request = seq.request
         now = time.perf_counter()
         if request.first_token_at is None:
@@ -528,17 +534,20 @@ class Engine:
             if reason is not None:
                 piece += detok.finish()
             if logprobs is not None:
-                text = self._token_text
-                lp, top = logprobs
-                logprobs = [TokenLogprob(token, text(token), lp,
-                                         tuple((i, text(i), v) for i, v in top))]
+                logprobs = [self._token_logprob(token, *logprobs)]
+            if prompt_logprobs is not None:
+                first = seq.token_ids[0]
+                prompt_logprobs = [self._token_logprob(first, None, ())] + [
+                    self._token_logprob(t, *e) for t, e in zip(
+                        seq.token_ids[1:seq.num_prompt_tokens], prompt_logprobs)]
         delta, stopped = checker.add(piece, final=reason is not None)
         if stopped:
             reason = STOP
         out = RequestOutput(request.request_id, seq.index, delta, [token],
                             prompt_tokens=len(request.prompt_ids),
                             completion_tokens=request.completion_tokens,
-                            cached_tokens=request.cached_tokens, logprobs=logprobs)
+                            cached_tokens=request.cached_tokens, logprobs=logprobs,
+                            prompt_logprobs=prompt_logprobs)
         if reason is None:
             return out
         out.finished, out.finish_reason = True, reason
@@ -552,10 +561,13 @@ class Engine:
         out.request_finished, out.ttft_s, out.tpot_s = True, last.ttft_s, last.tpot_s
         return out
 
-    def _token_text(self, token: int) -> str:
-        """One id's text alone (as a generated token: a SentencePiece token keeps its
-        leading space; an id holding part of a UTF-8 character decodes to U+FFFD)."""
-        return self.model.tokenizer.decode([token], continuation=True)
+    def _token_logprob(self, token: int, logprob: float | None, top) -> TokenLogprob:
+        """A `TokenLogprob` with the texts of `token` and of the `top` (id, logprob) ids,
+        each id decoded alone (as a generated token: a SentencePiece token keeps its leading
+        space; an id holding part of a UTF-8 character decodes to U+FFFD)."""
+        def text(i: int) -> str:
+            return self.model.tokenizer.decode([i], continuation=True)
+        return TokenLogprob(token, text(token), logprob, tuple((i, text(i), v) for i, v in top))
 
     def _retire(self, request: Request, reason: str) -> RequestOutput:
         """Under the lock: free the request's sequences (their KV blocks) and state; its

@@ -9,6 +9,7 @@ Nothing here touches the model or the event loop.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -58,7 +59,6 @@ def _is_number(v: Any) -> bool:
 
 # Fields OpenAI defines that vkrt accepts only at their neutral value (name -> is-neutral).
 _NEUTRAL = {
-    "echo": lambda v: v is None or v is False,
     "best_of": lambda v: v is None or v == 1,
     "suffix": lambda v: v is None,
     "tools": lambda v: v is None or v == [],
@@ -73,10 +73,10 @@ _NEUTRAL = {
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
            "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
            "logit_bias"}
-COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs"} | set(_NEUTRAL) - {
+COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo"} | set(_NEUTRAL) - {
     "tools", "tool_choice", "parallel_tool_calls", "response_format", "store", "metadata"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"} | set(
-    _NEUTRAL) - {"echo", "best_of", "suffix"}
+    _NEUTRAL) - {"best_of", "suffix"}
 
 
 @dataclass
@@ -91,6 +91,7 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
+    echo: bool = False           # completions: each choice's text starts with its prompt
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -238,11 +239,15 @@ def parse_completion(body: Any) -> ParsedRequest:
     else:
         raise _bad("prompt", prompt, "a string, a non-empty list of token ids, or a list of "
                                      f"up to {MAX_PROMPTS} of those")
-    return ParsedRequest("completion", c["model"], prompts,
-                         _params(c, _max_tokens(body, "max_tokens",
-                                                COMPLETION_DEFAULT_MAX_TOKENS),
-                                 _completion_logprobs(body)),
-                         c["stream"], c["include_usage"])
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool):
+        raise _bad("echo", echo, "true or false")
+    logprobs = _completion_logprobs(body)
+    params = _params(c, _max_tokens(body, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS), logprobs)
+    if echo and logprobs is not None:      # the prompt's tokens get theirs too
+        params = dataclasses.replace(params, prompt_logprobs=logprobs)
+    return ParsedRequest("completion", c["model"], prompts, params, c["stream"],
+                         c["include_usage"], echo)
 
 
 def parse_chat(body: Any) -> ParsedRequest:
@@ -314,7 +319,8 @@ def logprobs_json(req: ParsedRequest, entries: list[TokenLogprob] | None,
     that decode to U+FFFD alone, share the entry of the more likely), "text_offset": each
     token's offset in the choice's text from `text_offset` on, by the tokens' own texts}. Chat: {"content": [{"token", "logprob",
     "bytes" (the text's UTF-8), "top_logprobs": [{"token", "logprob", "bytes"}]}],
-    "refusal": null}."""
+    "refusal": null}. An entry without a logprob (an echoed prompt's first token) has
+    null for it and for its top_logprobs."""
     if req.params.logprobs is None or entries is None:
         return None
     if req.kind == "chat":
@@ -327,10 +333,12 @@ def logprobs_json(req: ParsedRequest, entries: list[TokenLogprob] | None,
     for e in entries:
         offsets.append(text_offset)
         text_offset += len(e.token)
-        top: dict[str, float] = {}
-        for _, t, v in e.top:
-            top.setdefault(t, v)
-        top.setdefault(e.token, e.logprob)
+        top: dict[str, float] | None = None
+        if e.logprob is not None:
+            top = {}
+            for _, t, v in e.top:
+                top.setdefault(t, v)
+            top.setdefault(e.token, e.logprob)
         tops.append(top)
     return {"tokens": [e.token for e in entries],
             "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
@@ -340,8 +348,9 @@ def logprobs_json(req: ParsedRequest, entries: list[TokenLogprob] | None,
 def response(req: ParsedRequest, model: str, texts: list[str], reasons: list[str],
              prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
              logprobs: list[list[TokenLogprob]] | None = None) -> dict:
-    """The whole (non-streamed) response: one choice per generated sequence (`logprobs`:
-    each choice's `TokenLogprob`s, when the request asked for them)."""
+    """The whole (non-streamed) response: one choice per generated sequence (`texts`: with
+    echo, the prompt's text first; `logprobs`: each choice's `TokenLogprob`s, with echo the
+    prompt's first, when the request asked for them)."""
     out = _head(req, model, chunk=False)
     lps = [logprobs_json(req, logprobs[i] if logprobs else None) for i in range(len(texts))]
     if req.kind == "chat":

@@ -21,13 +21,14 @@ MAX_LOGPROBS = 20      # most likely alternatives per token (OpenAI's top_logpro
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One generated token's log-probability (natural log, under the model's softmax before
-    temperature and top_p): `token_id`, its text `token` (the id decoded alone), `logprob`,
-    and `top`: the (id, text, logprob) of the most likely ids at that position, most likely
-    first (SamplingParams.logprobs of them)."""
+    """One token's log-probability (natural log, under the model's softmax before
+    temperature and top_p): `token_id`, its text `token` (the id decoded alone), `logprob`
+    (None for a prompt's first token: nothing predicts it), and `top`: the (id, text,
+    logprob) of the most likely ids at that position, most likely first
+    (SamplingParams.logprobs or prompt_logprobs of them)."""
     token_id: int
     token: str
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[int, str, float], ...] = ()
 
 
@@ -45,7 +46,10 @@ class SamplingParams:
     logprobs: None, or each generated token's log-probability and those of the `logprobs`
     (0 .. MAX_LOGPROBS) most likely ids at its position (`TokenLogprob`; the model's
     distribution before temperature and top_p). Such a request's steps bring the logits to
-    the host: they are collected before the next is scheduled.
+    the host: they are collected before the next is scheduled. prompt_logprobs: the same
+    for every prompt token from the second on, given the ones before it (vLLM's
+    `prompt_logprobs`; `RequestOutput.prompt_logprobs`): such a sequence computes its whole
+    prompt (no prefix cache hit).
     presence_penalty, frequency_penalty (each in [-2, 2], 0 off; OpenAI's): subtracted from
     the logit of every id the sequence generated so far, once and per occurrence.
     repetition_penalty (> 0, 1 off; vLLM's and llama.cpp's, after CTRL, Keskar et al. 2019):
@@ -65,6 +69,7 @@ class SamplingParams:
     n: int = 1
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -76,11 +81,12 @@ class SamplingParams:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not (isinstance(self.n, int) and self.n >= 1):
             raise ConfigError(f"n must be an integer >= 1, got {self.n!r}")
-        if self.logprobs is not None and not (
-                isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
-                and 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ConfigError(f"logprobs must be None or an integer from 0 to {MAX_LOGPROBS}, "
-                              f"got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, int) and not isinstance(v, bool)
+                                      and 0 <= v <= MAX_LOGPROBS):
+                raise ConfigError(f"{name} must be None or an integer from 0 to "
+                                  f"{MAX_LOGPROBS}, got {v!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and -2 <= v <= 2):
@@ -139,7 +145,9 @@ class RequestOutput:
     prompt_tokens / completion_tokens: counts so far (completion summed over sequences).
     cached_tokens: of the prompt, the positions taken from the prefix cache (the first
     sequence's first admission; 0 before it). logprobs: one `TokenLogprob` per id of
-    `token_ids` when the request asked for them, else None.
+    `token_ids` when the request asked for them, else None. prompt_logprobs: with a
+    sequence's first output when the request asks for them, one `TokenLogprob` per prompt
+    token (the first's logprob None: nothing before it), else None.
     ttft_s, tpot_s: time to first token (from arrival) and mean time per output token after
     the first, seconds, on the request's last output (None before)."""
     request_id: str
@@ -156,6 +164,7 @@ class RequestOutput:
     tpot_s: float | None = None
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(eq=False)

@@ -56,10 +56,13 @@ class Sampled(NamedTuple):
     """A sequence's token from a step: its id, the finish reason it causes ("stop",
     "length") or None, and where the request asks for them (`SamplingParams.logprobs`) its
     log-probability and the (id, log-probability) of the most likely ids
-    (`vkrt.models.generate.logprobs_of`), else None."""
+    (`vkrt.models.generate.logprobs_of`), else None. `prompt_logprobs`
+    (`SamplingParams.prompt_logprobs`, with the sequence's first token only): the same for
+    each prompt token from the second on, given the ones before it."""
     token: int
     finish_reason: str | None
     logprobs: tuple[float, list[tuple[int, float]]] | None = None
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 def _sampling_of(seq: Sequence) -> Sampling:
@@ -79,14 +82,17 @@ def _finish_reason(s: ScheduledSeq, token: int, stop_ids: frozenset) -> str | No
 
 
 class RunnerStep:
-    """A submitted step: its `plan`, the sampling entries in logit-row order (`sampling`),
-    the model's pending step (`pending`: `result()` waits), and whether the engine may submit
-    the next step before collecting this one (`overlaps`: every token it samples is the
-    GPU's argmax)."""
+    """A submitted step: its `plan`, the sampling entries with their logit rows
+    (`sampling`: (ScheduledSeq, row)), the rows of prompt tokens whose log-probabilities a
+    request asks for (`prompt_rows`: (sequence, position q, row): the row of token q - 1,
+    which predicts token q), the model's pending step (`pending`: `result()` waits), and
+    whether the engine may submit the next step before collecting this one (`overlaps`:
+    every token it samples is the GPU's argmax and no logits go to the host)."""
 
-    def __init__(self, plan: SchedulerOutput, sampling: list[ScheduledSeq], pending,
-                 overlaps: bool):
+    def __init__(self, plan: SchedulerOutput, sampling: list[tuple[ScheduledSeq, int]],
+                 pending, overlaps: bool, prompt_rows: list = ()):
         self.plan, self.sampling, self.pending, self.overlaps = plan, sampling, pending, overlaps
+        self.prompt_rows = list(prompt_rows)
 
 
 # The runner of the started (not yet shut down) engine of each model: the model's paged KV
@@ -118,6 +124,9 @@ class BatchRunner:
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self._rngs: dict[Sequence, tuple[Sampling, np.random.Generator | None]] = {}
         self._rows: dict[Sequence, int] = {}   # logit row of each sampler of the last step
+        # Prompt log-probabilities computed so far (SamplingParams.prompt_logprobs): entry
+        # q - 1 is prompt token q's; None once given out with the sequence's first token.
+        self._prompt_lps: dict[Sequence, list | None] = {}
         self.steps = self.batched_tokens = self.max_seqs_in_step = 0
         self.fed_tokens = 0      # tokens whose id came from the step before, on the GPU
 
@@ -169,21 +178,27 @@ class BatchRunner:
         s = _sampling_of(seq)
         rng = (np.random.Generator(np.random.PCG64(s.seed)) if s.temperature > 0 else None)
         self._rngs[seq] = (s, rng)
+        if seq.request.params.prompt_logprobs is not None:
+            self._prompt_lps[seq] = []
 
     def running(self, seq: Sequence) -> bool:
         return seq in self._rngs
 
     def release(self, seq: Sequence) -> None:
         self._rngs.pop(seq, None)
+        self._prompt_lps.pop(seq, None)
 
     def prepare(self, scheduled: list[ScheduledSeq]):
-        """(BatchInput, the sampling entries of `scheduled` in logit-row order).
+        """(BatchInput, the sampling entries of `scheduled` with their logit rows, the prompt
+        rows: `RunnerStep`'s `sampling` and `prompt_rows`).
 
         BatchInput (u32 arrays): token_ids [T], positions [T], seq_of_token [T] (row of
         block_tables), slot_mapping [T] (block_tables[s][pos // block_size] * block_size +
         pos % block_size), block_tables [S, max blocks of any of them] (rows padded with
         0, never read past a sequence's own positions), logit_tokens [R] (index in T of
-        the last token of each sampling sequence); prompt (bool [T]): the token's position
+        the last token of each sampling sequence, and of each prompt token but the last of a
+        sequence whose request asks for prompt log-probabilities, those not computed yet, in
+        token order); prompt (bool [T]): the token's position
         lies inside its sequence's prompt (a generated token recomputed after a preemption
         stays a generated one: its role, and so its product's kernel, is its own);
         prev_rows [T] (u32, or None when no token needs it): for a PENDING_TOKEN (a decode
@@ -194,7 +209,7 @@ class BatchRunner:
         bs = self.kv.block_size
         tables = [self.kv.block_table(s.seq) for s in scheduled]
         block_tables = np.zeros((len(scheduled), max(len(t) for t in tables)), np.uint32)
-        ids, positions, rows, logit_tokens, sampling = [], [], [], [], []
+        ids, positions, rows, logit_tokens, sampling, prompt_rows = [], [], [], [], [], []
         t = 0
         for i, s in enumerate(scheduled):
             block_tables[i, :len(tables[i])] = tables[i]
@@ -202,10 +217,16 @@ class BatchRunner:
             ids.append(np.asarray(s.seq.token_ids[s.start:s.start + n], np.int64))
             positions.append(np.arange(s.start, s.start + n, dtype=np.uint32))
             rows.append(np.full(n, i, np.uint32))
+            done = self._prompt_lps.get(s.seq)
+            if done is not None:     # rows of prompt tokens 1 .. P - 1 not computed yet
+                for q in range(max(s.start + 1, len(done) + 1),
+                               min(s.start + n + 1, s.seq.num_prompt_tokens)):
+                    prompt_rows.append((s.seq, q, len(logit_tokens)))
+                    logit_tokens.append(t + q - 1 - s.start)
             t += n
             if s.samples:
+                sampling.append((s, len(logit_tokens)))
                 logit_tokens.append(t - 1)
-                sampling.append(s)
         positions = np.concatenate(positions)
         seq_of_token = np.concatenate(rows)
         token_ids = np.concatenate(ids)
@@ -229,7 +250,7 @@ class BatchRunner:
                            block_tables=block_tables,
                            logit_tokens=np.asarray(logit_tokens, np.uint32), prompt=prompt,
                            prev_rows=prev_rows)
-        return batch, sampling
+        return batch, sampling, prompt_rows
 
     def submit(self, plan: SchedulerOutput) -> RunnerStep:
         """Submit the step: one `submit_batch` of every scheduled sequence's tokens (logits
@@ -239,18 +260,19 @@ class BatchRunner:
         if not self._cache_is_mine():
             raise VkrtError("the model's paged KV cache was replaced by another engine's "
                             "while this one ran it")
-        batch, sampling = self.prepare(plan.scheduled)
-        on_gpu = all(self._rngs[s.seq][1] is None and s.seq.request.params.logprobs is None
-                     and not s.seq.request.params.adjusts_logits for s in sampling)
+        batch, sampling, prompt_rows = self.prepare(plan.scheduled)
+        on_gpu = not prompt_rows and all(
+            self._rngs[s.seq][1] is None and s.seq.request.params.logprobs is None
+            and not s.seq.request.params.adjusts_logits for s, _ in sampling)
         pending = self.lm.submit_batch(batch, want_logits=not on_gpu)
-        self._rows = {s.seq: r for r, s in enumerate(sampling)}
+        self._rows = {s.seq: r for s, r in sampling}
         self.steps += 1
         self.batched_tokens += len(batch.token_ids)
         self.max_seqs_in_step = max(self.max_seqs_in_step, len(plan.scheduled))
         if batch.prev_rows is not None:
             from vkrt.models.batch import NO_ROW
             self.fed_tokens += int((batch.prev_rows != NO_ROW).sum())
-        return RunnerStep(plan, sampling, pending, on_gpu)
+        return RunnerStep(plan, sampling, pending, on_gpu, prompt_rows)
 
     def collect(self, step: RunnerStep) -> dict[Sequence, Sampled]:
         """Wait for the step; a token for each sequence whose chunk reached its last token
@@ -259,7 +281,12 @@ class BatchRunner:
         its log-probabilities (of the model's logits) where its request asks for them."""
         out = step.pending.result()
         result = {}
-        for r, s in enumerate(step.sampling):
+        for seq, q, r in step.prompt_rows:
+            done = self._prompt_lps.get(seq)
+            if done is not None and len(done) == q - 1:   # (not released, not computed)
+                done.append(logprobs_of(np.asarray(out.logits[r]), seq.token_ids[q],
+                                        seq.request.params.prompt_logprobs))
+        for s, r in step.sampling:
             entry = self._rngs.get(s.seq)
             if entry is None:     # released meanwhile: stopped, aborted or failed
                 continue
@@ -279,7 +306,11 @@ class BatchRunner:
                 token = int(out.argmax[r])
             k = p.logprobs
             lp = None if k is None else logprobs_of(np.asarray(out.logits[r]), token, k)
-            result[s.seq] = Sampled(token, _finish_reason(s, token, self.stop_ids), lp)
+            prompt_lps = self._prompt_lps.get(s.seq)
+            if prompt_lps is not None:
+                self._prompt_lps[s.seq] = None       # given out once, with the first token
+            result[s.seq] = Sampled(token, _finish_reason(s, token, self.stop_ids), lp,
+                                    prompt_lps)
         return result
 
     def execute(self, plan: SchedulerOutput) -> dict[Sequence, Sampled]:

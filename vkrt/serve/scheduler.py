@@ -231,7 +231,9 @@ class Scheduler:
             seq = self.waiting[0]
             # A waiting sequence has nothing computed (`_preempt`) but what the prefix
             # cache holds.
-            cached = [] if self.kv is None else self.kv.cached_prefix(seq)
+            # (A sequence that wants every prompt token's logits computes them all.)
+            cached = ([] if self.kv is None or seq.request.params.prompt_logprobs is not None
+                      else self.kv.cached_prefix(seq))
             start = len(cached) * self.kv.block_size if cached else seq.num_computed_tokens
             n = int(min(seq.num_tokens - start, budget))
             if self.kv is not None:
