@@ -12,6 +12,7 @@ from paged_fake import EOS, FakeModel, logits_of, piece, reference
 from vkrt.models.generate import logprobs_of
 from vkrt.errors import VkrtError
 from vkrt.serve import Engine, QueueFullError, SamplingParams
+from vkrt.serve.engine import RequestError
 from vkrt.serve.kv_cache import KVCacheManager
 
 
@@ -576,8 +577,17 @@ def test_a_model_without_execute_batch_runs_one_sequence():
     model = FakeModel(batched=False)
     with pytest.raises(VkrtError, match="--max-batch must be 1"):
         Engine(model, max_batch=4)
-    engine = Engine(model)
+    engine = Engine(model).start(thread=False)
     assert engine.kv is None and engine.max_batch == 1 and engine.scheduler.max_num_seqs == 1
+    # What its token loop cannot do is refused by name, not ignored.
+    for kw, field in (({"logprobs": 1}, "logprobs"), ({"prompt_logprobs": 0}, "prompt_logprobs"),
+                      ({"frequency_penalty": 1.0}, "frequency_penalty"),
+                      ({"repetition_penalty": 1.2}, "repetition_penalty"),
+                      ({"logit_bias": {3: 1.0}}, "logit_bias")):
+        with pytest.raises(RequestError, match=f"^{field} needs a model with a batched") as e:
+            engine.add_request([1, 2], SamplingParams(**kw), Collect())
+        assert e.value.param == field
+    engine.shutdown()
 
 
 def test_stop_strings_are_each_sequences_own():

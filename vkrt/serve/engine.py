@@ -270,14 +270,22 @@ class Engine:
         Request (its `request_id` for `abort`).
         Raises VkrtError when the prompt is empty or prompt + max_tokens exceeds the context
         (`check_context`) or one sequence needs more KV blocks than the cache has,
-        RequestError (naming the field) for logprobs asked of a model without a batched
-        forward or a logit_bias id past the vocabulary, QueueFullError when
+        RequestError (naming the field) for logprobs, penalties or a logit bias asked of a
+        model without a batched forward or a logit_bias id past the vocabulary,
+        QueueFullError when
         max_queue requests wait already, EngineStoppedError after shutdown."""
         ids = list(prompt_ids)
-        if params.logprobs is not None and self.kv is None:
-            raise RequestError("logprobs need a model with a batched forward (execute_batch); "
-                               f"the {getattr(self.model, 'family', 'model')} family has none",
-                               "logprobs")
+        if self.kv is None:   # the batch-1 runner samples on `generate`'s token loop
+            for field, used in (("logprobs", params.logprobs is not None),
+                                ("prompt_logprobs", params.prompt_logprobs is not None),
+                                ("presence_penalty", params.presence_penalty != 0),
+                                ("frequency_penalty", params.frequency_penalty != 0),
+                                ("repetition_penalty", params.repetition_penalty != 1),
+                                ("logit_bias", bool(params.logit_bias))):
+                if used:
+                    raise RequestError(
+                        f"{field} needs a model with a batched forward (execute_batch); the "
+                        f"{getattr(self.model, 'family', 'model')} family has none", field)
         n_vocab = self.model.hparams.n_vocab
         bad = [i for i, _ in params.logit_bias if i >= n_vocab]
         if bad:

@@ -254,9 +254,9 @@ class BatchRunner:
 
     def submit(self, plan: SchedulerOutput) -> RunnerStep:
         """Submit the step: one `submit_batch` of every scheduled sequence's tokens (logits
-        to the host only when a sequence samples by drawing, not greedy: the step then
-        does not overlap). Raises whatever the model raises (the engine fails the step's
-        requests)."""
+        to the host only when a sequence samples by drawing, adjusts its logits or asks for
+        log-probabilities: the step then does not overlap). Raises whatever the model
+        raises (the engine fails the step's requests)."""
         if not self._cache_is_mine():
             raise VkrtError("the model's paged KV cache was replaced by another engine's "
                             "while this one ran it")
@@ -290,7 +290,7 @@ class BatchRunner:
             entry = self._rngs.get(s.seq)
             if entry is None:     # released meanwhile: stopped, aborted or failed
                 continue
-            params, rng = entry
+            sampling, rng = entry
             p = s.seq.request.params
             logits = None if out.logits is None else np.asarray(out.logits[r])
             if p.adjusts_logits:
@@ -299,7 +299,7 @@ class BatchRunner:
                                    seq.token_ids[seq.num_prompt_tokens:], p.presence_penalty,
                                    p.frequency_penalty, p.repetition_penalty, p.logit_bias)
             if rng is not None:
-                token = _sample(logits, params, rng)
+                token = _sample(logits, sampling, rng)
             elif p.adjusts_logits:
                 token = int(np.argmax(logits))
             else:
