@@ -459,7 +459,22 @@ def test_errors_keep_the_server_serving(srv):
     status, err = raw(srv.url + "/v1/chat/completions",
                       b'{"messages": [{"role": "user", "content": "a\\ud800"}]}')
     assert status == 400 and "messages[0].content" in err["error"]["message"], err
+    # ... wherever it is: quoted back in the error (escaped), or where no text goes.
+    for path, body, status, param in (
+            ("/v1/completions", b'{"model": "\\ud800", "prompt": "a"}', 404, "model"),
+            ("/v1/completions", b'{"\\ud800": 1, "prompt": "a"}', 400, "\\ud800"),
+            ("/v1/completions", b'{"prompt": "a", "stop": "\\ud800"}', 400, "stop"),
+            ("/v1/chat/completions",
+             b'{"messages": [{"role": "user", "content": "a", "\\ud800": 1}]}', 400,
+             "messages[0].\\ud800")):
+        got, err = raw(srv.url + path, body)
+        assert got == status and err["error"]["param"] == param, (body, err)
+    # A number of more than Python's 4,300 digits: 400, without Python's own advice.
+    got, err = raw(srv.url + "/v1/completions", b'{"prompt": "a", "seed": ' + b"9" * 5000 + b"}")
+    assert got == 400 and "sys." not in err["error"]["message"], err
     assert raw(srv.url + "/v1/nothing")[0] == 404
+    got, err = raw(srv.url + "/v1/completions/", {"prompt": "a"})    # no slash redirect
+    assert got == 404 and err["error"]["type"] == "not_found_error", err
     with pytest.raises(openai.BadRequestError):   # past the 64-token context
         complete(srv.client, max_tokens=60)
     assert complete(srv.client, max_tokens=3).usage.completion_tokens == 3
@@ -700,6 +715,7 @@ def test_cli_sigterm_cancels_a_running_stream_and_exits_0(chat_folder):
                                     "cannot be allocated: 100000000 blocks",
                                     "maxStorageBufferRange", "of this device's memory",
                                     "(--kv-blocks)"]),
+    (["--kv-blocks", "1000000000000"], ["cannot be allocated: 1000000000000 blocks"]),
 ])
 def test_cli_bad_options_are_one_line(chat_folder, flags, words):
     p = subprocess.run([sys.executable, "-m", "vkrt.cli", "serve", "--model", chat_folder,

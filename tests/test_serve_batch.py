@@ -86,6 +86,11 @@ def test_kv_manager_allocates_frees_and_refuses_when_short():
     kv.free(a), kv.free(b)
     assert kv.num_free_blocks == 5 and kv.num_allocations == kv.num_frees == 8
     kv.check()
+    # A pool of any size costs nothing until its blocks are used (a --kv-blocks far past
+    # the device is refused by the model's allocation, not by the host running out).
+    huge = KVCacheManager(num_blocks=10 ** 12, block_size=16)
+    assert huge.allocate_slots(a, 40) and huge.block_table(a) == [0, 1, 2]
+    assert huge.num_free_blocks == 10 ** 12 - 3
 
 
 class _Prompt:
@@ -839,6 +844,62 @@ def test_http_load_64_streaming_clients():
           f"{pct(ttft, 50):.0f} ms p99 {pct(ttft, 99):.0f} ms; TPOT p50 {pct(tpot, 50):.1f} ms "
           f"p99 {pct(tpot, 99):.1f} ms (client side)")
     assert elapsed < 45
+
+
+def test_shutdown_ends_open_requests_while_a_step_runs_long():
+    """Shut down while the engine is inside a step longer than the grace uvicorn gives after
+    the drain (CANCEL_GRACE_S; a big model on a slow device): every open request still ends
+    in order at once: the non-streamed one with a 503 `shutting_down` JSON error, the stream
+    with an error event and `data: [DONE]`, neither cut by uvicorn's task cancellation."""
+    import json as _json
+    import urllib.error
+    import urllib.request
+
+    import uvicorn  # noqa: F401 (the server below is uvicorn's)
+    from vkrt.serve.app import CANCEL_GRACE_S, build_app, server as draining_server
+
+    model = FakeModel()
+    model.lm.delay_s = CANCEL_GRACE_S + 1.5
+    engine = Engine(model, max_queue=8, max_batch=4, block_size=4)
+    srv = draining_server(engine, build_app(engine, "fake", owns_engine=True), 0.0,
+                          host="127.0.0.1", port=0, log_level="critical")
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.01)
+    url = f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}/v1/completions"
+    got = {}
+
+    def call(stream):
+        body = _json.dumps({"prompt": [1, 2, 3], "max_tokens": 50, "stream": stream}).encode()
+        req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                got[stream] = (r.status, r.read().decode())
+        except urllib.error.HTTPError as e:
+            got[stream] = (e.code, e.read().decode())
+
+    clients = [threading.Thread(target=call, args=(s,), daemon=True) for s in (False, True)]
+    for c in clients:
+        c.start()
+    while engine.load()["running"] < 2:        # both inside the engine's first (long) step
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    srv.should_exit = True
+    for c in clients:
+        c.join(30)
+    assert time.monotonic() - t0 < CANCEL_GRACE_S, "the requests waited for the engine"
+    status, body = got[False]
+    assert status == 503 and _json.loads(body)["error"]["code"] == "shutting_down", got
+    status, body = got[True]
+    events = [line for line in body.splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "data: [DONE]", body
+    assert "shutting down" in _json.loads(events[-2][6:])["error"]["message"]
+    thread.join(30)
+    assert not thread.is_alive()
 
 
 def test_http_client_disconnect_frees_its_blocks_within_a_step():

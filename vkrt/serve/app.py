@@ -38,6 +38,7 @@ from vkrt.serve.request import ABORT, ERROR
 from vkrt.serve.scheduler import QueueFullError
 
 DISCONNECT_POLL_S = 1.0
+_CANCELLED = object()   # put in an open request's output queue: the server shuts down
 
 
 def _error(e: ProtocolError) -> JSONResponse:
@@ -70,6 +71,14 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
     constant time); None: no key. /health needs none."""
     created = int(time.time())
     key = None if api_key is None else api_key.encode()
+    open_queues: set[asyncio.Queue] = set()     # the output queue of every open request
+
+    def cancel_requests() -> None:
+        """On the event loop, at shutdown: every open request ends now (503, or an error
+        event and `data: [DONE]`), without waiting for the engine's next step (which may
+        be seconds away) to deliver its "abort"."""
+        for q in list(open_queues):
+            q.put_nowait((None, _CANCELLED))
 
     def authorize(request: Request) -> None:
         if key is None:
@@ -91,7 +100,8 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
-            raise ProtocolError(f"the request body is not valid JSON: {e}") from None
+            why = str(e).split("; use sys.set_int_max_str_digits()")[0]   # Python's own hint
+            raise ProtocolError(f"the request body is not valid JSON: {why}") from None
         except RecursionError:
             raise ProtocolError("the request body is not valid JSON: nested too deeply") \
                 from None
@@ -152,6 +162,7 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
         queued = []
 
         def abort_all():
+            open_queues.discard(outputs)
             for r in queued:
                 engine.abort(r.request_id)   # a no-op once it finished
 
@@ -174,6 +185,7 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
             if isinstance(e, VkrtError):   # the engine's own context check
                 raise ProtocolError(str(e), param="max_tokens") from None
             raise
+        open_queues.add(outputs)
         if parsed.stream:
             return _EventStream(events(parsed, outputs, prompts, echoes), abort_all)
         try:
@@ -201,10 +213,10 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
                     raise ProtocolError("the client disconnected", status=499)
             if out is None:
                 continue
-            if out.finish_reason in (ERROR, ABORT) and out.request_finished:
-                if out.finish_reason == ERROR:
-                    raise ProtocolError(f"generation failed: {out.error}", status=500,
-                                        type="server_error")
+            if out is not _CANCELLED and out.finish_reason == ERROR and out.request_finished:
+                raise ProtocolError(f"generation failed: {out.error}", status=500,
+                                    type="server_error")
+            if out is _CANCELLED or (out.finish_reason == ABORT and out.request_finished):
                 raise ProtocolError("the request was cancelled (server shutting down)",
                                     status=503, type="server_error", code="shutting_down")
             i = k * n + out.index
@@ -228,13 +240,14 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
         completion, cached = [0] * len(prompts), [0] * len(prompts)
         while left:
             k, out = await outputs.get()
-            completion[k], cached[k] = out.completion_tokens, out.cached_tokens
-            if out.finish_reason in (ERROR, ABORT):
-                message = (f"generation failed: {out.error}" if out.finish_reason == ERROR
+            if out is _CANCELLED or out.finish_reason in (ERROR, ABORT):
+                message = (f"generation failed: {out.error}"
+                           if out is not _CANCELLED and out.finish_reason == ERROR
                            else "the request was cancelled (server shutting down)")
                 yield protocol.sse(ProtocolError(message, 500, "server_error").body())
                 yield protocol.sse("[DONE]")   # the stream still ends in order
                 return
+            completion[k], cached[k] = out.completion_tokens, out.cached_tokens
             i = k * n + out.index
             if chat_kind and i not in started:
                 started.add(i)
@@ -289,13 +302,16 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
                 # Off the event loop: a step in progress finishes first.
                 await asyncio.to_thread(engine.shutdown)
 
-    return Starlette(routes=[
+    app = Starlette(routes=[
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ], exception_handlers={ProtocolError: protocol_error, HTTPException: http_error},
         lifespan=lifespan)
+    app.router.redirect_slashes = False        # /v1/completions/ is a 404, not a 307
+    app.state.cancel_requests = cancel_requests
+    return app
 
 
 CANCEL_GRACE_S = 2.0   # after cancelling: time for the aborted streams to end in order
@@ -303,16 +319,22 @@ CANCEL_GRACE_S = 2.0   # after cancelling: time for the aborted streams to end i
 
 def server(engine: Engine, app: Starlette, drain_s: float, **config):
     """A uvicorn Server for `app` whose graceful shutdown (SIGINT, SIGTERM) first lets running
-    requests finish for `drain_s` seconds, then cancels the engine's requests itself
-    (`Engine.cancel_all`), so that every open stream still ends in order (an error event,
-    then `data: [DONE]`) and every non-streamed request gets its 503, before uvicorn would
-    cancel the connection tasks (CANCEL_GRACE_S later). uvicorn stops accepting at once: a
-    new connection is refused from the first signal on. `config`: uvicorn.Config's."""
+    requests finish for `drain_s` seconds, then cancels the engine's requests
+    (`Engine.cancel_all`, effective at the engine's next step) and ends every open request at
+    once (`build_app`'s `cancel_requests`: a step may take longer than the grace), so that
+    every open stream still ends in order (an error event, then `data: [DONE]`) and every
+    non-streamed request gets its 503, before uvicorn would cancel the connection tasks
+    (CANCEL_GRACE_S later). uvicorn stops accepting at once: a new connection is refused
+    from the first signal on. `config`: uvicorn.Config's."""
     import uvicorn
+
+    def cancel():
+        engine.cancel_all()
+        getattr(app.state, "cancel_requests", lambda: None)()
 
     class DrainingServer(uvicorn.Server):
         async def shutdown(self, sockets=None):
-            timer = asyncio.get_running_loop().call_later(drain_s, engine.cancel_all)
+            timer = asyncio.get_running_loop().call_later(drain_s, cancel)
             try:
                 await super().shutdown(sockets)
             finally:

@@ -66,11 +66,15 @@ class KVCacheManager:
                 raise VkrtError(f"the KV cache's {name} must be an integer >= 1, got {v!r}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_caching = bool(prefix_caching)
-        # The pool, in the order it hands blocks out: uncached blocks first (the most
-        # recently freed first), then cached ones, least recently freed first.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # The pool, in the order it hands blocks out: uncached blocks freed before (the most
+        # recently freed first), then the never used ones (`_fresh` .. num_blocks - 1, in
+        # order), then cached ones, least recently freed first. Only blocks used so far
+        # have entries, so a manager of any size costs nothing until its blocks are used.
+        self._free: OrderedDict[int, None] = OrderedDict()      # uncached
+        self._fresh = 0
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._tables: dict[Hashable, list[int]] = {}
-        self._refs = [0] * num_blocks                 # tables holding each block
+        self._refs: dict[int, int] = {}               # tables holding each block in one
         self._key_of: dict[int, tuple] = {}           # cached block -> its key
         self._cached: dict[tuple, tuple[int, int]] = {}   # key -> (block, the key's id)
         self._next_id = ROOT + 1
@@ -79,11 +83,11 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.num_blocks - self._fresh + len(self._free_cached)
 
     @property
     def num_allocated_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
 
     @property
     def num_cached_blocks(self) -> int:
@@ -143,13 +147,20 @@ class KVCacheManager:
             self._next_id += 1
 
     def reset_prefix_cache(self) -> None:
-        """Forget every key (blocks stay where they are: in their tables or the pool)."""
+        """Forget every key (blocks stay in their tables; free ones join the uncached)."""
         self._cached.clear()
         self._key_of.clear()
+        self._free.update(self._free_cached)
+        self._free_cached.clear()
 
     def _take_free(self) -> int:
         """The pool's next block, evicted from the cache if it was cached."""
-        block, _ = self._free.popitem(last=False)
+        if self._free:
+            return self._free.popitem(last=False)[0]
+        if self._fresh < self.num_blocks:
+            self._fresh += 1
+            return self._fresh - 1
+        block, _ = self._free_cached.popitem(last=False)
         key = self._key_of.pop(block, None)
         if key is not None:
             del self._cached[key]
@@ -172,14 +183,14 @@ class KVCacheManager:
             start = len(cached) * self.block_size
         have = len(self.block_table(seq)) + len(cached)
         need = max(0, blocks_for(start + n_new_tokens, self.block_size) - have)
-        idle = sum(1 for b in cached if self._refs[b] == 0)
-        if need + idle > len(self._free):
+        idle = sum(1 for b in cached if not self._refs.get(b))
+        if need + idle > self.num_free_blocks:
             return False
         table = self._tables.setdefault(seq, []) if need or cached else None
         for b in cached:
-            if self._refs[b] == 0:
-                del self._free[b]
-            self._refs[b] += 1
+            if not self._refs.get(b):
+                del self._free_cached[b]
+            self._refs[b] = self._refs.get(b, 0) + 1
             table.append(b)
         self.num_hit_tokens += len(cached) * self.block_size
         for _ in range(need):
@@ -215,9 +226,12 @@ class KVCacheManager:
             self._refs[b] -= 1
             if self._refs[b]:
                 continue
+            del self._refs[b]
             self.num_frees += 1
-            self._free[b] = None
-            if b not in self._key_of:
+            if b in self._key_of:
+                self._free_cached[b] = None
+            else:
+                self._free[b] = None
                 self._free.move_to_end(b, last=False)
         return len(table)
 
@@ -231,11 +245,19 @@ class KVCacheManager:
             for b in table:
                 held[b] = held.get(b, 0) + 1
         for b, n in held.items():
-            if self._refs[b] != n:
-                raise VkrtError(f"KV block {b} is in {n} block tables, counted {self._refs[b]}")
-            if b in self._free:
+            if self._refs.get(b) != n:
+                raise VkrtError(f"KV block {b} is in {n} block tables, counted "
+                                f"{self._refs.get(b, 0)}")
+            if b in self._free or b in self._free_cached or b >= self._fresh:
                 raise VkrtError(f"KV block {b} is free and in a block table")
-        lost = self.num_blocks - len(held) - len(self._free)
+        if set(self._refs) != set(held):
+            raise VkrtError("a KV block is counted as held by no block table")
+        if set(self._free) & set(self._free_cached) or any(
+                b >= self._fresh for b in (*self._free, *self._free_cached)):
+            raise VkrtError("a KV block is free twice")
+        if any(b not in self._key_of for b in self._free_cached):
+            raise VkrtError("an uncached KV block waits among the cached ones")
+        lost = self.num_blocks - len(held) - self.num_free_blocks
         if lost:
             raise VkrtError(f"{lost} KV blocks are lost (neither free nor in a table)")
         for key, (b, _) in self._cached.items():

@@ -37,9 +37,13 @@ class ProtocolError(Exception):
             message, status, type, param, code)
 
     def body(self) -> dict:
-        """{"error": {"message", "type", "param", "code"}} (OpenAI's error object)."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        """{"error": {"message", "type", "param", "code"}} (OpenAI's error object). Text
+        that came from the request and cannot be UTF-8 (a lone surrogate, a name or value
+        quoted back) is written with backslash escapes, so the error is always sendable."""
+        def text(v: str | None) -> str | None:
+            return None if v is None else v.encode("utf-8", "backslashreplace").decode()
+        return {"error": {"message": text(self.message), "type": self.type,
+                          "param": text(self.param), "code": self.code}}
 
 
 def _bad(name: str, value: Any, expected: str) -> ProtocolError:
@@ -51,6 +55,15 @@ def _bad(name: str, value: Any, expected: str) -> ProtocolError:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_utf8(s: str) -> bool:
+    """`s` can be UTF-8 (no lone surrogate, which JSON's \\ud800 escapes can carry)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_number(v: Any) -> bool:
@@ -131,7 +144,7 @@ def _common(body: dict, allowed: set[str]) -> dict:
     elif isinstance(stop, str):
         stop = [stop]
     if not (isinstance(stop, list) and len(stop) <= MAX_STOP
-            and all(isinstance(s, str) and s for s in stop)):
+            and all(isinstance(s, str) and s and _is_utf8(s) for s in stop)):
         raise _bad("stop", body.get("stop"), f"a non-empty string or a list of up to "
                                              f"{MAX_STOP} non-empty strings")
     stream = body.get("stream", False)
