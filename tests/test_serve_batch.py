@@ -399,12 +399,31 @@ def test_logprobs_are_each_tokens_own_in_any_batch(async_scheduling):
             if "temperature" not in kw and kw["logprobs"]:
                 assert all(e.top[0][0] == e.token_id for e in got)   # greedy: the argmax
     assert_no_block_leaked(engine)
+    sink = never_in_flight(engine, SamplingParams(max_tokens=5, logprobs=1))
+    assert len([e for o in sink.outs for e in o.logprobs or []]) == 5
+
+
+def run_cases(engine: Engine, cases, max_tokens: int) -> list[Collect]:
+    """Queue every (prompt, SamplingParams keywords) of `cases` at once, `max_tokens` each
+    past end-of-generation ids, and step to the end; their sinks."""
+    sinks = []
+    for prompt, kw in cases:
+        sinks.append(Collect())
+        engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                                  **kw), sinks[-1])
+    run_to_end(engine)
+    return sinks
+
+
+def never_in_flight(engine: Engine, params: SamplingParams) -> Collect:
+    """Run one request of `params` alone, asserting after every engine step that no step
+    was left in flight (its logits had to reach the host). Returns its outputs."""
     sink = Collect()
-    engine.add_request([4, 4], SamplingParams(max_tokens=5, logprobs=1), sink)
+    engine.add_request([4, 4], params, sink)
     while engine.has_unfinished():
         engine.step()
-        assert engine._in_flight is None      # a logprobs step never stays in flight
-    assert len([e for o in sink.outs for e in o.logprobs or []]) == 5
+        assert engine._in_flight is None
+    return sink
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
@@ -422,12 +441,7 @@ def test_prompt_logprobs_come_with_the_first_token(async_scheduling):
     run_to_end(engine)
     cases = [(long, {"prompt_logprobs": 2, "logprobs": 1}), ([7], {"prompt_logprobs": 0}),
              ([4, 2, 4, 2, 4], {"prompt_logprobs": 3, "n": 2}), ([1, 1, 2], {})]
-    sinks = []
-    for prompt, kw in cases:
-        sinks.append(Collect())
-        engine.add_request(prompt, SamplingParams(max_tokens=10, ignore_eos=True, **kw),
-                           sinks[-1])
-    run_to_end(engine)
+    sinks = run_cases(engine, cases, max_tokens=10)
     assert engine.scheduler.num_preemptions >= 1
     for (prompt, kw), sink in zip(cases, sinks):
         for i in range(kw.get("n", 1)):
@@ -469,12 +483,7 @@ def test_penalties_are_each_sequences_own_in_any_batch(async_scheduling):
              ([3, 1, 4, 1, 5], {}),
              (echo, {"repetition_penalty": 3.0, "logprobs": 2}),
              ([2, 7, 1], {"presence_penalty": -2.0, "temperature": 1.0, "seed": 9, "n": 2})]
-    sinks = []
-    for prompt, kw in cases:
-        sinks.append(Collect())
-        engine.add_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True, **kw),
-                           sinks[-1])
-    run_to_end(engine)
+    sinks = run_cases(engine, cases, max_tokens=12)
     for (prompt, kw), sink in zip(cases, sinks):
         pen = (kw.get("presence_penalty", 0.0), kw.get("frequency_penalty", 0.0),
                kw.get("repetition_penalty", 1.0))
@@ -497,11 +506,7 @@ def test_penalties_are_each_sequences_own_in_any_batch(async_scheduling):
         assert e.logprob == lp and [(i, v) for i, _, v in e.top] == top
     assert engine.scheduler.num_preemptions >= 1
     assert_no_block_leaked(engine)
-    sink = Collect()
-    engine.add_request([4, 4], SamplingParams(max_tokens=4, frequency_penalty=1.0), sink)
-    while engine.has_unfinished():
-        engine.step()
-        assert engine._in_flight is None      # a penalized step never stays in flight
+    never_in_flight(engine, SamplingParams(max_tokens=4, frequency_penalty=1.0))
 
 
 def test_shutdown_collects_the_step_in_flight():
