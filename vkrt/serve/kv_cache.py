@@ -78,6 +78,8 @@ class KVCacheManager:
         self._key_of: dict[int, tuple] = {}           # cached block -> its key
         self._cached: dict[tuple, tuple[int, int]] = {}   # key -> (block, the key's id)
         self._next_id = ROOT + 1
+        # Per sequence: its prompt blocks `cache_blocks` walked so far, the last one's key id.
+        self._walked: dict[Hashable, tuple[int, int]] = {}
         self.num_allocations = self.num_frees = 0
         self.num_hit_tokens = self.num_evictions = 0
 
@@ -104,11 +106,12 @@ class KVCacheManager:
 
     # -- prefix caching --------------------------------------------------------------------
 
-    def _keys(self, seq, n_blocks: int):
-        """(block index, key) of `seq`'s first `n_blocks` prompt blocks, in order, while
-        each one's parent is cached (a key chains through its parent's id)."""
-        bs, parent = self.block_size, ROOT
-        for j in range(n_blocks):
+    def _keys(self, seq, n_blocks: int, start: int = 0, parent: int = ROOT):
+        """(block index, key) of `seq`'s prompt blocks `start` .. n_blocks - 1, in order,
+        while each one's parent is cached (a key chains through its parent's id; `parent`:
+        block start - 1's)."""
+        bs = self.block_size
+        for j in range(start, n_blocks):
             key = (parent, tuple(seq.token_ids[j * bs:(j + 1) * bs]))
             yield j, key
             hit = self._cached.get(key)
@@ -138,18 +141,24 @@ class KVCacheManager:
         if not self.prefix_caching:
             return
         table = self._tables.get(seq, [])
-        n = min(n_tokens, seq.num_prompt_tokens) // self.block_size
-        for j, key in self._keys(seq, min(n, len(table))):
-            if key in self._cached or table[j] in self._key_of:
-                continue
-            self._cached[key] = (table[j], self._next_id)
-            self._key_of[table[j]] = key
-            self._next_id += 1
+        n = min(n_tokens, seq.num_prompt_tokens, len(table) * self.block_size) // self.block_size
+        done, parent = self._walked.get(seq, (0, ROOT))
+        for j, key in self._keys(seq, n, done, parent):
+            if key not in self._cached and table[j] not in self._key_of:
+                self._cached[key] = (table[j], self._next_id)
+                self._key_of[table[j]] = key
+                self._next_id += 1
+            hit = self._cached.get(key)
+            if hit is None:
+                break
+            # Every step calls this for every running sequence: walk each block once.
+            self._walked[seq] = (j + 1, hit[1])
 
     def reset_prefix_cache(self) -> None:
         """Forget every key (blocks stay in their tables; free ones join the uncached)."""
         self._cached.clear()
         self._key_of.clear()
+        self._walked.clear()
         self._free.update(self._free_cached)
         self._free_cached.clear()
 
@@ -215,6 +224,7 @@ class KVCacheManager:
         returns to the pool. Returns how many blocks the table held; a sequence without
         blocks frees 0."""
         table = self._tables.pop(seq, None)
+        self._walked.pop(seq, None)
         if not table:
             return 0
         # Uncached blocks go to the front: the next allocation reuses the most recently
