@@ -396,7 +396,8 @@ def test_penalties_equal_transformers_greedy_with_them(srv, served, chat_folder)
                                          ("repetition_penalty", 0), ("repetition_penalty", -1),
                                          ("logit_bias", {"x": 1}), ("logit_bias", {"5": 101}),
                                          ("logit_bias", {"²": 1}), ("logit_bias", [5]),
-                                         ("logit_bias", {"99999999": 1})])
+                                         ("logit_bias", {"99999999": 1}),
+                                         ("logit_bias", {"9" * 5000: 1})])
 def test_bad_penalty_is_400_naming_it(srv, field, value):
     status, err = raw(srv.url + "/v1/chat/completions",
                       {"messages": [{"role": "user", "content": "Hi"}], field: value})

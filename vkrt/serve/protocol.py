@@ -178,7 +178,8 @@ def _common(body: dict, allowed: set[str]) -> dict:
         raise _bad("logit_bias", bias, "an object mapping token ids to numbers from -100 to 100")
     pairs = []
     for key, v in bias.items():
-        if not (key.isascii() and key.isdigit() and _is_number(v) and -100 <= v <= 100):
+        if not (key.isascii() and key.isdigit() and len(key) <= 12 and _is_number(v)
+                and -100 <= v <= 100):
             raise _bad("logit_bias", {key: v},
                        "token ids (as strings of digits) mapped to numbers from -100 to 100")
         pairs.append((int(key), float(v)))
