@@ -397,10 +397,12 @@ def test_penalties_equal_transformers_greedy_with_them(srv, served, chat_folder)
                                          ("logit_bias", {"x": 1}), ("logit_bias", {"5": 101}),
                                          ("logit_bias", {"²": 1}), ("logit_bias", [5]),
                                          ("logit_bias", {"99999999": 1}),
-                                         ("logit_bias", {"9" * 5000: 1})])
+                                         ("logit_bias", {"9" * 5000: 1}),
+                                         ("logit_bias", {"12": 1, "012": 1}),
+                                         ("logit_bias", []), ("logit_bias", 0),
+                                         ("echo", 0), ("echo", [])])
 def test_bad_penalty_is_400_naming_it(srv, field, value):
-    status, err = raw(srv.url + "/v1/chat/completions",
-                      {"messages": [{"role": "user", "content": "Hi"}], field: value})
+    status, err = raw(srv.url + "/v1/completions", {"prompt": "Hi", field: value})
     assert status == 400 and err["error"]["param"] == field, err
 
 
@@ -506,6 +508,7 @@ def test_queue_full_is_429(srv, served):
         complete(srv.client.with_options(timeout=5), max_tokens=2,
                  prompt=[PROMPT, PROMPT])         # two prompts take two places
     assert e.value.status_code == 429 and e.value.body["code"] == "queue_full"
+    assert "no room for 2 more" in e.value.body["message"]   # checked before queueing any
     assert engine.load()["waiting"] == 1          # all or none of a request's prompts
     with pytest.raises(openai.BadRequestError) as e:      # never: more than the queue holds
         complete(srv.client, max_tokens=2, prompt=[PROMPT] * 3)
@@ -710,7 +713,9 @@ def test_cli_sigterm_cancels_a_running_stream_and_exits_0(chat_folder):
     (["--port", "70000"], ["--port", "70000"]),
     (["--model", "/nonexistent/model.gguf"], ["/nonexistent/model.gguf"]),
     (["--host", "256.1.1.1"], ["256.1.1.1"]),
-    (["--api-key", " "], ["--api-key", "VKRT_API_KEY", "must not be empty"]),
+    (["--api-key", " "], ["--api-key", "VKRT_API_KEY", "printable ASCII"]),
+    (["--api-key", " k "], ["--api-key", "without spaces around it"]),
+    (["--api-key", "sékret"], ["--api-key", "printable ASCII"]),
     (["--max-batch", "4", "--max-batched-tokens", "2"], ["--max-batched-tokens", "(4)"]),
     (["--kv-blocks", "100000000"], ["100000000 blocks of 16 token slots, f32",
                                     "cannot be allocated: 100000000 blocks",

@@ -231,8 +231,10 @@ def _serve(args) -> int:
     if not args.shutdown_timeout >= 0:
         raise VkrtError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     api_key = args.api_key if args.api_key is not None else config.API_KEY.value
-    if api_key is not None and not api_key.strip():
-        raise VkrtError("--api-key (or VKRT_API_KEY) must not be empty or blank")
+    if api_key is not None and not (api_key.strip() and api_key == api_key.strip()
+                                    and api_key.isascii() and api_key.isprintable()):
+        raise VkrtError("--api-key (or VKRT_API_KEY) must be printable ASCII, not empty, "
+                        "without spaces around it (an HTTP header carries it)")
     path = args.model or default_model_path()
     name = args.served_model_name or os.path.splitext(os.path.basename(
         os.path.normpath(path)))[0]

@@ -132,8 +132,8 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
             try:
                 ids = engine.encode(prompt)
             except VkrtError as e:
-                raise ProtocolError(f"'{field}': {e}", param="prompt") from None
-            context_check(ids, parsed, field, "prompt")
+                raise ProtocolError(f"'{field}': {e}", param=field) from None
+            context_check(ids, parsed, field)
             prompts.append(ids)
         echoes = None
         if parsed.echo:   # the prompt as given, or its ids' text
@@ -160,6 +160,12 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         queued = []
+        load = engine.load()
+        if len(prompts) > 1 and load["waiting"] + len(prompts) > load["max_queue"]:
+            raise ProtocolError(f"the server is busy: {load['running']} running and "
+                                f"{load['waiting']} waiting, no room for {len(prompts)} more "
+                                f"(--max-queue {load['max_queue']}); retry later",
+                                status=429, type="rate_limit_error", code="queue_full")
 
         def abort_all():
             open_queues.discard(outputs)

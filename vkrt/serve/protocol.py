@@ -173,13 +173,15 @@ def _common(body: dict, allowed: set[str]) -> dict:
             raise _bad(name, v, f"a number from {lo} to {hi}" if hi < math.inf
                        else "a number > 0")
         penalties[name] = float(v)
-    bias = body.get("logit_bias") or {}
+    bias = body.get("logit_bias")
+    bias = {} if bias is None else bias
     if not isinstance(bias, dict):
         raise _bad("logit_bias", bias, "an object mapping token ids to numbers from -100 to 100")
     pairs = []
     for key, v in bias.items():
-        if not (key.isascii() and key.isdigit() and len(key) <= 12 and _is_number(v)
-                and -100 <= v <= 100):
+        # (One spelling per id: "012" would add a second bias to id 12.)
+        if not (key.isascii() and key.isdigit() and len(key) <= 12 and key == str(int(key))
+                and _is_number(v) and -100 <= v <= 100):
             raise _bad("logit_bias", {key: v},
                        "token ids (as strings of digits) mapped to numbers from -100 to 100")
         pairs.append((int(key), float(v)))
@@ -253,7 +255,8 @@ def parse_completion(body: Any) -> ParsedRequest:
     else:
         raise _bad("prompt", prompt, "a string, a non-empty list of token ids, or a list of "
                                      f"up to {MAX_PROMPTS} of those")
-    echo = body.get("echo") or False
+    echo = body.get("echo")
+    echo = False if echo is None else echo
     if not isinstance(echo, bool):
         raise _bad("echo", echo, "true or false")
     logprobs = _completion_logprobs(body)
