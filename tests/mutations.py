@@ -1600,7 +1600,7 @@ MUTATIONS = [
      ["tests/test_serve.py::test_several_prompts_in_one_completions_request"]),
     ("several prompts: a list queued one by one past the room the queue has",
      "vkrt/serve/app.py",
-     '        if len(prompts) > 1 and load["waiting"] + len(prompts) > load["max_queue"]:',
+     '        if load and load["waiting"] + len(prompts) > load["max_queue"]:',
      "        if False:",
      ["tests/test_serve.py::test_queue_full_is_429"]),
     # -- prompt logprobs and echo ---------------------------------------------------------

@@ -114,7 +114,8 @@ def _shifted(logits: np.ndarray, why: str) -> tuple[np.ndarray, float]:
 
 
 def logprobs_of(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
-    """The natural-log probability of `token` under softmax(logits), the model's own
+    """logits: [vocab] floats (one row); token: an id below vocab; k >= 0. Returns the
+    natural-log probability of `token` under softmax(logits), the model's own
     distribution (before temperature and top_p, as vLLM's default "raw" logprobs), and the
     `k` most likely ids with theirs, most likely first (equal ones: the lower id first).
     Computed in float64 as logits - logsumexp(logits); +inf logits share all the mass (as

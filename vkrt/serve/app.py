@@ -160,8 +160,8 @@ def build_app(engine: Engine, model_name: str, owns_engine: bool = False,
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         queued = []
-        load = engine.load()
-        if len(prompts) > 1 and load["waiting"] + len(prompts) > load["max_queue"]:
+        load = engine.load() if len(prompts) > 1 else None
+        if load and load["waiting"] + len(prompts) > load["max_queue"]:
             raise ProtocolError(f"the server is busy: {load['running']} running and "
                                 f"{load['waiting']} waiting, no room for {len(prompts)} more "
                                 f"(--max-queue {load['max_queue']}); retry later",

@@ -103,6 +103,8 @@ class SamplingParams:
                     and -100 <= v <= 100):
                 raise ConfigError(f"logit_bias must map token ids >= 0 to numbers from -100 "
                                   f"to 100, got {i!r}: {v!r}")
+        if len({i for i, _ in bias}) != len(bias):
+            raise ConfigError(f"logit_bias names a token id twice: {bias!r}")
         object.__setattr__(self, "logit_bias", bias)
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if not all(isinstance(s, str) and s for s in stop):
