@@ -292,6 +292,38 @@ def test_rmsnorm_add(gpu, subgroups):
 
 
 @pytest.mark.parametrize("subgroups", [1, 4], ids=["one-subgroup", "four-subgroups"])
+def test_add_rmsnorm_is_add_then_rmsnorm(gpu, subgroups):
+    """x += r, out = rmsnorm(x) * w in one dispatch (the batched step's residual add and the
+    next norm): x and out bit for bit `add` then `rmsnorm` on the same device (an overflowing
+    row included), and the sum and the norm against float64 within rmsnorm's bound."""
+    r, n_tokens, n, eps = rng(9), 5, 333, 1e-5
+    x0 = randn(r, n_tokens, n) * np.float32(3)
+    res = randn(r, n_tokens, n)
+    x0[3] *= np.float32(1e25)  # squares past the f32 range: rmsnorm.comp's scaling
+    w = randn(r, n)
+    tail = np.full(4, SENTINEL, np.float32)
+    bx, br, bw = gpu.upload(np.concatenate([x0.reshape(-1), tail])), gpu.upload(res), gpu.upload(w)
+    bo = gpu.filled(n_tokens * n + 4)
+    norm = {0: gpu.sg * subgroups}
+    gpu.run("add_rmsnorm", norm, (bx, bw, bo, br), (n_tokens, 1, 1), push(n, eps, n_tokens))
+    got_x, got = gpu.read(bx), gpu.read(bo)
+    # the two dispatches it replaces, on a copy of x
+    cx = gpu.upload(x0)
+    cr, co = gpu.upload(res), gpu.filled(n_tokens * n + 4)
+    gpu.run("add", {0: ELEMENTWISE}, (cx, cr), (groups(n_tokens * n, ELEMENTWISE), 1, 1),
+            push(n_tokens * n))
+    gpu.run("rmsnorm", norm, (cx, bw, co), (n_tokens, 1, 1), push(n, eps, n_tokens))
+    np.testing.assert_array_equal(got_x[:-4], gpu.read(cx))
+    np.testing.assert_array_equal(got_x[-4:], SENTINEL)
+    np.testing.assert_array_equal(got, gpu.read(co))
+    np.testing.assert_array_equal(got[-4:], SENTINEL)
+    np.testing.assert_array_equal(got_x[:-4].reshape(n_tokens, n), x0 + res)  # one f32 add
+    s64 = (x0 + res).astype(np.float64)
+    want = s64 / np.sqrt(np.mean(s64 ** 2, axis=1, keepdims=True) + eps) * w
+    np.testing.assert_allclose(got[:-4].reshape(n_tokens, n), want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("subgroups", [1, 4], ids=["one-subgroup", "four-subgroups"])
 def test_matvec_with_x_offset(gpu, subgroups):
     # n_cols = 260: 65 vec4 per row, not a multiple of the workgroup; x is row 2 of 3.
     r, n_rows, n_cols, x_row = rng(7), 37, 260, 2
@@ -1539,11 +1571,11 @@ def row_kernels(gpu, request):
 
 
 def test_norms_take_the_tables_subgroups(gpu):
-    """rmsnorm, rmsnorm_add and head_norm_rope run a row on the table's norm_subgroups
-    subgroups (vkrt/tuning.py; the GPU's 8, lavapipe's 1)."""
+    """rmsnorm, rmsnorm_add, add_rmsnorm and head_norm_rope run a row on the table's
+    norm_subgroups subgroups (vkrt/tuning.py; the GPU's 8, lavapipe's 1)."""
     for n in (1, 3):
         k = Kernels(gpu.cache, tuning=dataclasses.replace(tuning.CPU, norm_subgroups=n))
-        for op in (k._rmsnorm, k._rmsnorm_add, *k._head_norm_rope.values()):
+        for op in (k._rmsnorm, k._rmsnorm_add, k._add_rmsnorm, *k._head_norm_rope.values()):
             assert op.pipeline.local_size[0] == gpu.sg * n, op.pipeline.name
 
 

@@ -228,6 +228,7 @@ class Kernels:
         norm = sg * self.tuning.norm_subgroups
         self._rmsnorm = Op(p("rmsnorm", {0: norm}), (F32, F32, F32))
         self._rmsnorm_add = Op(p("rmsnorm_add", {0: norm}), (F32, F32, F32))
+        self._add_rmsnorm = Op(p("add_rmsnorm", {0: norm}), (F32, F32, F32, F32))
         # rope.comp's pairs: adjacent (False) or halves (True, specialization constant NEOX).
         self._rope = {neox: Op(p("rope", {0: ELEMENTWISE_BLOCK, 1: int(neox)}), (F32, F32, F32))
                       for neox in (False, True)}
@@ -426,6 +427,16 @@ class Kernels:
         return self._rmsnorm(x, weight, out, grid=(*spread(n_tokens, self.limit), 1), name=name,
                              need=(n_tokens * n, None, n_tokens * n), n=n, eps=eps,
                              n_rows=n_tokens)
+
+    def add_rmsnorm(self, x: Tensor, r: Tensor, weight: Tensor, out: Tensor, n_tokens: int,
+                    eps: float, name: str = "") -> Dispatch:
+        """x[t] += r[t], then out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight for t <
+        n_tokens, in one dispatch (a residual add and the next norm: the bits of `add` then
+        `rmsnorm`); weight [n], x, r, out [tokens, n] f32."""
+        n = weight.shape[0]
+        return self._add_rmsnorm(x, weight, out, r, grid=(*spread(n_tokens, self.limit), 1),
+                                 name=name, need=(n_tokens * n, None, n_tokens * n, n_tokens * n),
+                                 n=n, eps=eps, n_rows=n_tokens)
 
     def rmsnorm_add(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, eps: float,
                     name: str = "") -> Dispatch:

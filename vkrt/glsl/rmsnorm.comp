@@ -4,11 +4,20 @@
 // x, out: [n_rows, n] f32; w: [n] f32. Dispatch: spread(n_rows) workgroups (grid.glsl), one
 // per row. Rows whose squares overflow f32 (|x| beyond ~1.8e19) are normed after an exact
 // power-of-two scaling (below), so any finite row gives a finite result.
+// Variant `add_rmsnorm` (RESIDUAL): the residual add before the norm, in the same dispatch:
+// x[t, i] += r[t, i] (written back: x is the residual stream), then out = the norm of the
+// sum, bit for bit add.comp then rmsnorm.comp (each invocation reads back only the elements
+// it wrote). r: [n_rows, n] f32 at binding 3.
 #extension GL_GOOGLE_include_directive : require
 #include "grid.glsl"
 #include "reduce.glsl"
 #include "inf.glsl"
+#ifdef RESIDUAL
+layout(set = 0, binding = 0) buffer X { float x[]; };
+layout(set = 0, binding = 3) readonly buffer R { float r[]; };
+#else
 layout(set = 0, binding = 0) readonly buffer X { float x[]; };
+#endif
 layout(set = 0, binding = 1) readonly buffer W { float w[]; };
 layout(set = 0, binding = 2) writeonly buffer Out { float dst[]; };
 layout(push_constant) uniform Push { uint n; float eps; uint n_rows; } pc;
@@ -17,7 +26,15 @@ void main() {
     if (linear_workgroup() >= pc.n_rows) return;  // uniform per workgroup
     uint row = linear_workgroup() * pc.n, lid = gl_LocalInvocationID.x;
     float ss = 0.0;
+#ifdef RESIDUAL
+    for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) {
+        float v = x[row + i] + r[row + i];
+        x[row + i] = v;
+        ss += v * v;
+    }
+#else
     for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) ss += x[row + i] * x[row + i];
+#endif
     float total = workgroup_sum(ss);
     float pre = 1.0;   // x is normed as x * pre: 1 unless the sum of squares overflows
     float scale;

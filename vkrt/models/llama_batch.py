@@ -4,7 +4,8 @@ the cache, the step's device tensors, the checks, bucket capture and replay), an
 tables it reads.
 
 `batch_step` is `Llama.step`'s arithmetic (vkrt/models/llama.py `_layer`), mostly unfused and
-for tokens of several sequences: embedding (scaled by hp.embed_scale), per layer RMSNorm,
+for tokens of several sequences (a residual add and the norm after it are one dispatch,
+`add_rmsnorm`): embedding (scaled by hp.embed_scale), per layer RMSNorm,
 Q/K/V products (+ biases), the per-head Q/K norms (qk_norm), RoPE of Q and K at each token's
 position with K and V written by slot mapping, in one dispatch (`rope_kv_write`, over the
 paged RoPE tables: `rope` for positions below max_positions, `rope_swa` for sliding layers,
@@ -86,14 +87,23 @@ class LlamaBatch(PagedBatch):
         out.append(k.argmax_rows(a.logits, inputs.argmax, hp.n_vocab, R, name="argmax"))
         return out
 
-    def _batch_residual(self, i: int, a, T: int, post_norm: str,
-                        residual: str) -> list[Dispatch]:
-        """x += proj, or x += rmsnorm(proj) * the post-norm (as `Llama._projection`)."""
+    def _batch_residual(self, i: int, a, T: int, post_norm: str, residual: str,
+                        next_norm: str | None) -> list[Dispatch]:
+        """x += proj, or x += rmsnorm(proj) * the post-norm (as `Llama._projection`); then
+        xn = rmsnorm(x) * `next_norm` (a model weight's name) when given. Without post-norms
+        the add and the next norm are one dispatch (`add_rmsnorm`, the same bits)."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         if not hp.post_norms:
-            return [k.add(a.x, a.proj, T * hp.n_embd, name=blk + residual)]
-        return [k.rmsnorm_add(a.proj, w[blk + post_norm + ".weight"], a.x, T, hp.rms_eps,
-                              blk + post_norm)]
+            if next_norm is None:
+                return [k.add(a.x, a.proj, T * hp.n_embd, name=blk + residual)]
+            return [k.add_rmsnorm(a.x, a.proj, w[next_norm], a.xn, T, hp.rms_eps,
+                                  name=blk + residual + "_norm")]
+        out = [k.rmsnorm_add(a.proj, w[blk + post_norm + ".weight"], a.x, T, hp.rms_eps,
+                             blk + post_norm)]
+        if next_norm is not None:
+            out.append(k.rmsnorm(a.x, w[next_norm], a.xn, T, hp.rms_eps,
+                                 next_norm.removesuffix(".weight")))
+        return out
 
     def _batch_layer(self, i: int, a, inputs: StepInputs,
                      shape: StepShape) -> list[Dispatch]:
@@ -101,9 +111,11 @@ class LlamaBatch(PagedBatch):
         token's position, K/V into the paged cache by slot mapping and paged attention."""
         hp, k, w, p, blk = self.hp, self.k, self.w, self._paged, f"blk.{i}."
         T = shape.tokens
-        out = [k.rmsnorm(a.x, w[blk + "attn_norm.weight"], a.xn, T, hp.rms_eps,
-                         blk + "attn_norm"),
-               *self._batch_linear(a.xn, blk + "attn_q", a.q, shape),
+        out = []
+        if i == 0:   # later layers' attn_norm runs with the residual add before them
+            out.append(k.rmsnorm(a.x, w[blk + "attn_norm.weight"], a.xn, T, hp.rms_eps,
+                                 blk + "attn_norm"))
+        out += [*self._batch_linear(a.xn, blk + "attn_q", a.q, shape),
                *self._batch_linear(a.xn, blk + "attn_k", a.k, shape),
                *self._batch_linear(a.xn, blk + "attn_v", a.v, shape)]
         q, kk = a.q, a.k
@@ -123,13 +135,15 @@ class LlamaBatch(PagedBatch):
                               p.block_size, self.attn_scale, name=blk + "attn",
                               window=hp.layer_window(i)),
             *self._batch_linear(a.attn, blk + "attn_output", a.proj, shape),
-            *self._batch_residual(i, a, T, "post_attention_norm", "attn_residual"),
-            k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps, blk + "ffn_norm"),
+            *self._batch_residual(i, a, T, "post_attention_norm", "attn_residual",
+                                  blk + "ffn_norm.weight"),
             *self._batch_linear(a.xn, blk + "ffn_gate", a.gate, shape),
             *self._batch_linear(a.xn, blk + "ffn_up", a.up, shape),
             k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul",
                        gelu=hp.gelu),
             *self._batch_linear(a.act, blk + "ffn_down", a.proj, shape),
-            *self._batch_residual(i, a, T, "post_ffw_norm", "ffn_residual"),
+            *self._batch_residual(i, a, T, "post_ffw_norm", "ffn_residual",
+                                  f"blk.{i + 1}.attn_norm.weight" if i + 1 < hp.n_layer
+                                  else None),
         ]
         return out
