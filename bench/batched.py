@@ -22,7 +22,8 @@ every sequence decodes the same count. Timed on the host with `time.perf_counter
   vkrt/tuning.py `WideBatchDecode`), which the batched forward's bit-identity gives.
 With `--llama-batched-bench PATH` (llama.cpp's tool, built as bench/README.md says) the same
 command then runs `llama-batched-bench -m M -npp P -ntg N -npl SEQS -ngl 99 --output-format
-jsonl` on the same file and reports its S_TG (`speed_tg`: pl * tg over its generation time)
+jsonl` on the same file twice (the first run compiles its pipelines and is not recorded) and
+reports the second's S_TG (`speed_tg`: pl * tg over its generation time)
 beside each row, and the ratio. With `--kernels`, each row also has `gpu_us_per_step_by_kernel`
 and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at position
 `--prompt-tokens`, in its own blocks of the engine's paged cache) timed with timestamp queries
@@ -161,13 +162,17 @@ def gpu_per_step(model, n: int, pos: int) -> dict | None:
 
 
 def llama_batched_bench(path: str, model: str, seqs: list[int], p: int, n: int) -> dict:
-    """{pl: speed_tg} from llama.cpp's llama-batched-bench on `model` (every pl in one run)."""
+    """{pl: speed_tg} from llama.cpp's llama-batched-bench on `model` (every pl in one run),
+    the second of two runs: the first, not recorded, compiles the pipelines its shapes need (a
+    fresh process of llama.cpp's Vulkan backend compiles them on first use, which a single
+    run at one pl would time)."""
     cmd = [path, "-m", model, "-c", str(max(seqs) * (p + n) + 64), "-b", "2048", "-ub", "512",
            "-npp", str(p), "-ntg", str(n), "-npl", ",".join(map(str, seqs)), "-ngl", "99",
            "--output-format", "jsonl"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"llama-batched-bench failed: {out.stderr.strip()[-2000:]}")
+    for _ in range(2):
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"llama-batched-bench failed: {out.stderr.strip()[-2000:]}")
     rows = [json.loads(line) for line in (out.stdout + "\n" + out.stderr).splitlines()
             if line.startswith("{") and "speed_tg" in line]
     return {r["pl"]: r for r in rows}
