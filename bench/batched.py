@@ -32,6 +32,8 @@ and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at po
 `matmul_coop` with the given tiles (split K included) instead of the GPU table's kernel: the
 A/B of bench/README.md, 2026-12-04 second session. The engines schedule asynchronously
 (vkrt serve's default: a greedy step stays in flight while the next is scheduled);
+Each row is timed after one unrecorded run of its N sequences (4 tokens each), so that
+neither scheduling pays for building and capturing the steps' buckets.
 `--compare-sync` runs each row a second time with `async_scheduling=False` and reports it
 (`sync`: its decode tok/s and TPOT), `async_over_sync` (the decode rates' ratio) and
 `sync_identical` (every sequence's tokens the same both ways). Prints one JSON object.
@@ -248,6 +250,10 @@ def main() -> None:
             alone = [run(model, 1, args.prompt_tokens, args.tokens, args.max_batched_tokens,
                          i, args.kv_cache_dtype, max_batch=b)[1][0]
                      for i in range(min(n, args.check))]
+            # not recorded: the step buckets of n sequences built and captured before either
+            # scheduling is timed (else the first timed run pays them, TTFT most)
+            run(model, n, args.prompt_tokens, min(args.tokens, 4), args.max_batched_tokens,
+                kv_cache_dtype=args.kv_cache_dtype, max_batch=b)
             row, toks = run(model, n, args.prompt_tokens, args.tokens, args.max_batched_tokens,
                             kv_cache_dtype=args.kv_cache_dtype, max_batch=b)
             row["max_batch"] = b
