@@ -18,7 +18,8 @@ variants;
 vkrt/tuning.py's `Decode`, for every row count) instead
 of the device's table, and reports each config's figures and the best per type; `--glu` times
 matvec_glu (gate and up), `--qkv` qkv_rope (Q of the shape, K and V a quarter of it); `--shapes
-RxC,...` repeats the whole run per matrix shape. A copy of a buffer of the largest matrix's size (vkCmdCopyBuffer: reads and writes
+RxC,...` repeats the whole run per matrix shape; `--spirv-dir DIR` loads the modules from DIR (a
+build of another kernel text: bench/coop_ablation.py's `modules_dir`). A copy of a buffer of the largest matrix's size (vkCmdCopyBuffer: reads and writes
 it) is timed beside them. Absolute figures only from a real GPU; compare within one run.
 """
 from __future__ import annotations
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qkv", action="store_true", help="time qkv_rope (RMSNorm, Q, K, V, RoPE "
                     "and the cache rows: Q of the shape, K and V of a quarter of its rows, "
                     "heads of 128) instead of matvec; R of a config is pairs of rows")
+    ap.add_argument("--spirv-dir", default="", help="the modules to load (default: vkrt/spirv; "
+                    "a build of bench/coop_ablation.py's modules_dir shape)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default="", help="also write the JSON report here")
     args = ap.parse_args(argv)
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         if not stream.timing:
             print("matvec_types: this device has no timestamps", file=sys.stderr)
             return 1
-        cache = PipelineCache(dev)
+        cache = PipelineCache(dev, args.spirv_dir) if args.spirv_dir else PipelineCache(dev)
         kernels = {"table": Kernels(cache)}
         if configs:
             table = kernels["table"].tuning
