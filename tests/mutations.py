@@ -1639,6 +1639,10 @@ MUTATIONS = [
     ("side_by_side: llama.cpp's decode taken from an empty context", "bench/side_by_side.py",
      '              and r.get("n_depth", 0) == depth)', "              )",
      ["tests/test_bench.py::test_side_by_side_takes_llama_cpp_decode_at_the_asked_depth"]),
+    ("batched: llama-batched-bench timed on its first run (pipelines compiled in it)",
+     "bench/batched.py", "    for _ in range(2):\n        out = subprocess.run(",
+     "    for _ in range(1):\n        out = subprocess.run(",
+     ["tests/test_bench.py::test_batched_takes_llama_batched_bench_second_run"]),
 ]
 
 

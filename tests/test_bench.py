@@ -161,6 +161,25 @@ def test_side_by_side_takes_llama_cpp_decode_at_the_asked_depth(tmp_path, depth)
     assert ("-d 0,300" in args) == bool(depth), args
 
 
+def test_batched_takes_llama_batched_bench_second_run(tmp_path):
+    """bench/batched.py `llama_batched_bench`: llama-batched-bench runs twice with the same
+    arguments and the report is the second run's rows (the first compiles the pipelines a
+    fresh process needs: timed alone, one pl measured S_PP 330 tok/s on an H100). A stand-in
+    prints a different speed_tg each run (its jsonl rows: pl, speed_pp, speed_tg)."""
+    fake = tmp_path / "llama-batched-bench"
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\nlog = sys.argv[0] + '.runs'\n"
+        "n = len(open(log).read().splitlines()) if os.path.exists(log) else 0\n"
+        "open(log, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "for pl in (32, 64):\n"
+        "    print(json.dumps({'pl': pl, 'speed_pp': 1.0, 'speed_tg': 100.0 * (n + 1) + pl}))\n")
+    fake.chmod(0o755)
+    got = _bench_script("batched").llama_batched_bench(str(fake), "m.gguf", [32, 64], 64, 48)
+    assert {pl: r["speed_tg"] for pl, r in got.items()} == {32: 232.0, 64: 264.0}
+    runs = (tmp_path / "llama-batched-bench.runs").read_text().splitlines()
+    assert len(runs) == 2 and runs[0] == runs[1] and "-npl 32,64" in runs[0]
+
+
 def test_batched_decode_coop_tiles_parse():
     """bench/batched.py --decode-coop-tiles: MAX:BMxBN:SG_MxSG_NxSG_K entries become the
     table's batched matmul_coop tiles, the last one for any count; a malformed entry or a
