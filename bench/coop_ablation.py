@@ -104,20 +104,22 @@ def compile_variants(out: Path, dtype: str, names: list[str]) -> dict[str, Path]
     return dirs
 
 
-def modules_dir(spv: Path, dest: Path) -> Path:
+def modules_dir(spv: Path | list[Path], dest: Path) -> Path:
     """`dest` made a modules directory the runtime loads (`PipelineCache(device, dest)`):
-    vkrt/spirv's files linked, but the module `spv` names (a variant's build) copied in and
-    its sha256 in modules.json rewritten. Returns `dest`."""
+    vkrt/spirv's files linked, but the modules `spv` names (a variant's build: one file or
+    several) copied in and their sha256 in modules.json rewritten. Returns `dest`."""
     from vkrt.gen.metadata import DEFAULT_SPIRV_DIR, FILENAME
 
+    spvs = [spv] if isinstance(spv, Path) else list(spv)
     doc = json.loads((DEFAULT_SPIRV_DIR / FILENAME).read_text())
     dest.mkdir(parents=True)
     for f in DEFAULT_SPIRV_DIR.glob("*.spv"):
-        if f.name != spv.name:
+        if f.name not in {s.name for s in spvs}:
             (dest / f.name).symlink_to(f)
-    data = spv.read_bytes()
-    (dest / spv.name).write_bytes(data)
-    doc["modules"][spv.stem]["sha256"] = hashlib.sha256(data).hexdigest()
+    for s in spvs:
+        data = s.read_bytes()
+        (dest / s.name).write_bytes(data)
+        doc["modules"][s.stem]["sha256"] = hashlib.sha256(data).hexdigest()
     (dest / FILENAME).write_text(json.dumps(doc))
     return dest
 

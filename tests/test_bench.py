@@ -215,3 +215,13 @@ def test_coop_ablation_variants_apply_and_compile(tmp_path):
         assert (m / "matmul_coop_q4_1.spv").read_bytes() == built[n]
     with pytest.raises(ValueError, match="no-products.*0 times"):
         coop_ablation.variant_source("void main() {}", "no-products")
+
+
+def test_q4_1_layout_builds_read_the_grouped_blocks(monkeypatch):
+    """bench/q4_1_layout.py: each build's Q4_1 readers on the grouped layout give the shipped
+    products bit for bit on repacked blocks (--verify), and not on blocks left in the GGUF
+    layout (the check can fail)."""
+    layout = _bench_script("q4_1_layout")
+    assert layout.main(["--verify"]) == 0
+    monkeypatch.setattr(layout, "repack", lambda raw: raw)
+    assert layout.main(["--verify"]) == 1
