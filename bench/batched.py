@@ -31,7 +31,7 @@ and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at po
 (`blk.3.ffn_down` -> `ffn_down`). `--decode-coop-tiles` runs the generated tokens' products on
 `matmul_coop` with the given tiles (split K included) instead of the GPU table's kernel: the
 A/B of bench/README.md, 2026-12-04 second session. The engines schedule asynchronously
-(vkrt serve's default: a greedy step stays in flight while the next is scheduled);
+(vkrt serve's default: a greedy step stays in flight while the next is scheduled).
 Each row is timed after one unrecorded run of its N sequences (4 tokens each), so that
 neither scheduling pays for building and capturing the steps' buckets.
 `--compare-sync` runs each row a second time with `async_scheduling=False` and reports it
