@@ -74,6 +74,30 @@ def variant_source(text: str, name: str) -> str:
     return text.replace(old, new)
 
 
+def compile_changed(files: dict[str, str], modules: list[str]) -> dict[str, bytes]:
+    """The SPIR-V of `modules` (vkrt/glsl/variants.json names) compiled by the pinned glslang
+    from a copy of vkrt/glsl whose files named in `files` hold the given texts instead.
+    Returns module -> bytes.
+
+    Raises:
+        KeyError: an unknown module; vkrt.errors.CompileError: no pinned glslang, or it
+        refused a text."""
+    from vkrt.gen.compile import compile_source, find_compiler
+    from vkrt.gen.variants import discover
+
+    glsl = ROOT / "vkrt" / "glsl"
+    sources = {s.module: s for s in discover(glsl)}
+    compiler = find_compiler()
+    with tempfile.TemporaryDirectory(prefix="vkrt-build-") as tmp:
+        src = Path(tmp)
+        for f in glsl.iterdir():
+            shutil.copy(f, src / f.name)
+        for name, text in files.items():
+            (src / name).write_text(text)
+        return {m: compile_source(compiler, dataclasses.replace(
+                    sources[m], path=src / sources[m].path.name), src) for m in modules}
+
+
 def compile_variants(out: Path, dtype: str, names: list[str]) -> dict[str, Path]:
     """`out/<name>/matmul_coop_<dtype>.spv` for each variant, compiled by the pinned glslang.
     Returns name -> directory.
@@ -81,23 +105,11 @@ def compile_variants(out: Path, dtype: str, names: list[str]) -> dict[str, Path]
     Raises:
         ValueError: a variant does not apply; KeyError: no module `matmul_coop_<dtype>`;
         vkrt.errors.CompileError: no pinned glslang, or it refused a variant."""
-    from vkrt.gen.compile import compile_source, find_compiler
-    from vkrt.gen.variants import discover
-
-    glsl = ROOT / "vkrt" / "glsl"
     module = f"matmul_coop_{dtype}"
-    source = {s.module: s for s in discover(glsl)}[module]
-    compiler = find_compiler()
-    text = (glsl / SOURCE).read_text()
+    text = (ROOT / "vkrt" / "glsl" / SOURCE).read_text()
     dirs = {}
     for name in names:
-        with tempfile.TemporaryDirectory(prefix="coop-ablation-") as tmp:
-            src = Path(tmp)
-            for f in glsl.iterdir():
-                shutil.copy(f, src / f.name)
-            (src / SOURCE).write_text(variant_source(text, name))
-            spv = compile_source(compiler, dataclasses.replace(source, path=src / SOURCE),
-                                 src)
+        spv = compile_changed({SOURCE: variant_source(text, name)}, [module])[module]
         dirs[name] = out / name
         dirs[name].mkdir(parents=True, exist_ok=True)
         (dirs[name] / f"{module}.spv").write_bytes(spv)

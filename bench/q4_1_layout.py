@@ -21,8 +21,6 @@ loads. Absolute figures only from a real GPU.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -90,28 +88,18 @@ def weights_text(text: str, flavor: str) -> str:
 
 def compile_flavors(out: Path) -> dict[str, Path]:
     """`out/<flavor>/<module>.spv` for every flavor and module in `MODULES`, by the pinned
-    glslang. Returns flavor -> directory. Raises vkrt.errors.CompileError without it."""
-    from vkrt.gen.compile import compile_source, find_compiler
-    from vkrt.gen.variants import discover
+    glslang (bench/coop_ablation.py's `compile_changed`). Returns flavor -> directory.
+    Raises vkrt.errors.CompileError without it, ValueError as `weights_text`."""
+    from coop_ablation import compile_changed
 
-    glsl = ROOT / "vkrt" / "glsl"
-    sources = {s.module: s for s in discover(glsl)}
-    compiler = find_compiler()
+    text = (ROOT / "vkrt" / "glsl" / "weights.glsl").read_text()
     dirs = {}
     for flavor in FLAVORS:
         dirs[flavor] = d = out / flavor
         d.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="q4_1-layout-") as tmp:
-            src = Path(tmp)
-            for f in glsl.iterdir():
-                shutil.copy(f, src / f.name)
-            (src / "weights.glsl").write_text(weights_text((glsl / "weights.glsl").read_text(),
-                                                           flavor))
-            for m in MODULES:
-                s = sources[m]
-                spv = compile_source(compiler, dataclasses.replace(s, path=src / s.path.name),
-                                     src)
-                (d / f"{m}.spv").write_bytes(spv)
+        built = compile_changed({"weights.glsl": weights_text(text, flavor)}, MODULES)
+        for m, spv in built.items():
+            (d / f"{m}.spv").write_bytes(spv)
     return dirs
 
 
@@ -170,6 +158,9 @@ def verify(dirs: dict[str, Path]) -> bool:
                             launch[0], launch[1], "matvec", integer_x=launch[2]))
                     s.record([k.linear(x, wt, y, 1, name="p")])
                     outs.setdefault(name, []).append(s.read(y).view(np.uint32).copy())
+                w.buffer.close()
+            x.buffer.close()
+            y.buffer.close()
             for name in dirs:
                 same = all(np.array_equal(a, b) for a, b in zip(outs[name], outs["shipped"]))
                 ok &= same
