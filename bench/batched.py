@@ -6,7 +6,7 @@ its batch-1 run.
     python bench/batched.py [--model M] [--seqs 1,8,32,64] [--prompt-tokens 128]
         [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
         [--max-batch B] [--compare-sync]
-        [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K,...]
+        [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K,...] [--split-rows N]
 
 For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py; with `--max-batch B`,
 max(B, N): a server started with `vkrt serve --max-batch B` serving N), N greedy requests
@@ -30,7 +30,9 @@ and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at po
 (recorded, not replayed: timestamps are recorded per dispatch), GPU µs per kernel name
 (`blk.3.ffn_down` -> `ffn_down`). `--decode-coop-tiles` runs the generated tokens' products on
 `matmul_coop` with the given tiles (split K included) instead of the GPU table's kernel: the
-A/B of bench/README.md, 2026-12-04 second session. The engines schedule asynchronously
+A/B of bench/README.md, 2026-12-04 second session. `--split-rows N` sets the GPU table's
+wide-engine rules' `split_rows` (vkrt/tuning.py `WideBatchDecode`; 0: no product split
+across workgroups). The engines schedule asynchronously
 (vkrt serve's default: a greedy step stays in flight while the next is scheduled).
 Each row is timed after one unrecorded run of its N sequences (4 tokens each), so that
 neither scheduling pays for building and capturing the steps' buckets.
@@ -230,6 +232,8 @@ def main() -> None:
                     help="run the generated tokens' products on matmul_coop with these tiles "
                          "instead of the GPU table's kernel (e.g. 16:16x32:1x2x4,"
                          "32:32x32:2x2x4,:32x64:2x2x4)")
+    ap.add_argument("--split-rows", type=int, default=None, metavar="N",
+                    help="the wide-engine rules' split_rows instead of the GPU table's")
     args = ap.parse_args()
     import vkrt
 
@@ -238,11 +242,16 @@ def main() -> None:
             tuning.TABLES["gpu"], batch_coop_tiles=coop_decode_tiles(args.decode_coop_tiles),
             batch_products={**tuning.TABLES["gpu"].batch_products, "decode": "matmul_coop"},
             wide_batch_decode=())        # no rule's own tiles: these, at every max_batch
+    if args.split_rows is not None:
+        gpu = tuning.TABLES["gpu"]
+        tuning.TABLES["gpu"] = dataclasses.replace(gpu, wide_batch_decode=tuple(
+            dataclasses.replace(r, split_rows=args.split_rows) for r in gpu.wide_batch_decode))
 
     seqs = [int(s) for s in args.seqs.split(",")]
     report = {"model": args.model, "prompt_tokens": args.prompt_tokens,
               "tokens": args.tokens, "kv_cache_dtype": args.kv_cache_dtype,
-              "decode_coop_tiles": args.decode_coop_tiles, "runs": []}
+              "decode_coop_tiles": args.decode_coop_tiles, "split_rows": args.split_rows,
+              "runs": []}
     with vkrt.load(args.model, device=args.device) as model:
         report["device"] = model.device.name
         for n in seqs:

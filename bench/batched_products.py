@@ -5,12 +5,16 @@ in one process: the measurement behind the GPU table's `batch_tiles`.
 
     python bench/batched_products.py [--shapes 1536x576,8192x2048,14336x4096]
         [--types q4_1] [--tokens 1,8,32,64] [--tiles 1x8,4x8,4x16,2x32]
-        [--coop-tiles 16x64:1x2,64x128:2x4,32x32:1x1x8] [--repeat 20] [--rounds 3] [--out FILE.json]
+        [--coop-tiles 16x64:1x2,64x128:2x4,32x32:1x1x8] [--split-rows 4096,8192]
+        [--repeat 20] [--rounds 3] [--out FILE.json]
 
 A shape RxC is a weight of R output rows and C input columns (the 7B ffn_gate's 14336x4096);
 its bytes are random (they change the values, not what the kernel reads). `--coop-tiles
 BMxBN:SG_MxSG_N[xSG_K],...` adds arms on `matmul_coop` (f16 operands, where the device lists a
-cooperative-matrix shape; vkrt/tuning.py `BatchCoopTile`), named `coop:BMxBN:SG_MxSG_N`. Per (shape, type,
+cooperative-matrix shape; vkrt/tuning.py `BatchCoopTile`), named `coop:BMxBN:SG_MxSG_N`;
+`--split-rows N,...` adds each coop tile again with products of fewer than N rows split
+across workgroups (`Kernels.k_splits`, named `coop:...+splitN`; the time is the product's
+and its `sum_splits` reduction's, and the report gives `k_splits`). Per (shape, type,
 tokens, tile), `--repeat` products are recorded back to back in one submission, each writing
 the same output (the tracker's WAW barrier orders them), timed by timestamp queries; the
 report gives the median product's µs, the weight bytes over it (GB/s: each weight is read at
@@ -48,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                     "workgroup x tokens per tile")
     ap.add_argument("--coop-tiles", default="", help="BMxBN:SG_MxSG_N,...: matmul_coop "
                     "tiles (tokens x rows over subgroups)")
+    ap.add_argument("--split-rows", default="", help="N,...: each coop tile also with "
+                    "products of fewer than N rows split across workgroups")
     ap.add_argument("--spirv-dir", default=str(DEFAULT_SPIRV_DIR),
                     help="the modules' directory (default: vkrt's; "
                          "bench/coop_ablation.py's builds)")
@@ -83,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
                 base.tuning, batch_products={"decode": "matmul_coop", "prompt": "matmul_coop"},
                 batch_coop_tiles=(BatchCoopTile(None, bm, bn, sg_m, sg_n, "bench",
                                                 *sg_k),)))
+        split_rows = {}                   # arm -> its split_rows
+        for c in coop_tiles:
+            for n in (int(v) for v in args.split_rows.split(",") if v):
+                kernels[f"coop:{c}+split{n}"] = kernels[f"coop:{c}"]
+                split_rows[f"coop:{c}+split{n}"] = n
         T = max(counts)
         for rows, cols in shapes:
             x = stream.upload(rng.standard_normal((T, cols)).astype(np.float32), "x")
@@ -97,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                              rng.integers(0, 256, nbytes, dtype=np.uint8))
                 weights[name] = w
             stream.synchronize()
+            splits = {(name, tile): kernels[tile].k_splits(weights[name], split_rows[tile])
+                      for name in weights for tile in split_rows}
+            most = max(splits.values(), default=1)
+            part = stream.upload(np.zeros(most * T * rows, np.float32), "partials")
             arms = [(name, n, tile) for name in weights for n in counts for tile in kernels]
             times: dict = {a: [] for a in arms}
             for _ in range(args.rounds):
@@ -104,20 +119,25 @@ def main(argv: list[str] | None = None) -> int:
                     label = f"{name}.{n}.{tile}"
                     stream.profiler.gpu_ns.clear()
                     stream.profiler.gpu_count.clear()
-                    d = kernels[tile].linear(x, weights[name], y, n, name=label,
-                                             batched=kernels[tile].batch_products()["decode"])
-                    stream.record([d] * args.repeat)
+                    k, s = kernels[tile], splits.get((name, tile), 1)
+                    d = [k.linear(x, weights[name], y, n, name=label, k_splits=s,
+                                  partials=part if s > 1 else None,
+                                  batched=k.batch_products()["decode"])]
+                    if s > 1:
+                        d.append(k.sum_splits(part, y, n, rows, s, name=label + ".sum"))
+                    stream.record(d * args.repeat)
                     stream.synchronize()
-                    times[name, n, tile].append(stream.profiler.gpu_ns[label]
-                                                / stream.profiler.gpu_count[label])
+                    times[name, n, tile].append(sum(
+                        stream.profiler.gpu_ns[a.name] / stream.profiler.gpu_count[a.name]
+                        for a in d))
             for (name, n, tile), ts in times.items():
                 us = statistics.median(ts) / 1e3
                 report["runs"].append({
                     "shape": f"{rows}x{cols}", "type": name, "tokens": n,
-                    "tile": tile, "us": round(us, 2),
+                    "tile": tile, "k_splits": splits.get((name, tile), 1), "us": round(us, 2),
                     "weight_gb_s": round(weights[name].nbytes / us / 1e3, 1),
                     "gflop_s": round(2 * rows * cols * n / us / 1e3, 1)})
-            for t in (*weights.values(), x, y):
+            for t in (*weights.values(), x, y, part):
                 t.buffer.close()
         stream.close()
     text = json.dumps(report, indent=1)

@@ -2153,6 +2153,86 @@ def test_batched_coop_takes_the_engines_tiles(gpu, kernels):
         assert rel_err(got, terms.sum(2), np.abs(terms).sum(2)) < 2.0 ** -10 + n_cols * 2.0 ** -23
 
 
+def test_sum_splits_adds_the_partials_in_order(gpu, kernels):
+    """sum_splits.comp: y[token0 + t] = partial 0 + partial 1 + ... in float32, left to
+    right (numpy's sequential sum, bit for bit), into rows token0 .. token0 + n_tokens - 1
+    of y and nowhere else; one split copies."""
+    r = rng(47)
+    n_tokens, n_rows, token0 = 5, 37, 3
+    for splits in (1, 2, 3, 7):
+        part = randn(r, splits, n_tokens, n_rows) * np.float32(1e3)
+        want = part[0].copy()
+        for p in range(1, splits):
+            want += part[p]
+        tp, ty = gpu.upload(part.reshape(-1)), gpu.filled((token0 + n_tokens + 2) * n_rows)
+        gpu.stream.record([kernels.sum_splits(tp, ty, n_tokens, n_rows, splits, token0)])
+        got = gpu.read(ty).reshape(-1, n_rows)
+        np.testing.assert_array_equal(got[token0:token0 + n_tokens], want, err_msg=str(splits))
+        assert (got[:token0] == SENTINEL).all() and (got[token0 + n_tokens:] == SENTINEL).all()
+
+
+def test_k_splits_depend_on_the_weight_shape_alone(kernels):
+    """Kernels.k_splits: products of fewer than split_rows rows split their columns over
+    ceil(split_rows / rows) workgroups, at most one per step of sg_k * 32 columns; never by
+    the token count (it is not an argument: batch invariance)."""
+    from types import SimpleNamespace
+
+    from vkrt.tuning import BatchCoopTile
+
+    tiles8 = (BatchCoopTile(None, 32, 32, 2, 2, "test", 8),)
+    tiles4 = (BatchCoopTile(32, 32, 32, 2, 2, "test", 4),
+              BatchCoopTile(None, 64, 32, 4, 2, "test", 4))
+    for rows, cols, split_rows, tiles, want in (
+            (1024, 4096, 4096, tiles8, 4),     # a 7B attn_k: 32 row tiles -> 128 workgroups
+            (4096, 4096, 4096, tiles8, 1),     # enough rows
+            (14336, 4096, 4096, tiles8, 1),
+            (512, 2048, 4096, tiles8, 8),      # 8 steps of 256 columns, 8 splits
+            (512, 2048, 8192, tiles8, 8),      # at most one split per step
+            (512, 2048, 8192, tiles4, 16),     # steps of 128 columns: 16
+            (100, 64, 4096, tiles8, 1),        # one step
+            (3000, 4096, 4096, tiles8, 2),
+            (1024, 4096, 0, tiles8, 1)):       # split_rows 0: never
+        w = SimpleNamespace(shape=(rows, cols))
+        assert kernels.k_splits(w, split_rows, tiles) == want, (rows, cols, split_rows)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "q4_1"])
+def test_linear_coop_split_across_workgroups(gpu, kernels, dtype):
+    """Kernels.linear(batched="matmul_coop", k_splits=s, partials=P) then sum_splits: each
+    of s workgroups per tile sums a run of the column steps into P, the reduction adds them
+    in order; within matmul_coop's bound at 1-7 splits of 5 steps (7: two runs empty); one
+    split is the product without it, bit for bit; rows token0 .. of y only."""
+    from vkrt.tuning import BatchCoopTile
+
+    coop_or_skip(kernels)
+    tiles = (BatchCoopTile(None, 32, 32, 2, 2, "test", 2),)   # steps of 64 columns
+    r, n_rows, n_cols, n, token0 = rng(49), 70, 320, 9, 2
+    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=49)
+    x = randn(r, token0 + n, n_cols)
+    bx = gpu.upload(x)
+    terms = values[None] * x[token0:, None].astype(np.float64)
+    plain = gpu.filled((token0 + n) * n_rows)
+    gpu.stream.record([kernels.linear(bx, tw, plain, n, batched="matmul_coop",
+                                      coop_tiles=tiles, token0=token0)])
+    plain = gpu.read(plain).reshape(-1, n_rows)
+    for splits in (1, 2, 3, 5, 7):
+        part = gpu.filled(splits * n * n_rows)
+        by = gpu.filled((token0 + n + 1) * n_rows)
+        gpu.stream.record([
+            kernels.linear(bx, tw, by if splits == 1 else part, n, batched="matmul_coop",
+                           coop_tiles=tiles, token0=token0, k_splits=splits,
+                           partials=part if splits > 1 else None),
+            *([kernels.sum_splits(part, by, n, n_rows, splits, token0)] if splits > 1
+              else [])])
+        got = gpu.read(by).reshape(-1, n_rows)
+        assert (got[:token0] == SENTINEL).all() and (got[token0 + n:] == SENTINEL).all()
+        got = got[token0:token0 + n]
+        if splits == 1:
+            np.testing.assert_array_equal(got, plain[token0:])
+        err = rel_err(got, terms.sum(2), np.abs(terms).sum(2))
+        assert err < 2.0 ** -10 + n_cols * 2.0 ** -23, (splits, err)
+
+
 def test_batch_products_fall_back_to_matmul_without_coop(kernels):
     """`Kernels.batch_products`: the table's matmul_coop where the device lists a shape and
     VKRT_COOPMAT allows it, else matmul; the other kernels as the table names them; the

@@ -252,6 +252,7 @@ class Kernels:
                                    (F32, F32, F32)) for gelu in (False, True)}
         self._scale = Op(p("scale", {0: ELEMENTWISE_BLOCK}), (F32,))
         self._add = Op(p("add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
+        self._sum_splits = Op(p("sum_splits", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._bias_add = Op(p("bias_add", {0: ELEMENTWISE_BLOCK}), (F32, F32))
         self._argmax = Op(p("argmax", {0: self.tuning.argmax_threads}),
                           (F32, U32))
@@ -507,9 +508,41 @@ class Kernels:
             return "matmul_coop"
         return "matmul_tiled" if self.tiled_matmul else "matmul"
 
+    def batch_split_rows(self, max_batch: int | None = None) -> int:
+        """The row count below which the batched runner's `matmul_coop` products split their
+        columns across workgroups in an engine of `max_batch` sequences per step
+        (`Table.batch_split_rows_for`; 0: never); the paged KV cache holds it with the
+        kernels."""
+        return self.tuning.batch_split_rows_for(max_batch)
+
+    def k_splits(self, weight: Tensor, split_rows: int, coop_tiles: tuple | None = None) -> int:
+        """How many workgroups split the columns of the batched `matmul_coop` product of
+        `weight` [n_rows, n_cols] (matmul_coop.comp, n_splits): ceil(split_rows / n_rows) for
+        n_rows < split_rows, at most one per step of the tiles' sg_k * 32 columns, else 1.
+        It depends on the weight's shape and the engine's tiles' column split alone, never
+        on the token count (batch invariance: a token's bits depend on the split)."""
+        n_rows, n_cols = weight.shape
+        if n_rows >= split_rows:
+            return 1
+        sg_k = self.tuning.batch_coop_tile(1, coop_tiles).sg_k
+        return max(1, min(-(-n_cols // (32 * sg_k)), -(-split_rows // n_rows)))
+
+    def sum_splits(self, partials: Tensor, y: Tensor, n_tokens: int, n_rows: int,
+                   k_splits: int, token0: int = 0, name: str = "") -> Dispatch:
+        """y[token0 + t] = partials[0, t] + partials[1, t] + ... (left to right) for t <
+        n_tokens: the sum of a product `linear(..., k_splits=k_splits, partials=partials)`
+        split across workgroups (sum_splits.comp); partials [>= k_splits * n_tokens * n_rows]
+        f32, y [rows, n_rows] f32."""
+        n = n_tokens * n_rows
+        grid = (*spread(_groups(n, ELEMENTWISE_BLOCK), self.limit), 1)
+        return self._sum_splits(partials, y, grid=grid, name=name,
+                                need=(k_splits * n, (token0 + n_tokens) * n_rows), n=n,
+                                n_rows=n_rows, y_row0=token0, n_splits=k_splits)
+
     def linear(self, x: Tensor, weight: Tensor, y: Tensor, n_tokens: int, x_row: int = 0,
                name: str = "", accumulate: bool = False, batched: str | None = None,
-               token0: int = 0, coop_tiles: tuple | None = None) -> Dispatch:
+               token0: int = 0, coop_tiles: tuple | None = None, k_splits: int = 1,
+               partials: Tensor | None = None) -> Dispatch:
         """y[t] = weight @ x[x_row + t] for t < n_tokens, f32 accumulation; weight [n_out, n_in]
         of any `WEIGHTS` dtype (n_in % 4 == 0; a multiple of the block for block types, which
         `Tensor` enforces), x and y f32. One token is a matrix-vector product (decode; its
@@ -524,7 +557,10 @@ class Kernels:
         from the table (`matmul_coop`: among `coop_tiles`, an engine's `batch_coop_tiles`;
         None: the table's). These kernels compute
         a token's row in an order fixed by that row alone, whatever the tile, so it does not
-        depend on how many tokens run with it (vkrt/models/batch.py: batch invariance)."""
+        depend on how many tokens run with it (vkrt/models/batch.py: batch invariance).
+        `k_splits` > 1 (`matmul_coop` only, `k_splits()`): the columns split across that
+        many workgroups, each sum written to `partials` ([k_splits, n_tokens, n_out] f32)
+        instead of y; `sum_splits` then adds them into y."""
         n_out, n_in = weight.shape
         if n_tokens == 1 and batched is None:
             kernel = "matvec_add" if accumulate else "matvec"
@@ -541,6 +577,7 @@ class Kernels:
         assert batched in (None, "matmul", "matmul_tiled", "matmul_coop"), batched
         assert batched != "matmul_coop" or self.coop is not None, "no cooperative matrices"
         kernel = batched if batched is not None else self.prefill_kernel(n_tokens)
+        assert k_splits == 1 or (kernel == "matmul_coop" and partials is not None), k_splits
         if kernel == "matmul_coop":
             tile = None
             if batched is not None:
@@ -548,10 +585,14 @@ class Kernels:
                 tile = (t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k)
             spec = self.coop_spec(n_out, n_tokens, tile)
             x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
-            grid = (x_groups, _groups(n_tokens, spec[4]), z_groups)
+            grid = (x_groups, _groups(n_tokens, spec[4]) * k_splits, z_groups)
+            out, y_row0 = y, token0
+            if k_splits > 1:
+                out, y_row0 = partials, 0
+                need = (None, need[1], k_splits * n_tokens * n_out)
             return self.weight_op("matmul_coop", weight, spec=spec)(
-                weight, x, y, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
-                n_tokens=n_tokens, token0=token0)
+                weight, x, out, grid=grid, name=name, need=need, n_cols=n_in, n_rows=n_out,
+                n_tokens=n_tokens, token0=token0, y_row0=y_row0, n_splits=k_splits)
         if kernel == "matmul_tiled":
             x_groups, z_groups = spread(_groups(n_out, TILE_ROWS), self.limit)
             grid = (x_groups, _groups(n_tokens, TILE_TOKENS), z_groups)

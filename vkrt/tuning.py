@@ -88,11 +88,15 @@ class WideBatchDecode:
     of its requests runs on one kernel whatever shares its step: batch invariance within an
     engine. A request's bits may differ between engines of different max_batch.
     `coop_tiles`: the rule's own `matmul_coop` tiles (one column split, `sg_k`, among them),
-    for its engines instead of `Table.batch_coop_tiles`; () keeps the table's."""
+    for its engines instead of `Table.batch_coop_tiles`; () keeps the table's.
+    `split_rows` (`matmul_coop` only): products of fewer rows split their columns across
+    ceil(split_rows / rows) workgroups (`Kernels.k_splits`, matmul_coop.comp's n_splits), so
+    that a product of few row tiles fills the GPU; 0: never."""
     min_max_batch: int
     kernel: str
     source: str
     coop_tiles: tuple[BatchCoopTile, ...] = ()
+    split_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,12 @@ class Table:
         sequences per step: its wide rule's own, else `batch_coop_tiles`."""
         wide = self.wide_rule(max_batch)
         return wide.coop_tiles if wide is not None and wide.coop_tiles else self.batch_coop_tiles
+
+    def batch_split_rows_for(self, max_batch: int | None) -> int:
+        """The `split_rows` of the batched products in an engine of `max_batch` sequences
+        per step: its wide rule's, else 0 (no split)."""
+        wide = self.wide_rule(max_batch)
+        return 0 if wide is None else wide.split_rows
 
     def batch_tile(self, n_tokens: int) -> BatchTile:
         """The `matmul` launch of a batched product of `n_tokens` tokens."""

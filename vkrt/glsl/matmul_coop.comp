@@ -41,11 +41,20 @@
 // shape; TK divides 32 and TM, TN, TK are multiples of 8), 4 = BM, 5 = BN (multiples of
 // SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N, 8 = SG_K, 9 = NBUF (1 or 2; shared memory:
 // NBUF * SG_K * (BM + BN) * 80 bytes of tiles, SG_M * SG_N * TM * TN * 4 of staging).
-// Dispatch: (min(row tiles, limit_x), ceil(n_tokens / BM), ceil(row tiles / limit_x)) with
-// row tiles = ceil(n_rows / BN): tiles past maxComputeWorkGroupCount.x spill into z. Push
-// constants: n_cols, n_rows, n_tokens, token0 (the first token row of x and y the product
-// covers: rows token0 .. token0 + n_tokens - 1; the batched runner's roles,
-// vkrt/models/batch.py).
+// Split K across workgroups (n_splits > 1, for products of too few row tiles to fill the
+// GPU: each workgroup's steps run one after another, so a product of 32 row tiles takes as
+// long as one of 128): the steps of BK * SG_K columns are cut into n_splits runs of
+// ceil(steps / n_splits), workgroup (tile, y) takes run y % n_splits of token tile
+// y / n_splits and writes its sum, not the output: partial p of token t goes to y row
+// y_row0 + p * n_tokens + t, and sum_splits.comp adds the partials in the order p = 0, 1, ...
+// (CUTLASS's "parallel split-K": a second kernel reduces; a fixed order, deterministic).
+// n_splits = 1: the product as without the split, y rows y_row0 + t.
+// Dispatch: (min(row tiles, limit_x), ceil(n_tokens / BM) * n_splits, ceil(row tiles /
+// limit_x)) with row tiles = ceil(n_rows / BN): tiles past maxComputeWorkGroupCount.x spill
+// into z. Push constants: n_cols, n_rows, n_tokens, token0 (the first token row of x the
+// product covers: rows token0 .. token0 + n_tokens - 1; the batched runner's roles,
+// vkrt/models/batch.py), y_row0 (y's row of the first token: token0, or 0 for partials),
+// n_splits.
 // An output's sum is the same chains of coopMatMulAdd over the k steps in order (one chain
 // per k group, the chains added in group order) whatever BM, BN, SG_M and SG_N are, so its
 // bits depend on SG_K but not on the rest of the tile (the batched runner's batch
@@ -70,8 +79,9 @@ layout(constant_id = 8) const uint SG_K = 1;
 layout(constant_id = 9) const uint NBUF = 1;
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
-layout(push_constant) uniform Push { uint n_cols; uint n_rows; uint n_tokens; uint token0; }
-    pc;
+layout(push_constant) uniform Push {
+    uint n_cols; uint n_rows; uint n_tokens; uint token0; uint y_row0; uint n_splits;
+} pc;
 
 const uint NT = gl_WorkGroupSize.x;
 const uint BK = 32;                       // columns per step and group (a Q8_0 / Q4_1 block)
@@ -118,9 +128,15 @@ void store(vec4 xr[XP], vec4 wr[WP], uint buf) {
 
 void main() {
     uint tile = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
-    uint n0 = tile * BN, t0 = gl_WorkGroupID.y * BM;
+    uint split = gl_WorkGroupID.y % pc.n_splits;
+    uint n0 = tile * BN, t0 = gl_WorkGroupID.y / pc.n_splits * BM;
     if (n0 >= pc.n_rows) return;  // uniform per workgroup
     uint cols4 = pc.n_cols / 4;
+    // This workgroup's run of steps: vec4 columns kb .. ke - 1 (all of them unsplit)
+    uint run = (cols4 + KQ - 1) / KQ;
+    run = (run + pc.n_splits - 1) / pc.n_splits * KQ;
+    uint kb = min(split * run, cols4), ke = min(kb + run, cols4);
+    uint yr0 = pc.y_row0 + split * pc.n_tokens;   // y's row of token 0
     uint sg = gl_SubgroupID, g = sg / (SG_M * SG_N), sr = sg % (SG_M * SG_N);
     uint sm0 = sr / SG_N * SM, sn0 = sr % SG_N * SN;
     coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> acc[CM * CN];
@@ -132,19 +148,19 @@ void main() {
     // registers.
     vec4 xr[XP];
     vec4 wr[WP];
-    fetch(xr, wr, 0, t0, n0, cols4);
+    fetch(xr, wr, kb, t0, n0, cols4);
     if (NBUF == 2) {
         store(xr, wr, 0);
         barrier();
     }
-    for (uint k0 = 0, s = 0; k0 < cols4; k0 += KQ, ++s) {
+    for (uint k0 = kb, s = 0; k0 < ke; k0 += KQ, ++s) {
         uint k1 = k0 + KQ;                // the next step; out-of-range columns load as 0
         if (NBUF == 1) {
             barrier();                    // every subgroup is done with the last step's tiles
             store(xr, wr, 0);
             barrier();
         }
-        if (k1 < cols4) fetch(xr, wr, k1, t0, n0, cols4);
+        if (k1 < ke) fetch(xr, wr, k1, t0, n0, cols4);
         uint xb = (s % NBUF) * SG_K * BM, wb = (s % NBUF) * SG_K * BN;
         [[unroll]] for (uint kk = 0; kk < BK / TK; ++kk) {
             coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b[CN];
@@ -160,7 +176,7 @@ void main() {
             }
         }
         if (NBUF == 2) {
-            if (k1 < cols4) store(xr, wr, (s + 1) % 2);
+            if (k1 < ke) store(xr, wr, (s + 1) % 2);
             barrier();                    // the next step's tiles stored; this step's read
         }
     }
@@ -188,7 +204,7 @@ void main() {
             uint n = n0 + sn0 + j * TN;
             if (t >= pc.n_tokens || n >= pc.n_rows) continue;   // uniform per subgroup
             if (t + TM <= pc.n_tokens && n + TN <= pc.n_rows && pc.n_rows % 4 == 0) {
-                coopMatStore(acc[i * CN + j], y, (pc.token0 + t) * pc.n_rows + n, pc.n_rows,
+                coopMatStore(acc[i * CN + j], y, (yr0 + t) * pc.n_rows + n, pc.n_rows,
                              gl_CooperativeMatrixLayoutRowMajor);
                 continue;
             }
@@ -198,7 +214,7 @@ void main() {
             for (uint e = lane; e < TM * TN; e += gl_SubgroupSize) {
                 uint dt = e / TN, dn = e % TN;
                 if (t + dt < pc.n_tokens && n + dn < pc.n_rows)
-                    y[(pc.token0 + t + dt) * pc.n_rows + n + dn] = stage[base + e];
+                    y[(yr0 + t + dt) * pc.n_rows + n + dn] = stage[base + e];
             }
             subgroupBarrier();            // the tile is read before the next store
         }

@@ -63,7 +63,7 @@ changes a real token's row.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -139,6 +139,9 @@ class PagedCache:
     products: dict      # token role ("decode", "prompt") -> its products' kernel
     coop_tiles: tuple   # matmul_coop's tiles for the engine (Kernels.batch_coop_tiles)
     sampled: Tensor     # u32 [rows]: the last step's argmax rows (read by the next step's feed_sampled)
+    split_rows: int = 0  # decode products of fewer rows split K across workgroups (Kernels.batch_split_rows)
+    # output view's name -> f32 partial sums of its split products (`PagedBatch._partials`)
+    partials: dict = field(default_factory=dict)
 
     @property
     def scratch_slot(self) -> int:
@@ -149,13 +152,14 @@ class PagedCache:
         """Bytes held (allocation sizes, as `Device.bytes_in_use` counts them): the K/V
         buffers and the tables' buffers."""
         return (self.buffer.allocation_bytes + self.sampled.buffer.allocation_bytes
-                + sum(t.buffer.allocation_bytes for t in self.tables.values()))
+                + sum(t.buffer.allocation_bytes for t in self.tables.values())
+                + sum(t.buffer.allocation_bytes for t in self.partials.values()))
 
     def close(self) -> None:
         self.buffer.close()
         self.sampled.buffer.close()
-        for table in self.tables.values():
-            table.buffer.close()
+        for t in (*self.tables.values(), *self.partials.values()):
+            t.buffer.close()
 
 
 class StepInputs:
@@ -275,14 +279,40 @@ class PagedBatch:
         `name`.weight, b = `name`.bias when present): the generated tokens' rows on the
         "decode" role's kernel, the prompt tokens' on the "prompt" role's (`_role_products`;
         batch invariance, the module docstring)."""
-        k, w = self.k, self.w
-        out = [k.linear(x, w[name + ".weight"], y, n, name=name, token0=row0,
-                        **self._role_products(role))
-               for role, row0, n in (("decode", 0, shape.decode),
-                                     ("prompt", shape.decode, shape.prompt)) if n]
+        k, w, p = self.k, self.w, self._paged
+        weight, out = w[name + ".weight"], []
+        for role, row0, n in (("decode", 0, shape.decode), ("prompt", shape.decode,
+                                                              shape.prompt)):
+            if not n:
+                continue
+            products = self._role_products(role)
+            splits = 1
+            if role == "decode" and products["batched"] == "matmul_coop" and p.split_rows:
+                splits = k.k_splits(weight, p.split_rows, p.coop_tiles)
+            if splits == 1:
+                out.append(k.linear(x, weight, y, n, name=name, token0=row0, **products))
+                continue
+            part = self._partials(y)
+            out += [k.linear(x, weight, y, n, name=name, token0=row0, k_splits=splits,
+                             partials=part, **products),
+                    k.sum_splits(part, y, n, weight.shape[0], splits, row0, name=name + ".sum")]
         if name + ".bias" in w:
             out.append(k.bias_add(y, w[name + ".bias"], shape.tokens, name=name + ".bias"))
         return out
+
+    def _partials(self, y: Tensor) -> Tensor:
+        """The partial sums of the split products writing `y` (one buffer per output view,
+        so that products writing different views, as K and V, share no bytes): f32 of 2 *
+        split_rows * the most decode tokens of a step, what `Kernels.k_splits` can ask
+        (splits * rows < split_rows + rows); made on first use, freed with the paged cache."""
+        p = self._paged
+        part = p.partials.get(y.name)
+        if part is None:
+            n = 2 * p.split_rows * p.sampled.shape[0]
+            part = p.partials[y.name] = Tensor(Buffer(self.device, 4 * n,
+                                                      name=f"batch_partials.{y.name}"),
+                                               0, 4 * n, "float32", (n,), f"partials.{y.name}")
+        return part
 
     def _role_products(self, role: str) -> dict:
         """`Kernels.linear`'s arguments for the products of tokens of `role` ("decode":
@@ -392,7 +422,8 @@ class PagedBatch:
                                  self.k.batch_products(max_batch),
                                  self.k.batch_coop_tiles(max_batch),
                                  Tensor(sampled, 0, 4 * rows, "uint32", (rows,),
-                                        "batch_sampled"))
+                                        "batch_sampled"),
+                                 self.k.batch_split_rows(max_batch))
         self._last_rows = 0
 
     @staticmethod
