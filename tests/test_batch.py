@@ -262,6 +262,44 @@ def test_wide_engine_decodes_on_its_kernel_batch_invariant(device, tmp_path):
         model.close()
 
 
+def test_wide_engine_splits_products_across_workgroups_batch_invariant(device, tmp_path):
+    """An engine whose wide rule has `split_rows` runs each generated-token product of fewer
+    rows on matmul_coop split across workgroups (Kernels.k_splits: here every layer product,
+    2-4 splits) and its `sum_splits` reduction, the prompt tokens' products unsplit; every
+    sequence's logits bit-identical alone and in any batch, greedy tokens equal
+    transformers'. Runs where the device has cooperative matrices (the H200)."""
+    from vkrt.tuning import BatchCoopTile, WideBatchDecode
+
+    path = write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), "qwen2", "F32")
+    ref = TransformersReference(str(path), **ORACLE_CONFIG.get("qwen2", {}))
+    rng = np.random.default_rng(7)
+    prompts = {s: [int(i) for i in rng.integers(0, N_VOCAB, n)]
+               for s, n in {"a": 9, "b": 3, "c": 6}.items()}
+    model = Llama.from_gguf(device, load_gguf(path))
+    try:
+        if model.k.coop is None:
+            pytest.skip(f"{device.name} lists no cooperative-matrix shape")
+        own = (BatchCoopTile(None, 16, 16, 1, 1, "test", 1),)     # steps of 32 columns
+        model.k.tuning = dataclasses.replace(
+            model.k.tuning, batch_products={"decode": "matmul", "prompt": "matmul"},
+            wide_batch_decode=(WideBatchDecode(4, "matmul_coop", "test", coop_tiles=own,
+                                               split_rows=4096),))
+        tokens = check_invariance(model, prompts, 5, max_batch=4)
+        for s, ids in prompts.items():
+            assert tokens[s] == ref.greedy(ids, 5), s
+        ds = model.batch_step(model._inputs(3, True)[1], StepShape(decode=2, prompt=1, logits=2))
+        names = [d.name for d in ds if d.name.startswith("blk.0.")]
+        for name, splits in (("attn_q", 2), ("attn_k", 2), ("ffn_up", 2), ("ffn_down", 4)):
+            i = names.index(f"blk.0.{name}")
+            # the decode rows' split product, its reduction, then the prompt row's product
+            assert names[i:i + 3] == [f"blk.0.{name}", f"blk.0.{name}.sum", f"blk.0.{name}"]
+            d = next(d for d in ds if d.name == f"blk.0.{name}.sum")
+            # sum_splits' push constants: n, n_rows, y_row0, n_splits
+            assert np.frombuffer(d.push, np.uint32)[3] == splits, name
+    finally:
+        model.close()
+
+
 def test_batch_buckets_capture_once_each(llama):
     """A step is captured once per (T bucket, R bucket) and replayed after; T past the largest
     bucket is recorded."""

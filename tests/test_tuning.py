@@ -105,6 +105,16 @@ def test_batch_coop_tiles_by_max_batch():
     assert {r.sg_k for r in tuning.GPU.batch_coop_tiles_for(64)} == {4}
 
 
+def test_batch_split_rows_by_max_batch():
+    """Table.batch_split_rows_for: the split_rows of the engine's wide rule (the largest
+    min_max_batch <= max_batch), 0 below every rule and without a max_batch."""
+    t = dataclasses.replace(tuning.GPU, wide_batch_decode=(
+        tuning.WideBatchDecode(16, "matmul_coop", "t", split_rows=4096),
+        tuning.WideBatchDecode(64, "matmul_coop", "t", split_rows=8192)))
+    assert [t.batch_split_rows_for(b) for b in (None, 8, 16, 32, 64, 128)] == [
+        0, 0, 4096, 4096, 8192, 8192]
+
+
 def test_batch_coop_tiles_keep_one_column_split():
     """A token's bits under matmul_coop depend on its column split (`sg_k`,
     matmul_coop.comp), so a table whose tiles split the columns two ways is refused when a
