@@ -7,6 +7,7 @@ its batch-1 run.
         [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
         [--max-batch B] [--compare-sync]
         [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K,...] [--split-rows N]
+        [--split-min-steps S]
 
 For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py; with `--max-batch B`,
 max(B, N): a server started with `vkrt serve --max-batch B` serving N), N greedy requests
@@ -32,7 +33,7 @@ and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at po
 `matmul_coop` with the given tiles (split K included) instead of the GPU table's kernel: the
 A/B of bench/README.md, 2026-12-04 second session. `--split-rows N` sets the GPU table's
 wide-engine rules' `split_rows` (vkrt/tuning.py `WideBatchDecode`; 0: no product split
-across workgroups). The engines schedule asynchronously
+across workgroups), `--split-min-steps S` their `split_min_steps`. The engines schedule asynchronously
 (vkrt serve's default: a greedy step stays in flight while the next is scheduled).
 Each row is timed after one unrecorded run of its N sequences (4 tokens each), so that
 neither scheduling pays for building and capturing the steps' buckets.
@@ -234,6 +235,8 @@ def main() -> None:
                          "32:32x32:2x2x4,:32x64:2x2x4)")
     ap.add_argument("--split-rows", type=int, default=None, metavar="N",
                     help="the wide-engine rules' split_rows instead of the GPU table's")
+    ap.add_argument("--split-min-steps", type=int, default=None, metavar="S",
+                    help="the wide-engine rules' split_min_steps instead of the GPU table's")
     args = ap.parse_args()
     import vkrt
 
@@ -242,15 +245,18 @@ def main() -> None:
             tuning.TABLES["gpu"], batch_coop_tiles=coop_decode_tiles(args.decode_coop_tiles),
             batch_products={**tuning.TABLES["gpu"].batch_products, "decode": "matmul_coop"},
             wide_batch_decode=())        # no rule's own tiles: these, at every max_batch
-    if args.split_rows is not None:
-        gpu = tuning.TABLES["gpu"]
-        tuning.TABLES["gpu"] = dataclasses.replace(gpu, wide_batch_decode=tuple(
-            dataclasses.replace(r, split_rows=args.split_rows) for r in gpu.wide_batch_decode))
+    for key in ("split_rows", "split_min_steps"):
+        if getattr(args, key) is not None:
+            gpu = tuning.TABLES["gpu"]
+            tuning.TABLES["gpu"] = dataclasses.replace(gpu, wide_batch_decode=tuple(
+                dataclasses.replace(r, **{key: getattr(args, key)})
+                for r in gpu.wide_batch_decode))
 
     seqs = [int(s) for s in args.seqs.split(",")]
     report = {"model": args.model, "prompt_tokens": args.prompt_tokens,
               "tokens": args.tokens, "kv_cache_dtype": args.kv_cache_dtype,
               "decode_coop_tiles": args.decode_coop_tiles, "split_rows": args.split_rows,
+              "split_min_steps": args.split_min_steps,
               "runs": []}
     with vkrt.load(args.model, device=args.device) as model:
         report["device"] = model.device.name

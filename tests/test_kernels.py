@@ -2172,9 +2172,9 @@ def test_sum_splits_adds_the_partials_in_order(gpu, kernels):
 
 
 def test_k_splits_depend_on_the_weight_shape_alone(kernels):
-    """Kernels.k_splits: products of fewer than split_rows rows split their columns over
-    ceil(split_rows / rows) workgroups, at most one per step of sg_k * 32 columns; never by
-    the token count (it is not an argument: batch invariance)."""
+    """Kernels.k_splits: products of fewer than split_rows rows and at least min_steps steps
+    of sg_k * 32 columns split their columns over ceil(split_rows / rows) workgroups, at most
+    one per step; never by the token count (it is not an argument: batch invariance)."""
     from types import SimpleNamespace
 
     from vkrt.tuning import BatchCoopTile
@@ -2182,18 +2182,22 @@ def test_k_splits_depend_on_the_weight_shape_alone(kernels):
     tiles8 = (BatchCoopTile(None, 32, 32, 2, 2, "test", 8),)
     tiles4 = (BatchCoopTile(32, 32, 32, 2, 2, "test", 4),
               BatchCoopTile(None, 64, 32, 4, 2, "test", 4))
-    for rows, cols, split_rows, tiles, want in (
-            (1024, 4096, 4096, tiles8, 4),     # a 7B attn_k: 32 row tiles -> 128 workgroups
-            (4096, 4096, 4096, tiles8, 1),     # enough rows
-            (14336, 4096, 4096, tiles8, 1),
-            (512, 2048, 4096, tiles8, 8),      # 8 steps of 256 columns, 8 splits
-            (512, 2048, 8192, tiles8, 8),      # at most one split per step
-            (512, 2048, 8192, tiles4, 16),     # steps of 128 columns: 16
-            (100, 64, 4096, tiles8, 1),        # one step
-            (3000, 4096, 4096, tiles8, 2),
-            (1024, 4096, 0, tiles8, 1)):       # split_rows 0: never
+    for rows, cols, split_rows, tiles, min_steps, want in (
+            (1024, 4096, 4096, tiles8, 1, 4),  # a 7B attn_k: 32 row tiles -> 128 workgroups
+            (4096, 4096, 4096, tiles8, 1, 1),  # enough rows
+            (14336, 4096, 4096, tiles8, 1, 1),
+            (512, 2048, 4096, tiles8, 1, 8),   # 8 steps of 256 columns, 8 splits
+            (512, 2048, 8192, tiles8, 1, 8),   # at most one split per step
+            (512, 2048, 8192, tiles4, 1, 16),  # steps of 128 columns: 16
+            (100, 64, 4096, tiles8, 1, 1),     # one step
+            (3000, 4096, 4096, tiles8, 1, 2),
+            (1024, 4096, 0, tiles8, 1, 1),     # split_rows 0: never
+            (512, 2048, 4096, tiles8, 8, 8),   # 8 steps, at least 8 asked
+            (576, 1536, 4096, tiles8, 8, 1),   # a 135M ffn_down: 6 steps, too short
+            (576, 1536, 4096, tiles4, 8, 8)):  # 12 steps of 128 columns
         w = SimpleNamespace(shape=(rows, cols))
-        assert kernels.k_splits(w, split_rows, tiles) == want, (rows, cols, split_rows)
+        assert kernels.k_splits(w, split_rows, tiles, min_steps) == want, (rows, cols,
+                                                                          split_rows)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "q4_1"])

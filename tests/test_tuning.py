@@ -106,13 +106,13 @@ def test_batch_coop_tiles_by_max_batch():
 
 
 def test_batch_split_rows_by_max_batch():
-    """Table.batch_split_rows_for: the split_rows of the engine's wide rule (the largest
-    min_max_batch <= max_batch), 0 below every rule and without a max_batch."""
+    """Table.batch_split_for: (split_rows, split_min_steps) of the engine's wide rule (the
+    largest min_max_batch <= max_batch), (0, 1) below every rule and without a max_batch."""
     t = dataclasses.replace(tuning.GPU, wide_batch_decode=(
-        tuning.WideBatchDecode(16, "matmul_coop", "t", split_rows=4096),
+        tuning.WideBatchDecode(16, "matmul_coop", "t", split_rows=4096, split_min_steps=8),
         tuning.WideBatchDecode(64, "matmul_coop", "t", split_rows=8192)))
-    assert [t.batch_split_rows_for(b) for b in (None, 8, 16, 32, 64, 128)] == [
-        0, 0, 4096, 4096, 8192, 8192]
+    assert [t.batch_split_for(b) for b in (None, 8, 16, 32, 64, 128)] == [
+        (0, 1), (0, 1), (4096, 8), (4096, 8), (8192, 1), (8192, 1)]
 
 
 def test_batch_coop_tiles_keep_one_column_split():

@@ -508,24 +508,27 @@ class Kernels:
             return "matmul_coop"
         return "matmul_tiled" if self.tiled_matmul else "matmul"
 
-    def batch_split_rows(self, max_batch: int | None = None) -> int:
-        """The row count below which the batched runner's `matmul_coop` products split their
-        columns across workgroups in an engine of `max_batch` sequences per step
-        (`Table.batch_split_rows_for`; 0: never); the paged KV cache holds it with the
-        kernels."""
-        return self.tuning.batch_split_rows_for(max_batch)
+    def batch_split(self, max_batch: int | None = None) -> tuple[int, int]:
+        """(split_rows, split_min_steps): which of the batched runner's `matmul_coop`
+        products split their columns across workgroups in an engine of `max_batch` sequences
+        per step (`Table.batch_split_for`; split_rows 0: none; `k_splits`); the paged KV
+        cache holds it with the kernels."""
+        return self.tuning.batch_split_for(max_batch)
 
-    def k_splits(self, weight: Tensor, split_rows: int, coop_tiles: tuple | None = None) -> int:
+    def k_splits(self, weight: Tensor, split_rows: int, coop_tiles: tuple | None = None,
+                 min_steps: int = 1) -> int:
         """How many workgroups split the columns of the batched `matmul_coop` product of
         `weight` [n_rows, n_cols] (matmul_coop.comp, n_splits): ceil(split_rows / n_rows) for
-        n_rows < split_rows, at most one per step of the tiles' sg_k * 32 columns, else 1.
-        It depends on the weight's shape and the engine's tiles' column split alone, never
-        on the token count (batch invariance: a token's bits depend on the split)."""
+        n_rows < split_rows and at least `min_steps` steps of the tiles' sg_k * 32 columns,
+        at most one per step; else 1. It depends on the weight's shape and the engine's
+        tiles' column split alone, never on the token count (batch invariance: a token's
+        bits depend on the split)."""
         n_rows, n_cols = weight.shape
-        if n_rows >= split_rows:
-            return 1
         sg_k = self.tuning.batch_coop_tile(1, coop_tiles).sg_k
-        return max(1, min(-(-n_cols // (32 * sg_k)), -(-split_rows // n_rows)))
+        steps = -(-n_cols // (32 * sg_k))
+        if n_rows >= split_rows or steps < min_steps:
+            return 1
+        return max(1, min(steps, -(-split_rows // n_rows)))
 
     def sum_splits(self, partials: Tensor, y: Tensor, n_tokens: int, n_rows: int,
                    k_splits: int, token0: int = 0, name: str = "") -> Dispatch:

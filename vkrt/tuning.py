@@ -89,14 +89,16 @@ class WideBatchDecode:
     engine. A request's bits may differ between engines of different max_batch.
     `coop_tiles`: the rule's own `matmul_coop` tiles (one column split, `sg_k`, among them),
     for its engines instead of `Table.batch_coop_tiles`; () keeps the table's.
-    `split_rows` (`matmul_coop` only): products of fewer rows split their columns across
-    ceil(split_rows / rows) workgroups (`Kernels.k_splits`, matmul_coop.comp's n_splits), so
-    that a product of few row tiles fills the GPU; 0: never."""
+    `split_rows` (`matmul_coop` only): products of fewer rows and at least `split_min_steps`
+    steps of columns (sg_k * 32 each) split their columns across ceil(split_rows / rows)
+    workgroups (`Kernels.k_splits`, matmul_coop.comp's n_splits), so that a product of few
+    row tiles fills the GPU; 0: never. A short product gains less than its reduction costs."""
     min_max_batch: int
     kernel: str
     source: str
     coop_tiles: tuple[BatchCoopTile, ...] = ()
     split_rows: int = 0
+    split_min_steps: int = 1
 
 
 @dataclass(frozen=True)
@@ -183,11 +185,11 @@ class Table:
         wide = self.wide_rule(max_batch)
         return wide.coop_tiles if wide is not None and wide.coop_tiles else self.batch_coop_tiles
 
-    def batch_split_rows_for(self, max_batch: int | None) -> int:
-        """The `split_rows` of the batched products in an engine of `max_batch` sequences
-        per step: its wide rule's, else 0 (no split)."""
+    def batch_split_for(self, max_batch: int | None) -> tuple[int, int]:
+        """(`split_rows`, `split_min_steps`) of the batched products in an engine of
+        `max_batch` sequences per step: its wide rule's, else (0, 1) (no split)."""
         wide = self.wide_rule(max_batch)
-        return 0 if wide is None else wide.split_rows
+        return (0, 1) if wide is None else (wide.split_rows, wide.split_min_steps)
 
     def batch_tile(self, n_tokens: int) -> BatchTile:
         """The `matmul` launch of a batched product of `n_tokens` tokens."""
@@ -242,6 +244,8 @@ _PRODUCTS = ("bench/README.md, 2026-12-02 third session (bench/batched_products.
 
 _SPLIT8 = ("bench/README.md, 2026-12-04 fifth session (bench/batched.py and "
            "bench/batched_products.py, 7B Q4_1, H200)")
+_SPLITWG = ("bench/README.md, 2026-12-05, eleventh session (bench/batched.py --split-rows "
+            "and bench/batched_products.py --split-rows, H100, A/B alternating)")
 _SPLIT4 = ("bench/README.md, 2026-12-04 sixth session (bench/batched.py at 64 sequences, "
            "H200)")
 
@@ -324,9 +328,17 @@ GPU = Table(
     # Engines of 64 or more sequences: the columns split 4 ways, 64-token tiles at 33 or more
     # tokens (at 64 tokens a 7B layer's products 64x32:4x2x4 629.5 us against 32x32:2x2x8's
     # 729.9; at 32, 32x32:2x2x4 452.5 against 424.5, hence not below 64 sequences).
+    # Engines of 16-63 sequences also split the columns of products of fewer than 4096 rows
+    # and at least 8 steps across workgroups (a 7B attn_k's 32 row tiles -> 4 x 32
+    # workgroups); not from 64 sequences (7B at 64: 2,926.0 -> 2,804.1 tok/s split).
     wide_batch_decode=(WideBatchDecode(16, "matmul_coop", _SPLIT8 + ": decode tok/s matmul -> "
                                        "matmul_coop at 16 sequences 815.0 -> 902.1, 32 983.0 "
-                                       "-> 1679.6, 64 1123.7 -> 2155.1"),
+                                       "-> 1679.6, 64 1123.7 -> 2155.1; " + _SPLITWG + ": at 32 "
+                                       "sequences 1.2B 8,529.8 / 8,558.2 / 8,538.0 -> 9,026.5 / "
+                                       "8,231.0 / 9,078.1, 7B 2,034.0 / 2,019.6 -> 2,042.1 / "
+                                       "2,046.1; 135M's 3-6 steps 11,543.7 -> 8,993.9 split, "
+                                       "hence split_min_steps 8", split_rows=4096,
+                                       split_min_steps=8),
                        WideBatchDecode(64, "matmul_coop", _SPLIT4 + ": 7B decode tok/s split 8 "
                                        "-> split 4 2103.5 -> 2392.9; 1.2B and 135M within "
                                        "their repeats' spread", coop_tiles=(

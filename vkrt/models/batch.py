@@ -139,7 +139,10 @@ class PagedCache:
     products: dict      # token role ("decode", "prompt") -> its products' kernel
     coop_tiles: tuple   # matmul_coop's tiles for the engine (Kernels.batch_coop_tiles)
     sampled: Tensor     # u32 [rows]: the last step's argmax rows (read by the next step's feed_sampled)
-    split_rows: int = 0  # decode products of fewer rows split K across workgroups (Kernels.batch_split_rows)
+    # decode products of fewer rows and at least split_min_steps steps split K across
+    # workgroups (Kernels.batch_split, Kernels.k_splits)
+    split_rows: int = 0
+    split_min_steps: int = 1
     # output view's name -> f32 partial sums of its split products (`PagedBatch._partials`)
     partials: dict = field(default_factory=dict)
 
@@ -288,7 +291,7 @@ class PagedBatch:
             products = self._role_products(role)
             splits = 1
             if role == "decode" and products["batched"] == "matmul_coop" and p.split_rows:
-                splits = k.k_splits(weight, p.split_rows, p.coop_tiles)
+                splits = k.k_splits(weight, p.split_rows, p.coop_tiles, p.split_min_steps)
             if splits == 1:
                 out.append(k.linear(x, weight, y, n, name=name, token0=row0, **products))
                 continue
@@ -423,7 +426,7 @@ class PagedBatch:
                                  self.k.batch_coop_tiles(max_batch),
                                  Tensor(sampled, 0, 4 * rows, "uint32", (rows,),
                                         "batch_sampled"),
-                                 self.k.batch_split_rows(max_batch))
+                                 *self.k.batch_split(max_batch))
         self._last_rows = 0
 
     @staticmethod
