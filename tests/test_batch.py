@@ -226,6 +226,17 @@ def test_batch_family_matches_transformers_and_is_batch_invariant(arch, kv_dtype
         model.close()
 
 
+def qwen2_with_prompts(device, tmp_path, seed: int):
+    """A random qwen2 file's model, its transformers reference, and three prompts of 9, 3
+    and 6 random ids (PCG64 seeded with `seed`)."""
+    path = write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), "qwen2", "F32")
+    ref = TransformersReference(str(path), **ORACLE_CONFIG.get("qwen2", {}))
+    rng = np.random.default_rng(seed)
+    prompts = {s: [int(i) for i in rng.integers(0, N_VOCAB, n)]
+               for s, n in {"a": 9, "b": 3, "c": 6}.items()}
+    return Llama.from_gguf(device, load_gguf(path)), ref, prompts
+
+
 def test_wide_engine_decodes_on_its_kernel_batch_invariant(device, tmp_path):
     """An engine of many sequences (max_batch at or past a `WideBatchDecode` rule) runs its
     generated tokens' products on the rule's kernel (here matmul_tiled, which lavapipe has;
@@ -234,12 +245,7 @@ def test_wide_engine_decodes_on_its_kernel_batch_invariant(device, tmp_path):
     tokens equal transformers'; a cache set up for fewer sequences keeps the table's."""
     from vkrt.tuning import BatchCoopTile, WideBatchDecode
 
-    path = write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), "qwen2", "F32")
-    ref = TransformersReference(str(path), **ORACLE_CONFIG.get("qwen2", {}))
-    rng = np.random.default_rng(5)
-    prompts = {s: [int(i) for i in rng.integers(0, N_VOCAB, n)]
-               for s, n in {"a": 9, "b": 3, "c": 6}.items()}
-    model = Llama.from_gguf(device, load_gguf(path))
+    model, ref, prompts = qwen2_with_prompts(device, tmp_path, seed=5)
     try:
         own = (BatchCoopTile(None, 16, 16, 1, 1, "test", 2),)     # a rule's own tiles
         model.k.tuning = dataclasses.replace(
@@ -270,12 +276,7 @@ def test_wide_engine_splits_products_across_workgroups_batch_invariant(device, t
     transformers'. Runs where the device has cooperative matrices (the H200)."""
     from vkrt.tuning import BatchCoopTile, WideBatchDecode
 
-    path = write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), "qwen2", "F32")
-    ref = TransformersReference(str(path), **ORACLE_CONFIG.get("qwen2", {}))
-    rng = np.random.default_rng(7)
-    prompts = {s: [int(i) for i in rng.integers(0, N_VOCAB, n)]
-               for s, n in {"a": 9, "b": 3, "c": 6}.items()}
-    model = Llama.from_gguf(device, load_gguf(path))
+    model, ref, prompts = qwen2_with_prompts(device, tmp_path, seed=7)
     try:
         if model.k.coop is None:
             pytest.skip(f"{device.name} lists no cooperative-matrix shape")

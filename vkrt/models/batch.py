@@ -50,7 +50,8 @@ run on the kernel the device's table names for the token's role and the engine's
 (`Table.batch_products_for`, vkrt/tuning.py), chosen when the paged KV cache is set up and
 fixed for its life: a generated token ("decode": `matmul`, few columns, one weight row per
 workgroup; in engines of many sequences on the GPU, `matmul_coop` with the columns split K
-ways) or a prompt token ("prompt": `matmul_tiled` on a GPU). Each computes a token's row in
+ways, and a short product's columns also split across workgroups, its partial sums added in
+order by `sum_splits`, the split fixed by the weight's shape: `Kernels.k_splits`) or a prompt token ("prompt": `matmul_tiled` on a GPU). Each computes a token's row in
 one order whatever the token count (never the decode matvecs). So a request's bits do not
 depend on what shares its steps, but may differ between engines of different max_batch.
 A token's role is a property of the token (`BatchInput.prompt`: is its position
@@ -153,7 +154,7 @@ class PagedCache:
     @property
     def nbytes(self) -> int:
         """Bytes held (allocation sizes, as `Device.bytes_in_use` counts them): the K/V
-        buffers and the tables' buffers."""
+        buffers, the tables' and the split products' partial sums'."""
         return (self.buffer.allocation_bytes + self.sampled.buffer.allocation_bytes
                 + sum(t.buffer.allocation_bytes for t in self.tables.values())
                 + sum(t.buffer.allocation_bytes for t in self.partials.values()))
