@@ -329,16 +329,17 @@ GPU = Table(
     # tokens (at 64 tokens a 7B layer's products 64x32:4x2x4 629.5 us against 32x32:2x2x8's
     # 729.9; at 32, 32x32:2x2x4 452.5 against 424.5, hence not below 64 sequences).
     # Engines of 16-63 sequences also split the columns of products of fewer than 4096 rows
-    # and at least 8 steps across workgroups (a 7B attn_k's 32 row tiles -> 4 x 32
+    # and at least 16 steps across workgroups (a 1.2B ffn_down's 64 row tiles -> 2 x 64
     # workgroups); not from 64 sequences (7B at 64: 2,926.0 -> 2,804.1 tok/s split).
     wide_batch_decode=(WideBatchDecode(16, "matmul_coop", _SPLIT8 + ": decode tok/s matmul -> "
                                        "matmul_coop at 16 sequences 815.0 -> 902.1, 32 983.0 "
                                        "-> 1679.6, 64 1123.7 -> 2155.1; " + _SPLITWG + ": at 32 "
                                        "sequences 1.2B 8,529.8 / 8,558.2 / 8,538.0 -> 9,026.5 / "
                                        "8,231.0 / 9,078.1, 7B 2,034.0 / 2,019.6 -> 2,042.1 / "
-                                       "2,046.1; 135M's 3-6 steps 11,543.7 -> 8,993.9 split, "
-                                       "hence split_min_steps 8", split_rows=4096,
-                                       split_min_steps=8),
+                                       "2,046.1; 135M's 3-6 steps 11,543.7 -> 8,993.9 split; "
+                                       "1.2B at 32 split_min_steps 8 -> 16 (ffn_down alone) "
+                                       "9,079.9 / 9,019.9 / 8,740.2 -> 9,598.3 / 9,595.9 / "
+                                       "9,522.8", split_rows=4096, split_min_steps=16),
                        WideBatchDecode(64, "matmul_coop", _SPLIT4 + ": 7B decode tok/s split 8 "
                                        "-> split 4 2103.5 -> 2392.9; 1.2B and 135M within "
                                        "their repeats' spread", coop_tiles=(
