@@ -302,9 +302,16 @@ def coop_differences(module: str, ours: dict, sibling: dict) -> list[str]:
     """What differs between matmul_coop_<type>'s reflection `ours` and its sibling
     matmul_tiled_<type>'s (`sibling`), plus the capabilities and SpecIds it must declare."""
     assert module.startswith("matmul_coop_"), module
-    diffs = [f"{k}: ours {ours[k]} sibling {sibling[k]}"
+    # matmul_coop's push constants are the sibling's, then y_row0 and n_splits (the split
+    # across workgroups, matmul_coop.comp)
+    size = sibling["push_constant_size"]
+    want = {**sibling, "push_constant_size": size + 8, "push_constants": [
+        *sibling["push_constants"],
+        {"name": "y_row0", "offset": size, "size": 4, "type": "uint32"},
+        {"name": "n_splits", "offset": size + 4, "size": 4, "type": "uint32"}]}
+    diffs = [f"{k}: ours {ours[k]} sibling (+ y_row0, n_splits) {want[k]}"
              for k in ("bindings", "push_constants", "push_constant_size", "binding_count",
-                       "writable_mask") if ours[k] != sibling[k]]
+                       "writable_mask") if ours[k] != want[k]]
     if not {"CooperativeMatrixKHR", "Float16", "VulkanMemoryModel"} <= set(ours["capabilities"]):
         diffs.append(f"capabilities {ours['capabilities']}")
     if [sc["name"] for sc in ours["spec_ids"]] != COOP_SPEC or ours["local_size_spec_ids"] != [0, None, None]:
