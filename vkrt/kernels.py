@@ -528,7 +528,7 @@ class Kernels:
         steps = -(-n_cols // (32 * sg_k))
         if n_rows >= split_rows or steps < min_steps:
             return 1
-        return max(1, min(steps, -(-split_rows // n_rows)))
+        return min(steps, -(-split_rows // n_rows))
 
     def sum_splits(self, partials: Tensor, y: Tensor, n_tokens: int, n_rows: int,
                    k_splits: int, token0: int = 0, name: str = "") -> Dispatch:

@@ -42,8 +42,8 @@
 // SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N, 8 = SG_K, 9 = NBUF (1 or 2; shared memory:
 // NBUF * SG_K * (BM + BN) * 80 bytes of tiles, SG_M * SG_N * TM * TN * 4 of staging).
 // Split K across workgroups (n_splits > 1, for products of too few row tiles to fill the
-// GPU: each workgroup's steps run one after another, so a product of 32 row tiles takes as
-// long as one of 128): the steps of BK * SG_K columns are cut into n_splits runs of
+// GPU, as each workgroup's steps run one after another; bench/README.md, 2026-12-05,
+// eleventh session, has the measurement): the steps of BK * SG_K columns are cut into n_splits runs of
 // ceil(steps / n_splits), workgroup (tile, y) takes run y % n_splits of token tile
 // y / n_splits and writes its sum, not the output: partial p of token t goes to y row
 // y_row0 + p * n_tokens + t, and sum_splits.comp adds the partials in the order p = 0, 1, ...
