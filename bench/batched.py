@@ -6,8 +6,8 @@ its batch-1 run.
     python bench/batched.py [--model M] [--seqs 1,8,32,64] [--prompt-tokens 128]
         [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
         [--max-batch B] [--compare-sync]
-        [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K,...] [--split-rows N]
-        [--split-min-steps S]
+        [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH],...] [--split-rows N]
+        [--split-min-steps S] [--coop-depth D]
 
 For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py; with `--max-batch B`,
 max(B, N): a server started with `vkrt serve --max-batch B` serving N), N greedy requests
@@ -33,7 +33,8 @@ and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at po
 `matmul_coop` with the given tiles (split K included) instead of the GPU table's kernel: the
 A/B of bench/README.md, 2026-12-04 second session. `--split-rows N` sets the GPU table's
 wide-engine rules' `split_rows` (vkrt/tuning.py `WideBatchDecode`; 0: no product split
-across workgroups), `--split-min-steps S` their `split_min_steps`. The engines schedule asynchronously
+across workgroups), `--split-min-steps S` their `split_min_steps`, `--coop-depth D` every
+`matmul_coop` decode tile's `depth` (steps fetched ahead). The engines schedule asynchronously
 (vkrt serve's default: a greedy step stays in flight while the next is scheduled).
 Each row is timed after one unrecorded run of its N sequences (4 tokens each), so that
 neither scheduling pays for building and capturing the steps' buckets.
@@ -184,9 +185,10 @@ def llama_batched_bench(path: str, model: str, seqs: list[int], p: int, n: int) 
 
 
 def coop_decode_tiles(spec: str) -> tuple:
-    """`--decode-coop-tiles`: "MAX:BMxBN:SG_MxSG_NxSG_K,..." -> `vkrt.tuning.BatchCoopTile`s,
-    each for products of at most MAX tokens (MAX empty: any; the last must be), tokens x
-    rows over subgroups, SG_K groups splitting the columns (matmul_coop.comp). Raises
+    """`--decode-coop-tiles`: "MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH],..." ->
+    `vkrt.tuning.BatchCoopTile`s, each for products of at most MAX tokens (MAX empty: any;
+    the last must be), tokens x rows over subgroups, SG_K groups splitting the columns, DEPTH
+    steps fetched ahead (matmul_coop.comp). Raises
     SystemExit naming a malformed entry."""
     from vkrt.tuning import BatchCoopTile
 
@@ -195,11 +197,14 @@ def coop_decode_tiles(spec: str) -> tuple:
         try:
             most, tile, groups = entry.split(":")
             bm, bn = (int(v) for v in tile.split("x"))
-            sg_m, sg_n, sg_k = (int(v) for v in groups.split("x"))
+            sg_m, sg_n, sg_k, *depth = (int(v) for v in groups.split("x"))
+            if len(depth) > 1:
+                raise ValueError(groups)
         except ValueError:
-            raise SystemExit(f"--decode-coop-tiles: {entry!r} is not MAX:BMxBN:SG_MxSG_NxSG_K")
+            raise SystemExit(f"--decode-coop-tiles: {entry!r} is not "
+                             "MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH]")
         tiles.append(BatchCoopTile(int(most) if most else None, bm, bn, sg_m, sg_n,
-                                   "bench/batched.py --decode-coop-tiles", sg_k))
+                                   "bench/batched.py --decode-coop-tiles", sg_k, *depth))
     if tiles[-1].max_tokens is not None:
         raise SystemExit("--decode-coop-tiles: the last tile must cover any count (MAX empty)")
     return tuple(tiles)
@@ -237,6 +242,9 @@ def main() -> None:
                     help="the wide-engine rules' split_rows instead of the GPU table's")
     ap.add_argument("--split-min-steps", type=int, default=None, metavar="S",
                     help="the wide-engine rules' split_min_steps instead of the GPU table's")
+    ap.add_argument("--coop-depth", type=int, default=None, metavar="D",
+                    help="every matmul_coop decode tile of the GPU table (its own and its "
+                         "wide-engine rules') with D steps fetched ahead instead of its own")
     args = ap.parse_args()
     import vkrt
 
@@ -245,6 +253,16 @@ def main() -> None:
             tuning.TABLES["gpu"], batch_coop_tiles=coop_decode_tiles(args.decode_coop_tiles),
             batch_products={**tuning.TABLES["gpu"].batch_products, "decode": "matmul_coop"},
             wide_batch_decode=())        # no rule's own tiles: these, at every max_batch
+    if args.coop_depth is not None:
+        gpu = tuning.TABLES["gpu"]
+
+        def deeper(tiles):
+            return tuple(dataclasses.replace(t, depth=args.coop_depth) for t in tiles)
+
+        tuning.TABLES["gpu"] = dataclasses.replace(
+            gpu, batch_coop_tiles=deeper(gpu.batch_coop_tiles),
+            wide_batch_decode=tuple(dataclasses.replace(r, coop_tiles=deeper(r.coop_tiles))
+                                    for r in gpu.wide_batch_decode))
     for key in ("split_rows", "split_min_steps"):
         if getattr(args, key) is not None:
             gpu = tuning.TABLES["gpu"]

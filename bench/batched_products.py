@@ -10,7 +10,7 @@ in one process: the measurement behind the GPU table's `batch_tiles`.
 
 A shape RxC is a weight of R output rows and C input columns (the 7B ffn_gate's 14336x4096);
 its bytes are random (they change the values, not what the kernel reads). `--coop-tiles
-BMxBN:SG_MxSG_N[xSG_K],...` adds arms on `matmul_coop` (f16 operands, where the device lists a
+BMxBN:SG_MxSG_N[xSG_K[xDEPTH]],...` adds arms on `matmul_coop` (f16 operands, where the device lists a
 cooperative-matrix shape; vkrt/tuning.py `BatchCoopTile`), named `coop:BMxBN:SG_MxSG_N`;
 `--split-rows N,...` adds each coop tile again with products of fewer than N rows split
 across workgroups (`Kernels.k_splits`, named `coop:...+splitN`; the time is the product's
@@ -84,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         for c in coop_tiles:
-            bm, bn, sg_m, sg_n, *sg_k = (int(v) for v in c.replace(":", "x").split("x"))
+            bm, bn, sg_m, sg_n, *k = (int(v) for v in c.replace(":", "x").split("x"))
             kernels[f"coop:{c}"] = Kernels(cache, tuning=dataclasses.replace(
                 base.tuning, batch_products={"decode": "matmul_coop", "prompt": "matmul_coop"},
                 batch_coop_tiles=(BatchCoopTile(None, bm, bn, sg_m, sg_n, "bench",
-                                                *sg_k),)))
+                                                *k),)))
         split_rows = {}                   # arm -> its split_rows
         for c in coop_tiles:
             for n in (int(v) for v in args.split_rows.split(",") if v):

@@ -113,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
                     bm, bn = spec[4], spec[5]
                     name = (f"coop_{bm}x{bn}_{spec[6]}x{spec[7]}"
                             + (f"x{spec[8]}" if spec[8] > 1 else "")
-                            + (f"_b{spec[9]}" if spec[9] > 1 else ""))
+                            + (f"_b{spec[9]}" if spec[9] > 1 else "")
+                            + (f"_d{spec[10]}" if spec[10] > 1 else ""))
                     y = stream.upload(np.zeros((T, rows), np.float32), name)
                     gx, gz = spread(_groups(rows, bn), k.limit)
                     op = k.weight_op("matmul_coop", w, spec=spec)
                     arms[name] = (op(w, xin, y, grid=(gx, _groups(T, bm), gz), name=name,
                                      need=(None, T * cols, T * rows), n_cols=cols,
-                                     n_rows=rows, n_tokens=T, token0=0), y)
+                                     n_rows=rows, n_tokens=T, token0=0, y_row0=0,
+                                     n_splits=1), y)
                 times = {name: [] for name in arms}
                 for _ in range(args.rounds):
                     for name, (d, _) in arms.items():

@@ -295,7 +295,7 @@ def test_fixture_matches_spirv_cross(src: Path, tmp_path: Path):
 # push constants, which spirv-cross checks there), and its capabilities and spec constants
 # with what the shader declares.
 CROSS_UNREADABLE = "CooperativeMatrixKHR"
-COOP_SPEC = ["", "TM", "TN", "TK", "BM", "BN", "SG_M", "SG_N", "SG_K", "NBUF"]
+COOP_SPEC = ["", "TM", "TN", "TK", "BM", "BN", "SG_M", "SG_N", "SG_K", "NBUF", "DEPTH"]
 
 
 def coop_differences(module: str, ours: dict, sibling: dict) -> list[str]:

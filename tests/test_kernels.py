@@ -2237,6 +2237,54 @@ def test_linear_coop_split_across_workgroups(gpu, kernels, dtype):
         assert err < 2.0 ** -10 + n_cols * 2.0 ** -23, (splits, err)
 
 
+
+@pytest.mark.parametrize("dtype", ["float32", "q4_1"])
+def test_linear_coop_fetch_depth_keeps_the_bits(gpu, kernels, dtype):
+    """matmul_coop's DEPTH (steps of columns fetched ahead into registers: `BatchCoopTile` /
+    `PrefillCoopTile` `depth`) changes when the loads are issued, not the products: at
+    depth 2, 3 and 7 (past a run's 1-5 steps) every output has the bits of depth 1, for the
+    batched runner's tile (one shared buffer) split across 1, 2 and 3 workgroups, and for a
+    prefill tile with two shared buffers; depth 1 within matmul_coop's bound."""
+    from vkrt.tuning import BatchCoopTile, PrefillCoopTile
+
+    coop_or_skip(kernels)
+    r, n_rows, n_cols, n = rng(50), 70, 320, 9      # 5 steps of 64 columns, then 10 of 32
+    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=50)
+    x = randn(r, n, n_cols)
+    bx = gpu.upload(x)
+    terms = values[None] * x[:, None].astype(np.float64)
+
+    def batched(depth, splits):
+        tiles = (BatchCoopTile(None, 32, 32, 2, 2, "test", 2, depth),)
+        part, by = gpu.filled(splits * n * n_rows), gpu.filled(n * n_rows)
+        gpu.stream.record([
+            kernels.linear(bx, tw, by if splits == 1 else part, n, batched="matmul_coop",
+                           coop_tiles=tiles, k_splits=splits,
+                           partials=part if splits > 1 else None),
+            *([kernels.sum_splits(part, by, n, n_rows, splits)] if splits > 1 else [])])
+        return gpu.read(by).reshape(n, n_rows)
+
+    def prefill(depth):
+        kernels.tuning = dataclasses.replace(kernels.tuning, prefill_coop_tiles=(
+            PrefillCoopTile(0, 0, 32, 32, 2, 2, "test", 1, 2, depth),))
+        by = gpu.filled(n * n_rows)
+        with config.COOPMAT.override("1"):
+            d = kernels.linear(bx, tw, by, n)
+        assert d.pipeline.spec[9] == 2 and d.pipeline.spec[10] == depth, d.pipeline.spec
+        gpu.stream.record([d])
+        return gpu.read(by).reshape(n, n_rows)
+
+    for splits in (1, 2, 3):
+        want = batched(1, splits)
+        err = rel_err(want, terms.sum(2), np.abs(terms).sum(2))
+        assert err < 2.0 ** -10 + n_cols * 2.0 ** -23, (splits, err)
+        for depth in (2, 3, 7):
+            np.testing.assert_array_equal(batched(depth, splits), want, f"{splits} {depth}")
+    want = prefill(1)
+    assert rel_err(want, terms.sum(2), np.abs(terms).sum(2)) < 2.0 ** -10 + n_cols * 2.0 ** -23
+    for depth in (2, 3, 7):
+        np.testing.assert_array_equal(prefill(depth), want, f"prefill {depth}")
+
 def test_batch_products_fall_back_to_matmul_without_coop(kernels):
     """`Kernels.batch_products`: the table's matmul_coop where the device lists a shape and
     VKRT_COOPMAT allows it, else matmul; the other kernels as the table names them; the

@@ -451,10 +451,10 @@ class Kernels:
     def coop_spec(self, n_rows: int, n_tokens: int, tile: tuple | None = None) -> dict:
         """matmul_coop's specialization constants for a product of n_tokens x n_rows on the
         shape `coop`: workgroup size, TM, TN, TK, BM (tokens), BN (rows), SG_M, SG_N, SG_K,
-        NBUF (`tile` (BM, BN, SG_M, SG_N[, SG_K[, NBUF]]) when given, else the table's
-        `prefill_coop_tile` as `fit_coop_tile` fits it to the device's shared memory; SG_K
-        groups of SG_M x SG_N subgroups split the columns, NBUF shared buffers:
-        matmul_coop.comp). Raises VkrtError for a tile whose shared memory
+        NBUF, DEPTH (`tile` (BM, BN, SG_M, SG_N[, SG_K[, NBUF[, DEPTH]]]) when given, else
+        the table's `prefill_coop_tile` as `fit_coop_tile` fits it to the device's shared
+        memory; SG_K groups of SG_M x SG_N subgroups split the columns, NBUF shared buffers,
+        DEPTH steps fetched ahead into registers: matmul_coop.comp). Raises VkrtError for a tile whose shared memory
         (`coop_shared_bytes`) the device does not have: a pipeline past
         maxComputeSharedMemorySize may hang the driver rather than fail."""
         limit = self._pipelines.device.limits.maxComputeSharedMemorySize
@@ -462,11 +462,13 @@ class Kernels:
         if tile is None:
             r = self.tuning.prefill_coop_tile(n_rows, n_tokens)
             tile = fit_coop_tile((r.bm, r.bn, r.sg_m, r.sg_n, r.sg_k, r.nbuf), c, limit)
+            tile = (*tile, r.depth)       # registers, not shared memory
         bm, bn, sg_m, sg_n, *k = tile
         sg_k = k[0] if k else 1
         nbuf = k[1] if len(k) > 1 else 1
+        depth = k[2] if len(k) > 2 else 1
         assert bm % (sg_m * c.m) == 0 and bn % (sg_n * c.n) == 0 and sg_k >= 1, (tile, c)
-        assert nbuf in (1, 2), tile
+        assert nbuf in (1, 2) and depth >= 1, tile
         need = coop_shared_bytes(bm, bn, sg_m, sg_n, sg_k, nbuf, c)
         if need > limit:
             raise VkrtError(f"matmul_coop tile {bm}x{bn}:{sg_m}x{sg_n}x{sg_k} with {nbuf} "
@@ -474,7 +476,7 @@ class Kernels:
                             f"{self._pipelines.device.name} has {limit} "
                             "(maxComputeSharedMemorySize)")
         return {0: sg_m * sg_n * sg_k * self._pipelines.device.subgroup_size, 1: c.m, 2: c.n,
-                3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n, 8: sg_k, 9: nbuf}
+                3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n, 8: sg_k, 9: nbuf, 10: depth}
 
     def batch_products(self, max_batch: int | None = None) -> dict[str, str]:
         """The kernel of the batched runner's products per token role ("decode", "prompt") in
@@ -585,7 +587,7 @@ class Kernels:
             tile = None
             if batched is not None:
                 t = self.tuning.batch_coop_tile(n_tokens, coop_tiles)
-                tile = (t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k)
+                tile = (t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k, 1, t.depth)
             spec = self.coop_spec(n_out, n_tokens, tile)
             x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
             grid = (x_groups, _groups(n_tokens, spec[4]) * k_splits, z_groups)

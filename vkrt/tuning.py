@@ -64,9 +64,10 @@ class BatchTile:
 class BatchCoopTile:
     """The batched runner's `matmul_coop` launch (vkrt/glsl/matmul_coop.comp) for products of
     at most `max_tokens` tokens (None: any): a workgroup tile of `bm` tokens x `bn` rows over
-    `sg_m` x `sg_n` subgroups, `sg_k` such groups splitting the columns. A token's bits
-    depend on `sg_k` but not on the rest of the tile (matmul_coop.comp), so a table's tiles
-    share one `sg_k` (`Table.batch_coop_tile` checks it)."""
+    `sg_m` x `sg_n` subgroups, `sg_k` such groups splitting the columns, `depth` steps of
+    columns fetched ahead into registers. A token's bits depend on `sg_k` but not on the rest
+    of the tile (matmul_coop.comp), so a table's tiles share one `sg_k`
+    (`Table.batch_coop_tile` checks it)."""
     max_tokens: int | None
     bm: int
     bn: int
@@ -74,6 +75,7 @@ class BatchCoopTile:
     sg_n: int
     source: str
     sg_k: int = 1
+    depth: int = 1
 
     def matches(self, n_tokens: int) -> bool:
         return self.max_tokens is None or n_tokens <= self.max_tokens
@@ -106,7 +108,8 @@ class PrefillCoopTile:
     """A prefill product's `matmul_coop` launch (vkrt/glsl/matmul_coop.comp) for products of
     at least `min_rows` rows and `min_tokens` tokens: a workgroup tile of `bm` tokens x `bn`
     rows over `sg_m` x `sg_n` subgroups, `sg_k` groups of them splitting the columns, `nbuf`
-    shared buffers (2: double-buffered). `kernels.fit_coop_tile` shrinks it on a device whose
+    shared buffers (2: double-buffered), `depth` steps of columns fetched ahead into
+    registers. `kernels.fit_coop_tile` shrinks it on a device whose
     shared memory it does not fit. Prefill promises no batch invariance, so the tile may
     change with the shape."""
     min_rows: int
@@ -118,6 +121,7 @@ class PrefillCoopTile:
     source: str
     sg_k: int = 1
     nbuf: int = 1
+    depth: int = 1
 
     def matches(self, n_rows: int, n_tokens: int) -> bool:
         return n_rows >= self.min_rows and n_tokens >= self.min_tokens
@@ -246,6 +250,8 @@ _SPLIT8 = ("bench/README.md, 2026-12-04 fifth session (bench/batched.py and "
            "bench/batched_products.py, 7B Q4_1, H200)")
 _SPLITWG = ("bench/README.md, 2026-12-05, eleventh session (bench/batched.py --split-rows "
             "and bench/batched_products.py --split-rows, H100, A/B alternating)")
+_DEPTH = ("bench/README.md, 2026-12-05, twelfth session (bench/batched_products.py and "
+          "bench/batched.py --coop-depth, H100)")
 _SPLIT4 = ("bench/README.md, 2026-12-04 sixth session (bench/batched.py at 64 sequences, "
            "H200)")
 
@@ -322,9 +328,14 @@ GPU = Table(
     # split 8 ways: a token's bits then depend on the engine's max_batch, never on what shares
     # its step. At 1-8 sequences matmul stays (an engine of max_batch 32 decodes one sequence
     # at 62.5 tok/s against matmul's 124.7, eight at 482.2 against 563.2).
+    # Two steps fetched ahead (depth 2): the same products, their loads in flight across a
+    # step's barriers; 3 ran slower (registers).
     batch_coop_tiles=(BatchCoopTile(None, 32, 32, 2, 2, _SPLIT8 + ": a 7B layer's products at "
                                     "32 tokens 32x32:2x2x8 424.5 us, 32x32:2x2x4 452.5, "
-                                    "32x64:2x4x4 522.8, 16x16:1x1x8 793.3, matmul 926.8", 8),),
+                                    "32x64:2x4x4 522.8, 16x16:1x1x8 793.3, matmul 926.8; "
+                                    + _DEPTH + ": at 32 tokens depth 1 / 2 / 3 300.8 / 289.4 / "
+                                    "376.9 us; at 32 sequences 1.2B 8,649.7 -> 9,110.9 tok/s, "
+                                    "7B 1,917.4 -> 1,962.6", 8, 2),),
     # Engines of 64 or more sequences: the columns split 4 ways, 64-token tiles at 33 or more
     # tokens (at 64 tokens a 7B layer's products 64x32:4x2x4 629.5 us against 32x32:2x2x8's
     # 729.9; at 32, 32x32:2x2x4 452.5 against 424.5, hence not below 64 sequences).

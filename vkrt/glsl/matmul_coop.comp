@@ -40,7 +40,9 @@
 // Specialization constants: 0 = local_size_x, 1 = TM, 2 = TN, 3 = TK (the cooperative matrix
 // shape; TK divides 32 and TM, TN, TK are multiples of 8), 4 = BM, 5 = BN (multiples of
 // SG_M * TM and SG_N * TN), 6 = SG_M, 7 = SG_N, 8 = SG_K, 9 = NBUF (1 or 2; shared memory:
-// NBUF * SG_K * (BM + BN) * 80 bytes of tiles, SG_M * SG_N * TM * TN * 4 of staging).
+// NBUF * SG_K * (BM + BN) * 80 bytes of tiles, SG_M * SG_N * TM * TN * 4 of staging),
+// 10 = DEPTH (steps fetched ahead into registers, 1 or more: (BM + BN) * SG_K * 32 * 4 /
+// local_size_x bytes of registers per invocation and step; the products are the same).
 // Split K across workgroups (n_splits > 1, for products of too few row tiles to fill the
 // GPU, as each workgroup's steps run one after another; bench/README.md, 2026-12-05,
 // eleventh session, has the measurement): the steps of BK * SG_K columns are cut into n_splits runs of
@@ -77,6 +79,7 @@ layout(constant_id = 6) const uint SG_M = 2;
 layout(constant_id = 7) const uint SG_N = 2;
 layout(constant_id = 8) const uint SG_K = 1;
 layout(constant_id = 9) const uint NBUF = 1;
+layout(constant_id = 10) const uint DEPTH = 1;
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Push {
@@ -142,42 +145,53 @@ void main() {
     coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> acc[CM * CN];
     [[unroll]] for (uint i = 0; i < CM * CN; ++i)
         acc[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
-    // The next step's x and W are fetched into registers while this step's products run
-    // (loads in flight across the products: a register double buffer); every loop runs to
-    // specialization constants and is unrolled, so the accumulators and buffers stay in
-    // registers.
-    vec4 xr[XP];
-    vec4 wr[WP];
-    fetch(xr, wr, kb, t0, n0, cols4);
+    // The next DEPTH steps' x and W are fetched into registers while this step's products
+    // run (loads in flight across the products and barriers: a register ring of DEPTH
+    // steps); every loop runs to specialization constants and is unrolled, so the
+    // accumulators and buffers stay in registers.
+    vec4 xr[DEPTH][XP];
+    vec4 wr[DEPTH][WP];
+    [[unroll]] for (uint d = 0; d < DEPTH; ++d)
+        if (kb + d * KQ < ke) fetch(xr[d], wr[d], kb + d * KQ, t0, n0, cols4);
     if (NBUF == 2) {
-        store(xr, wr, 0);
+        store(xr[0], wr[0], 0);
         barrier();
     }
-    for (uint k0 = kb, s = 0; k0 < ke; k0 += KQ, ++s) {
-        uint k1 = k0 + KQ;                // the next step; out-of-range columns load as 0
-        if (NBUF == 1) {
-            barrier();                    // every subgroup is done with the last step's tiles
-            store(xr, wr, 0);
-            barrier();
-        }
-        if (k1 < ke) fetch(xr, wr, k1, t0, n0, cols4);
-        uint xb = (s % NBUF) * SG_K * BM, wb = (s % NBUF) * SG_K * BN;
-        [[unroll]] for (uint kk = 0; kk < BK / TK; ++kk) {
-            coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b[CN];
-            [[unroll]] for (uint j = 0; j < CN; ++j)
-                coopMatLoad(b[j], ws, (wb + g * BN + sn0 + j * TN) * S4 + kk * TK / 4, S4,
-                            gl_CooperativeMatrixLayoutColumnMajor);
-            [[unroll]] for (uint i = 0; i < CM; ++i) {
-                coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
-                coopMatLoad(a, xs, (xb + g * BM + sm0 + i * TM) * S4 + kk * TK / 4, S4,
-                            gl_CooperativeMatrixLayoutRowMajor);
-                [[unroll]] for (uint j = 0; j < CN; ++j)
-                    acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);
+    // Step s = (k0 - kb) / KQ + d of the run is in registers slot d = s % DEPTH (k0 steps by
+    // DEPTH steps, d is constant after unrolling), and its slot is refilled with step
+    // s + DEPTH once stored.
+    for (uint k0 = kb, s0 = 0; k0 < ke; k0 += DEPTH * KQ, s0 += DEPTH) {
+        [[unroll]] for (uint d = 0; d < DEPTH; ++d) {
+            uint ks = k0 + d * KQ, s = s0 + d;
+            if (ks >= ke) break;          // uniform per workgroup
+            uint kf = ks + DEPTH * KQ;    // the step this slot fetches next
+            if (NBUF == 1) {
+                barrier();                // every subgroup is done with the last step's tiles
+                store(xr[d], wr[d], 0);
+                barrier();
+                if (kf < ke) fetch(xr[d], wr[d], kf, t0, n0, cols4);
+            } else if (kf < ke) {
+                fetch(xr[d], wr[d], kf, t0, n0, cols4);   // step s was stored a step ago
             }
-        }
-        if (NBUF == 2) {
-            if (k1 < ke) store(xr, wr, (s + 1) % 2);
-            barrier();                    // the next step's tiles stored; this step's read
+            uint xb = (s % NBUF) * SG_K * BM, wb = (s % NBUF) * SG_K * BN;
+            [[unroll]] for (uint kk = 0; kk < BK / TK; ++kk) {
+                coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b[CN];
+                [[unroll]] for (uint j = 0; j < CN; ++j)
+                    coopMatLoad(b[j], ws, (wb + g * BN + sn0 + j * TN) * S4 + kk * TK / 4, S4,
+                                gl_CooperativeMatrixLayoutColumnMajor);
+                [[unroll]] for (uint i = 0; i < CM; ++i) {
+                    coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
+                    coopMatLoad(a, xs, (xb + g * BM + sm0 + i * TM) * S4 + kk * TK / 4, S4,
+                                gl_CooperativeMatrixLayoutRowMajor);
+                    [[unroll]] for (uint j = 0; j < CN; ++j)
+                        acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);
+                }
+            }
+            if (NBUF == 2) {
+                uint dn = (d + 1) % DEPTH;   // step s + 1's slot
+                if (ks + KQ < ke) store(xr[dn], wr[dn], (s + 1) % 2);
+                barrier();                // the next step's tiles stored; this step's read
+            }
         }
     }
     // Split K: group gg - 1 leaves the sum of groups 0 .. gg - 1 in `stage`, one
