@@ -1449,14 +1449,20 @@ def test_prefill_kernel_choice(gpu, kernels):
             (r.bm, r.bn, r.sg_m, r.sg_n, r.sg_k, r.nbuf), FAKE_SHAPE, limit)
         assert kernels.coop_spec(n_rows, n_tokens) == {
             0: sg_m * sg_n * sg_k * gpu.sg, 1: 16, 2: 16, 3: 16, 4: bm, 5: bn, 6: sg_m,
-            7: sg_n, 8: sg_k, 9: nbuf}
+            7: sg_n, 8: sg_k, 9: nbuf, 10: r.depth}
     assert kernels.coop_spec(4096, 512)[4] == (128 if limit >= 36864 else 64)
     spec = kernels.coop_spec(4096, 512)
     # A split-K tile (the batched runner's): 4 groups of 2 x 2 subgroups, 16 in all.
     assert kernels.coop_spec(4096, 32, (32, 32, 2, 2, 4)) == {
         **spec, 0: 16 * gpu.sg, 4: 32, 5: 32, 6: 2, 7: 2, 8: 4}
-    # A tile names its shared buffers (1 when it does not).
+    # A tile names its shared buffers and the steps it fetches ahead (1 when it does not).
     assert kernels.coop_spec(4096, 512, (32, 32, 1, 2, 1, 2))[9] == 2
+    deep = kernels.coop_spec(4096, 512, (32, 32, 1, 2, 1, 2, 3))
+    assert (deep[9], deep[10]) == (2, 3)
+    assert kernels.coop_spec(4096, 512, (32, 32, 1, 2, 1, 2))[10] == 1
+    kernels.tuning = dataclasses.replace(kernels.tuning, prefill_coop_tiles=(
+        dataclasses.replace(kernels.tuning.prefill_coop_tile(4096, 512), depth=2),))
+    assert kernels.coop_spec(4096, 512) == {**spec, 10: 2}
     # A tile past the device's shared memory is refused, naming both sizes.
     with pytest.raises(VkrtError, match=f"matmul_coop tile 256x128:4x2x2 with 1 shared "
                                         f"buffers needs 69632 bytes of shared memory; "

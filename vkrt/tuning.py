@@ -334,8 +334,10 @@ GPU = Table(
                                     "32 tokens 32x32:2x2x8 424.5 us, 32x32:2x2x4 452.5, "
                                     "32x64:2x4x4 522.8, 16x16:1x1x8 793.3, matmul 926.8; "
                                     + _DEPTH + ": at 32 tokens depth 1 / 2 / 3 300.8 / 289.4 / "
-                                    "376.9 us; at 32 sequences 1.2B 8,649.7 -> 9,110.9 tok/s, "
-                                    "7B 1,917.4 -> 1,962.6", 8, 2),),
+                                    "376.9 us (H100); at 32 sequences 1.2B 8,649.7 -> 9,110.9 "
+                                    "tok/s, 7B 1,917.4 -> 1,962.6 (H100), 1.2B 8,696.0 / "
+                                    "8,869.1 -> 8,765.1 / 8,954.5, 7B 1,883.2 / 1,884.1 -> "
+                                    "1,903.3 / 1,930.9 (H200)", 8, 2),),
     # Engines of 64 or more sequences: the columns split 4 ways, 64-token tiles at 33 or more
     # tokens (at 64 tokens a 7B layer's products 64x32:4x2x4 629.5 us against 32x32:2x2x8's
     # 729.9; at 32, 32x32:2x2x4 452.5 against 424.5, hence not below 64 sequences).
@@ -353,9 +355,12 @@ GPU = Table(
                                        "9,522.8", split_rows=4096, split_min_steps=16),
                        WideBatchDecode(64, "matmul_coop", _SPLIT4 + ": 7B decode tok/s split 8 "
                                        "-> split 4 2103.5 -> 2392.9; 1.2B and 135M within "
-                                       "their repeats' spread", coop_tiles=(
-                                           BatchCoopTile(32, 32, 32, 2, 2, _SPLIT4, 4),
-                                           BatchCoopTile(None, 64, 32, 4, 2, _SPLIT4, 4)))),
+                                       "their repeats' spread; " + _DEPTH + ": depth 2 "
+                                       "at 64 sequences (H200) 7B 2,680.1 / 2,658.7 -> "
+                                       "2,743.6 / 2,748.5, 1.2B 9,867.0 / 8,785.5 -> 9,766.2 / "
+                                       "10,271.6", coop_tiles=(
+                                           BatchCoopTile(32, 32, 32, 2, 2, _SPLIT4, 4, 2),
+                                           BatchCoopTile(None, 64, 32, 4, 2, _SPLIT4, 4, 2)))),
     prefill_attention=(128, 2, 32),
     # 16 subgroups per workgroup, each 32 or 64 tokens x 32 rows: more subgroups in flight
     # on the few workgroups of a 4096-row product (128 at 512 tokens on 132 SMs); fewer
