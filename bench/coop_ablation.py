@@ -54,9 +54,9 @@ VARIANTS: dict[str, tuple[str, str, str]] = {
         "acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);", "{}"),
     "no-step-barriers": (
         "the two barriers of each step with one shared buffer (NBUF = 1)",
-        "            barrier();                    // every subgroup is done with the last step's "
-        "tiles\n            store(xr, wr, 0);\n            barrier();\n",
-        "            store(xr, wr, 0);\n"),
+        "                barrier();                // every subgroup is done with the last step's "
+        "tiles\n                store(xr[d], wr[d], 0);\n                barrier();\n",
+        "                store(xr[d], wr[d], 0);\n"),
 }
 
 
