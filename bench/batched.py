@@ -184,6 +184,12 @@ def llama_batched_bench(path: str, model: str, seqs: list[int], p: int, n: int) 
     return {r["pl"]: r for r in rows}
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def coop_decode_tiles(spec: str) -> tuple:
     """`--decode-coop-tiles`: "MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH],..." ->
     `vkrt.tuning.BatchCoopTile`s, each for products of at most MAX tokens (MAX empty: any;
@@ -198,7 +204,7 @@ def coop_decode_tiles(spec: str) -> tuple:
             most, tile, groups = entry.split(":")
             bm, bn = (int(v) for v in tile.split("x"))
             sg_m, sg_n, sg_k, *depth = (int(v) for v in groups.split("x"))
-            if len(depth) > 1:
+            if len(depth) > 1 or min(sg_m, sg_n, sg_k, *depth) < 1:
                 raise ValueError(groups)
         except ValueError:
             raise SystemExit(f"--decode-coop-tiles: {entry!r} is not "
@@ -242,7 +248,7 @@ def main() -> None:
                     help="the wide-engine rules' split_rows instead of the GPU table's")
     ap.add_argument("--split-min-steps", type=int, default=None, metavar="S",
                     help="the wide-engine rules' split_min_steps instead of the GPU table's")
-    ap.add_argument("--coop-depth", type=int, default=None, metavar="D",
+    ap.add_argument("--coop-depth", type=_positive, default=None, metavar="D",
                     help="every matmul_coop decode tile of the GPU table (its own and its "
                          "wide-engine rules') with D steps fetched ahead instead of its own")
     args = ap.parse_args()

@@ -181,15 +181,16 @@ def test_batched_takes_llama_batched_bench_second_run(tmp_path):
 
 
 def test_batched_decode_coop_tiles_parse():
-    """bench/batched.py --decode-coop-tiles: MAX:BMxBN:SG_MxSG_NxSG_K entries become the
-    table's batched matmul_coop tiles, the last one for any count; a malformed entry or a
-    last one with a MAX exits naming it."""
+    """bench/batched.py --decode-coop-tiles: MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH] entries become
+    the table's batched matmul_coop tiles, the last one for any count; a malformed entry
+    (too few or too many fields, a zero) or a last one with a MAX exits naming it."""
     parse = _bench_script("batched").coop_decode_tiles
-    tiles = parse("16:16x32:1x2x4,32:32x32:2x2x4,:32x64:2x2x4")
-    assert [(t.max_tokens, t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k) for t in tiles] == [
-        (16, 16, 32, 1, 2, 4), (32, 32, 32, 2, 2, 4), (None, 32, 64, 2, 2, 4)]
-    with pytest.raises(SystemExit, match="'16:16x32:1x2' is not MAX:BMxBN:SG_MxSG_NxSG_K"):
-        parse("16:16x32:1x2,:32x64:2x2x4")
+    tiles = parse("16:16x32:1x2x4,32:32x32:2x2x4x2,:32x64:2x2x4")
+    assert [(t.max_tokens, t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k, t.depth) for t in tiles] == [
+        (16, 16, 32, 1, 2, 4, 1), (32, 32, 32, 2, 2, 4, 2), (None, 32, 64, 2, 2, 4, 1)]
+    for bad in ("16:16x32:1x2", "16:16x32:1x2x4x2x1", "16:16x32:1x2x4x0", "16:16x32:1x0x4"):
+        with pytest.raises(SystemExit, match=f"'{bad}' is not MAX:BMxBN:SG_MxSG_NxSG_K"):
+            parse(f"{bad},:32x64:2x2x4")
     with pytest.raises(SystemExit, match="the last tile must cover any count"):
         parse("16:16x32:1x2x4")
 

@@ -454,9 +454,9 @@ class Kernels:
         NBUF, DEPTH (`tile` (BM, BN, SG_M, SG_N[, SG_K[, NBUF[, DEPTH]]]) when given, else
         the table's `prefill_coop_tile` as `fit_coop_tile` fits it to the device's shared
         memory; SG_K groups of SG_M x SG_N subgroups split the columns, NBUF shared buffers,
-        DEPTH steps fetched ahead into registers: matmul_coop.comp). Raises VkrtError for a tile whose shared memory
-        (`coop_shared_bytes`) the device does not have: a pipeline past
-        maxComputeSharedMemorySize may hang the driver rather than fail."""
+        DEPTH steps fetched ahead into registers: matmul_coop.comp). Raises VkrtError for
+        a tile whose shared memory (`coop_shared_bytes`) the device does not have: a
+        pipeline past maxComputeSharedMemorySize may hang the driver rather than fail."""
         limit = self._pipelines.device.limits.maxComputeSharedMemorySize
         c = self.coop
         if tile is None:

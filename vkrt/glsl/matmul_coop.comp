@@ -16,7 +16,7 @@
 // (BN / SG_N) block of CM x CN accumulators; for each step of BK = 32 columns it loads the
 // x and W tiles into shared memory once (rows padded by 8 halves, so that every row starts
 // 16-byte aligned as coopMatLoad needs and rows fall on different banks), having fetched
-// them into registers during the step before (the global loads overlap the products, as
+// them into registers DEPTH steps before (the global loads overlap the products, as
 // ggml-vulkan's mul_mm.comp and CUTLASS's pipelined mainloops do). Out-of-range
 // tokens, rows and columns load as 0 (the tails of T, N and K); results are stored straight
 // into y when a whole accumulator lies inside y and n_rows % 4 == 0 (the 16-byte alignment
@@ -31,7 +31,7 @@
 // the staging tiles (a fixed order: deterministic; split-K as in CUTLASS's "serial split-K",
 // kept inside one workgroup).
 // NBUF = 2: the x and W tiles are double-buffered in shared memory: step s's products read
-// buffer s % 2 while its invocations store step s + 1's tiles (fetched during the step
+// buffer s % 2 while its invocations store step s + 1's tiles (fetched DEPTH steps
 // before) into the other, and one barrier per step ends both (the stores of step s + 1 go
 // to the buffer step s - 1's products read, which all finished before the barrier ending
 // step s - 1). NBUF = 1: one buffer, two barriers per step (every subgroup is done with
