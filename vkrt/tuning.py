@@ -251,7 +251,7 @@ _SPLIT8 = ("bench/README.md, 2026-12-04 fifth session (bench/batched.py and "
 _SPLITWG = ("bench/README.md, 2026-12-05, eleventh session (bench/batched.py --split-rows "
             "and bench/batched_products.py --split-rows, H100, A/B alternating)")
 _DEPTH = ("bench/README.md, 2026-12-05, twelfth session (bench/batched_products.py and "
-          "bench/batched.py --coop-depth, H100)")
+          "bench/batched.py --coop-depth, H100 and H200)")
 _SPLIT4 = ("bench/README.md, 2026-12-04 sixth session (bench/batched.py at 64 sequences, "
            "H200)")
 
