@@ -216,6 +216,21 @@ def coop_decode_tiles(spec: str) -> tuple:
     return tuple(tiles)
 
 
+def with_coop_depth(table, depth: int):
+    """`--coop-depth`: `table` (a `vkrt.tuning.Table`) with every batched `matmul_coop` tile,
+    its own `batch_coop_tiles` and each wide-engine rule's `coop_tiles`, fetching `depth`
+    steps ahead; nothing else changed."""
+    import dataclasses
+
+    def deeper(tiles):
+        return tuple(dataclasses.replace(t, depth=depth) for t in tiles)
+
+    return dataclasses.replace(
+        table, batch_coop_tiles=deeper(table.batch_coop_tiles),
+        wide_batch_decode=tuple(dataclasses.replace(r, coop_tiles=deeper(r.coop_tiles))
+                                for r in table.wide_batch_decode))
+
+
 def main() -> None:
     import dataclasses
 
@@ -260,15 +275,7 @@ def main() -> None:
             batch_products={**tuning.TABLES["gpu"].batch_products, "decode": "matmul_coop"},
             wide_batch_decode=())        # no rule's own tiles: these, at every max_batch
     if args.coop_depth is not None:
-        gpu = tuning.TABLES["gpu"]
-
-        def deeper(tiles):
-            return tuple(dataclasses.replace(t, depth=args.coop_depth) for t in tiles)
-
-        tuning.TABLES["gpu"] = dataclasses.replace(
-            gpu, batch_coop_tiles=deeper(gpu.batch_coop_tiles),
-            wide_batch_decode=tuple(dataclasses.replace(r, coop_tiles=deeper(r.coop_tiles))
-                                    for r in gpu.wide_batch_decode))
+        tuning.TABLES["gpu"] = with_coop_depth(tuning.TABLES["gpu"], args.coop_depth)
     for key in ("split_rows", "split_min_steps"):
         if getattr(args, key) is not None:
             gpu = tuning.TABLES["gpu"]

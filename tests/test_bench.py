@@ -3,6 +3,7 @@ agree with what the arms mean (always: a barrier per record; tracked: fewer; N s
 N). Speeds are reported, never asserted (benchmarks are not timed tests)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -193,6 +194,27 @@ def test_batched_decode_coop_tiles_parse():
             parse(f"{bad},:32x64:2x2x4")
     with pytest.raises(SystemExit, match="the last tile must cover any count"):
         parse("16:16x32:1x2x4")
+
+
+def test_batched_coop_depth_reaches_every_batched_tile():
+    """bench/batched.py --coop-depth: every batched matmul_coop tile of the table (its own
+    and each wide-engine rule's) fetches that many steps ahead; their other fields, the
+    rules' other fields and the prefill tiles stay as they were."""
+    from vkrt import tuning
+
+    gpu = tuning.TABLES["gpu"]
+    deep = _bench_script("batched").with_coop_depth(gpu, 5)
+    tiles = [*deep.batch_coop_tiles, *(t for r in deep.wide_batch_decode for t in r.coop_tiles)]
+    assert tiles and all(t.depth == 5 for t in tiles)
+
+    def strip(t):
+        return dataclasses.replace(t, depth=1)
+
+    assert [strip(t) for t in deep.batch_coop_tiles] == [strip(t) for t in gpu.batch_coop_tiles]
+    for r, was in zip(deep.wide_batch_decode, gpu.wide_batch_decode, strict=True):
+        assert dataclasses.replace(r, coop_tiles=()) == dataclasses.replace(was, coop_tiles=())
+        assert [strip(t) for t in r.coop_tiles] == [strip(t) for t in was.coop_tiles]
+    assert deep.prefill_coop_tiles == gpu.prefill_coop_tiles
 
 
 def test_coop_ablation_variants_apply_and_compile(tmp_path):
