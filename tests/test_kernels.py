@@ -1368,9 +1368,10 @@ def coop_or_skip(kernels):
 # 128 x 64 splits the columns in two. Then a split-K tile: 3 groups of 2 subgroups over 32
 # tokens x 32 rows (a step of 96 columns: the scalar types' 100 take a second step of 4, the
 # group sums added through shared memory); and a double-buffered tile (64 x 64 over 2 x 2,
-# two shared buffers: one barrier per step).
+# two shared buffers: one barrier per step); then those two fetching 2 and 3 steps ahead into
+# registers (DEPTH: the same products, so the same bound).
 @pytest.mark.parametrize("tile", [f"rule{i}" for i in range(len(tuning.GPU.prefill_coop_tiles))]
-                         + ["splitk", "double"])
+                         + ["splitk", "double", "splitk-deep", "double-deep"])
 @pytest.mark.parametrize("n_tokens,n_rows", [(70, 37), (129, 72)], ids=["70x37", "129x72"])
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
 def test_linear_coop_weights_as_stored(gpu, kernels, dtype, n_tokens, n_rows, tile,
@@ -1382,16 +1383,23 @@ def test_linear_coop_weights_as_stored(gpu, kernels, dtype, n_tokens, n_rows, ti
         rule = dataclasses.replace(rules[int(tile[4:])], min_rows=0, min_tokens=0)
         monkeypatch.setattr(kernels, "tuning", dataclasses.replace(
             kernels.tuning, prefill_coop_tiles=(rule,)))
-    if tile == "splitk":
+    base = tile.removesuffix("-deep")
+    if base == "splitk":
         split = dataclasses.replace(first, bm=32, bn=32, sg_m=1, sg_n=2, sg_k=3)
         monkeypatch.setattr(kernels, "tuning", dataclasses.replace(
             kernels.tuning, prefill_coop_tiles=(split,)))
         assert kernels.coop_spec(n_rows, n_tokens)[8] == 3
-    if tile == "double":
+    if base == "double":
         double = dataclasses.replace(first, bm=64, bn=64, sg_m=2, sg_n=2, nbuf=2)
         monkeypatch.setattr(kernels, "tuning", dataclasses.replace(
             kernels.tuning, prefill_coop_tiles=(double,)))
         assert kernels.coop_spec(n_rows, n_tokens)[9] == 2
+    if tile.endswith("-deep"):   # the same tiles fetching 2 / 3 steps ahead (DEPTH)
+        deep = dataclasses.replace(kernels.tuning.prefill_coop_tile(n_rows, n_tokens),
+                                   depth=2 if tile == "splitk-deep" else 3)
+        monkeypatch.setattr(kernels, "tuning", dataclasses.replace(
+            kernels.tuning, prefill_coop_tiles=(deep,)))
+        assert kernels.coop_spec(n_rows, n_tokens)[10] == deep.depth
     r = rng(43)
     n_cols = cols(dtype) + (4 if not weight_types.BY_DTYPE[dtype].quantized else 0)
     tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=43)

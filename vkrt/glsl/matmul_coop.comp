@@ -45,8 +45,8 @@
 // local_size_x bytes of registers per invocation and step; the products are the same).
 // Split K across workgroups (n_splits > 1, for products of too few row tiles to fill the
 // GPU, as each workgroup's steps run one after another; bench/README.md, 2026-12-05,
-// eleventh session, has the measurement): the steps of BK * SG_K columns are cut into n_splits runs of
-// ceil(steps / n_splits), workgroup (tile, y) takes run y % n_splits of token tile
+// eleventh session, has the measurement): the steps of BK * SG_K columns are cut into
+// n_splits runs of ceil(steps / n_splits), workgroup (tile, y) takes run y % n_splits of token tile
 // y / n_splits and writes its sum, not the output: partial p of token t goes to y row
 // y_row0 + p * n_tokens + t, and sum_splits.comp adds the partials in the order p = 0, 1, ...
 // (CUTLASS's "parallel split-K": a second kernel reduces; a fixed order, deterministic).
