@@ -5,15 +5,17 @@ in one process: the measurement behind the GPU table's `batch_tiles`.
 
     python bench/batched_products.py [--shapes 1536x576,8192x2048,14336x4096]
         [--types q4_1] [--tokens 1,8,32,64] [--tiles 1x8,4x8,4x16,2x32]
-        [--coop-tiles 16x64:1x2,64x128:2x4,32x32:1x1x8] [--split-rows 4096,8192]
+        [--coop-tiles 16x64:1x2,64x128:2x4,32x32:1x1x8] [--glu-tiles 32x32:2x2x4x2]
+        [--split-rows 4096,8192]
         [--repeat 20] [--rounds 3] [--out FILE.json]
 
 A shape RxC is a weight of R output rows and C input columns (the 7B ffn_gate's 14336x4096);
 its bytes are random (they change the values, not what the kernel reads). `--coop-tiles
-BMxBN:SG_MxSG_N[xSG_K[xDEPTH]],...` adds arms on `matmul_coop` (f16 operands, where the
-device lists a cooperative-matrix shape; vkrt/tuning.py `BatchCoopTile`), named
-`coop:BMxBN:SG_MxSG_N`;
-`--split-rows N,...` adds each coop tile again with products of fewer than N rows split
+BMxBN:SG_MxSG_N[xSG_K[xDEPTH]],...` adds arms on `matmul_coop` (f16 operands, where the device lists a
+cooperative-matrix shape; vkrt/tuning.py `BatchCoopTile`), named `coop:BMxBN:SG_MxSG_N`;
+`--glu-tiles BMxBN:SG_MxSG_NxSG_K[xDEPTH],...` adds arms on `matmul_coop`'s GLU build
+(`Kernels.glu_coop`: gate and up, both of the shape, and SiLU times up in one dispatch; its
+GB/s and GFLOP/s count both weights), named `glu:...`; `--split-rows N,...` adds each coop tile again with products of fewer than N rows split
 across workgroups (`Kernels.k_splits`, named `coop:...+splitN`; the time is the product's
 and its `sum_splits` reduction's, and the report gives `k_splits`). Per (shape, type,
 tokens, tile), `--repeat` products are recorded back to back in one submission, each writing
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                     "workgroup x tokens per tile")
     ap.add_argument("--coop-tiles", default="", help="BMxBN:SG_MxSG_N,...: matmul_coop "
                     "tiles (tokens x rows over subgroups)")
+    ap.add_argument("--glu-tiles", default="", help="BMxBN:SG_MxSG_NxSG_K[xDEPTH],...: "
+                    "matmul_coop's GLU build (gate and up of the shape, SiLU times up, one "
+                    "dispatch) on these tiles")
     ap.add_argument("--split-rows", default="", help="N,...: each coop tile also with "
                     "products of fewer than N rows split across workgroups")
     ap.add_argument("--spirv-dir", default=str(DEFAULT_SPIRV_DIR),
@@ -90,6 +95,15 @@ def main(argv: list[str] | None = None) -> int:
                 base.tuning, batch_products={"decode": "matmul_coop", "prompt": "matmul_coop"},
                 batch_coop_tiles=(BatchCoopTile(None, bm, bn, sg_m, sg_n, "bench",
                                                 *k),)))
+        glu_tiles = {}                    # arm -> its GLU tile
+        for c in (c for c in args.glu_tiles.split(",") if c):
+            if base.coop is None:
+                print("batched_products: this device has no cooperative-matrix shape",
+                      file=sys.stderr)
+                return 1
+            kernels[f"glu:{c}"] = base
+            bm, bn, sg_m, sg_n, sg_k, *depth = (int(v) for v in c.replace(":", "x").split("x"))
+            glu_tiles[f"glu:{c}"] = (bm, bn, sg_m, sg_n, sg_k, 1, *depth)   # one shared buffer
         split_rows = {}                   # arm -> its split_rows
         for c in coop_tiles:
             for n in (int(v) for v in args.split_rows.split(",") if v):
@@ -99,15 +113,17 @@ def main(argv: list[str] | None = None) -> int:
         for rows, cols in shapes:
             x = stream.upload(rng.standard_normal((T, cols)).astype(np.float32), "x")
             y = stream.upload(np.zeros((T, rows), np.float32), "y")
-            weights = {}
+            weights, ups = {}, {}             # ups: the GLU arms' second weight
             for name in args.types.split(","):
                 t = types[name]
                 nbytes = rows * cols // t.block * t.block_bytes
                 nbytes += -nbytes % 4
-                w = Tensor(Buffer(dev, nbytes, name=name), 0, nbytes, name, (rows, cols), name)
-                stream.write(Tensor(w.buffer, 0, nbytes, "uint8", (nbytes,)),
-                             rng.integers(0, 256, nbytes, dtype=np.uint8))
-                weights[name] = w
+                for into in (weights, ups) if glu_tiles else (weights,):
+                    w = Tensor(Buffer(dev, nbytes, name=name), 0, nbytes, name, (rows, cols),
+                               name)
+                    stream.write(Tensor(w.buffer, 0, nbytes, "uint8", (nbytes,)),
+                                 rng.integers(0, 256, nbytes, dtype=np.uint8))
+                    into[name] = w
             stream.synchronize()
             splits = {(name, tile): kernels[tile].k_splits(weights[name], split_rows[tile])
                       for name in weights for tile in split_rows}
@@ -121,9 +137,13 @@ def main(argv: list[str] | None = None) -> int:
                     stream.profiler.gpu_ns.clear()
                     stream.profiler.gpu_count.clear()
                     k, s = kernels[tile], splits.get((name, tile), 1)
-                    d = [k.linear(x, weights[name], y, n, name=label, k_splits=s,
-                                  partials=part if s > 1 else None,
-                                  batched=k.batch_products()["decode"])]
+                    if tile in glu_tiles:
+                        d = [k.glu_coop(x, weights[name], ups[name], y, n, glu_tiles[tile],
+                                        name=label)]
+                    else:
+                        d = [k.linear(x, weights[name], y, n, name=label, k_splits=s,
+                                      partials=part if s > 1 else None,
+                                      batched=k.batch_products()["decode"])]
                     if s > 1:
                         d.append(k.sum_splits(part, y, n, rows, s, name=label + ".sum"))
                     stream.record(d * args.repeat)
@@ -136,9 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                 report["runs"].append({
                     "shape": f"{rows}x{cols}", "type": name, "tokens": n,
                     "tile": tile, "k_splits": splits.get((name, tile), 1), "us": round(us, 2),
-                    "weight_gb_s": round(weights[name].nbytes / us / 1e3, 1),
-                    "gflop_s": round(2 * rows * cols * n / us / 1e3, 1)})
-            for t in (*weights.values(), x, y, part):
+                    "weight_gb_s": round((2 if tile in glu_tiles else 1)
+                                         * weights[name].nbytes / us / 1e3, 1),
+                    "gflop_s": round((2 if tile in glu_tiles else 1)
+                                     * 2 * rows * cols * n / us / 1e3, 1)})
+            for t in (*weights.values(), *ups.values(), x, y, part):
                 t.buffer.close()
         stream.close()
     text = json.dumps(report, indent=1)

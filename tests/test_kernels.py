@@ -2299,6 +2299,50 @@ def test_linear_coop_fetch_depth_keeps_the_bits(gpu, kernels, dtype):
     for depth in (2, 3, 7):
         np.testing.assert_array_equal(prefill(depth), want, f"prefill {depth}")
 
+
+@pytest.mark.parametrize("dtype", ["float32", "q4_1"])
+@pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
+def test_glu_coop_is_the_products_then_the_activation(gpu, kernels, dtype, gelu):
+    """Kernels.glu_coop (matmul_coop's GLU build): act(gate @ x) * (up @ x) in one dispatch
+    over rows token0 .. of x and y, equal to matmul_coop's two products on the same tile
+    then silu_mul (within 2e-6 of the largest output: the activation compiled in another
+    module), on tiles of one and two shared buffers, depth 1 and 2, a column split of 2 and
+    4 (5 and 3 steps, tails of rows and tokens); each token's row with the same bits at 1,
+    2, 5 and 9 tokens (batch invariance); rows outside token0 .. token0 + n - 1 untouched.
+    Refuses gate and up of different shapes, naming both."""
+    coop_or_skip(kernels)
+    r, n_rows, n_cols, n, token0 = rng(51), 70, 320, 9, 2
+    tg, _ = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=51)
+    tu, _ = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=52)
+    bx = gpu.upload(randn(r, token0 + n, n_cols))
+    for tile in ((32, 32, 2, 2, 2), (16, 16, 1, 1, 4, 1, 2), (32, 16, 2, 1, 2, 2, 2)):
+        g, u, act = (gpu.filled((token0 + n) * n_rows) for _ in range(3))
+        bm, bn, sg_m, sg_n, sg_k, *rest = tile
+        plain = dataclasses.replace(kernels.tuning, batch_coop_tiles=(
+            tuning.BatchCoopTile(None, bm, bn, sg_m, sg_n, "test", sg_k),))
+        saved, kernels.tuning = kernels.tuning, plain
+        gpu.stream.record([
+            kernels.linear(bx, tg, g, n, batched="matmul_coop", token0=token0),
+            kernels.linear(bx, tu, u, n, batched="matmul_coop", token0=token0)])
+        kernels.tuning = saved
+        gpu.stream.record([kernels.silu_mul(g, u, act, (token0 + n) * n_rows, gelu=gelu)])
+        want = gpu.read(act).reshape(-1, n_rows)[token0:]
+        rows = {}
+        for m in (9, 1, 2, 5):
+            by = gpu.filled((token0 + n + 1) * n_rows)
+            gpu.stream.record([kernels.glu_coop(bx, tg, tu, by, m, tile, token0, gelu)])
+            got = gpu.read(by).reshape(-1, n_rows)
+            assert (got[:token0] == SENTINEL).all() and (got[token0 + m:] == SENTINEL).all()
+            rows[m] = got[token0:token0 + m]
+        np.testing.assert_allclose(rows[9], want, rtol=0, atol=2e-6 * np.abs(want).max(),
+                                   err_msg=str(tile))
+        for m in (1, 2, 5):
+            np.testing.assert_array_equal(rows[m], rows[9][:m], str((tile, m)))
+    short = gpu.upload(np.zeros((n_rows - 6, n_cols), np.float32))
+    with pytest.raises(ShaderInterfaceError, match=r"gate .* \[70, 320\] and up .* "
+                                                   r"\[64, 320\] differ"):
+        kernels.glu_coop(bx, tg, short, gpu.filled(n * n_rows), n, (32, 32, 2, 2, 2))
+
 def test_batch_products_fall_back_to_matmul_without_coop(kernels):
     """`Kernels.batch_products`: the table's matmul_coop where the device lists a shape and
     VKRT_COOPMAT allows it, else matmul; the other kernels as the table names them; the

@@ -103,11 +103,13 @@ def attention_tile_shape(head_dim: int, subgroup_size: int, shared_bytes: int,
 
 
 def coop_shared_bytes(bm: int, bn: int, sg_m: int, sg_n: int, sg_k: int, nbuf: int,
-                      shape) -> int:
-    """Bytes of shared memory matmul_coop.comp declares for a tile: NBUF * SG_K * (BM + BN)
-    rows of a step's 32 columns padded to 40 f16 (80 bytes), and SG_M * SG_N staging tiles
-    of the cooperative-matrix `shape`'s M x N f32."""
-    return nbuf * sg_k * (bm + bn) * 80 + sg_m * sg_n * shape.m * shape.n * 4
+                      shape, products: int = 1) -> int:
+    """Bytes of shared memory matmul_coop.comp declares for a tile: NBUF * SG_K * (BM +
+    products * BN) rows of a step's 32 columns padded to 40 f16 (80 bytes; products 2: the
+    GLU build's gate and up tiles), and SG_M * SG_N staging tiles of the cooperative-matrix
+    `shape`'s M x N f32."""
+    return (nbuf * sg_k * (bm + products * bn) * 80
+            + sg_m * sg_n * shape.m * shape.n * 4)
 
 
 def fit_coop_tile(tile: tuple[int, int, int, int, int, int], shape,
@@ -160,6 +162,7 @@ WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
                   "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
                   "matmul_tiled": ("W", F32, F32), "matmul_coop": ("W", F32, F32),
+                  "matmul_coop_glu": ("W", F32, F32, "W"),
                   "matvec_glu": ("W", F32, F32, "W", F32),
                   "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32)}
 WEIGHT_KERNELS.update({f"{k}_xq": WEIGHT_KERNELS[k] for k in XQ_KERNELS})
@@ -224,6 +227,7 @@ class Kernels:
         # device lists none (lavapipe), or VKRT_COOPMAT says never (`prefill_kernel`).
         self.coop = pipelines.device.coop_shape()
         self._weight_spec["matmul_coop"] = {}     # from `coop` at each call: coop_spec
+        self._weight_spec["matmul_coop_glu"] = {}
         # A row's norm over `norm_subgroups` subgroups (vkrt/tuning.py).
         norm = sg * self.tuning.norm_subgroups
         self._rmsnorm = Op(p("rmsnorm", {0: norm}), (F32, F32, F32))
@@ -448,13 +452,15 @@ class Kernels:
                                  name=name, need=(n_tokens * n, None, n_tokens * n), n=n,
                                  eps=eps, n_rows=n_tokens)
 
-    def coop_spec(self, n_rows: int, n_tokens: int, tile: tuple | None = None) -> dict:
+    def coop_spec(self, n_rows: int, n_tokens: int, tile: tuple | None = None,
+                  products: int = 1) -> dict:
         """matmul_coop's specialization constants for a product of n_tokens x n_rows on the
         shape `coop`: workgroup size, TM, TN, TK, BM (tokens), BN (rows), SG_M, SG_N, SG_K,
         NBUF, DEPTH (`tile` (BM, BN, SG_M, SG_N[, SG_K[, NBUF[, DEPTH]]]) when given, else
         the table's `prefill_coop_tile` as `fit_coop_tile` fits it to the device's shared
         memory; SG_K groups of SG_M x SG_N subgroups split the columns, NBUF shared buffers,
-        DEPTH steps fetched ahead into registers: matmul_coop.comp). Raises VkrtError for
+        DEPTH steps fetched ahead into registers: matmul_coop.comp; `products` 2: the GLU
+        build's, two W tiles in shared memory). Raises VkrtError for
         a tile whose shared memory (`coop_shared_bytes`) the device does not have: a
         pipeline past maxComputeSharedMemorySize may hang the driver rather than fail."""
         limit = self._pipelines.device.limits.maxComputeSharedMemorySize
@@ -469,7 +475,7 @@ class Kernels:
         depth = k[2] if len(k) > 2 else 1
         assert bm % (sg_m * c.m) == 0 and bn % (sg_n * c.n) == 0 and sg_k >= 1, (tile, c)
         assert nbuf in (1, 2) and depth >= 1, tile
-        need = coop_shared_bytes(bm, bn, sg_m, sg_n, sg_k, nbuf, c)
+        need = coop_shared_bytes(bm, bn, sg_m, sg_n, sg_k, nbuf, c, products)
         if need > limit:
             raise VkrtError(f"matmul_coop tile {bm}x{bn}:{sg_m}x{sg_n}x{sg_k} with {nbuf} "
                             f"shared buffers needs {need} bytes of shared memory; "
@@ -639,6 +645,32 @@ class Kernels:
             gate, x, out, up, norm_weight, grid=(*spread(_groups(n_out, rows), self.limit), 1),
             name=name,
             need=(None, n_in, n_out, None, n_in), n_cols=n_in, n_rows=n_out, eps=eps)
+
+    def glu_coop(self, x: Tensor, gate: Tensor, up: Tensor, y: Tensor, n_tokens: int,
+                 tile: tuple, token0: int = 0, gelu: bool = False, name: str = "") -> Dispatch:
+        """y[token0 + t] = silu(gate @ x[token0 + t]) * (up @ x[token0 + t]) for t < n_tokens
+        (GELU-tanh instead of SiLU with `gelu`) in one dispatch: matmul_coop's GLU build, each
+        workgroup's step loading the x tile once for both W tiles, the activation applied to
+        the f32 accumulators before they are stored. `tile` (BM, BN, SG_M, SG_N, SG_K[, NBUF[,
+        DEPTH]]) as `coop_spec` takes it; a token's bits depend on SG_K alone, as matmul_coop's
+        (the batched runner's batch invariance). gate, up [n_ff, n_embd] of one `WEIGHTS`
+        dtype; x, y [rows, n_embd] and [rows, n_ff] f32. Raises ShaderInterfaceError when gate
+        and up differ in dtype or shape, VkrtError for a tile past the device's shared
+        memory."""
+        n_out, n_in = gate.shape
+        if up.dtype != gate.dtype or up.shape != gate.shape:
+            raise ShaderInterfaceError(f"matmul_coop_glu: gate {gate.name!r} {gate.dtype} "
+                                       f"{list(gate.shape)} and up {up.name!r} {up.dtype} "
+                                       f"{list(up.shape)} differ")
+        assert self.coop is not None, "no cooperative matrices"
+        spec = {**self.coop_spec(n_out, n_tokens, tile, products=2), **({11: 1} if gelu else {})}
+        x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
+        grid = (x_groups, _groups(n_tokens, spec[4]), z_groups)
+        return self.weight_op("matmul_coop_glu", gate, spec=spec)(
+            gate, x, y, up, grid=grid, name=name,
+            need=(None, (token0 + n_tokens) * n_in, (token0 + n_tokens) * n_out, None),
+            n_cols=n_in, n_rows=n_out, n_tokens=n_tokens, token0=token0, y_row0=token0,
+            n_splits=1)
 
     def qkv_rope(self, x: Tensor, norm_weight: Tensor, wq: Tensor, wk: Tensor, wv: Tensor,
                  cos_sin: Tensor, q_out: Tensor, k_cache: Tensor, v_cache: Tensor,

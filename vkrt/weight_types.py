@@ -97,6 +97,8 @@ KERNEL_SOURCES = {
     "matmul": ("matmul.comp", {}),
     "matmul_tiled": ("matmul_tiled.comp", {}),
     "matmul_coop": ("matmul_coop.comp", {}),
+    # The batched decode's gate and up products with SiLU (or GELU) times up in one dispatch.
+    "matmul_coop_glu": ("matmul_coop.comp", {"GLU": 1}),
     "matvec": ("matvec.comp", {}),
     "matvec_add": ("matvec.comp", {"ADD_OUT": 1}),
     "matvec_glu": ("matvec_glu.comp", {}),

@@ -70,6 +70,18 @@
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x_id = 0) in;
 #include "weights.glsl"
+#ifdef GLU
+#include "gelu.glsl"
+#define WEIGHT_BINDING 3
+#define W_(name) name##_up
+#include "weights.glsl"
+#undef WEIGHT_BINDING
+#undef W_
+layout(constant_id = 11) const uint GELU = 0;
+const uint G = 2;                         // products per output: gate (binding 0) and up
+#else
+const uint G = 1;
+#endif
 layout(constant_id = 1) const uint TM = 16;
 layout(constant_id = 2) const uint TN = 16;
 layout(constant_id = 3) const uint TK = 16;
@@ -89,14 +101,24 @@ layout(push_constant) uniform Push {
 const uint NT = gl_WorkGroupSize.x;
 const uint BK = 32;                       // columns per step and group (a Q8_0 / Q4_1 block)
 const uint KQ = SG_K * BK / 4;            // vec4 columns per step
-const uint XL = BM * KQ, WL = BN * KQ;    // vec4 of a step's x and W tiles
+const uint WN = G * BN;                   // rows of a step's W tile (GLU: gate's, then up's)
+const uint XL = BM * KQ, WL = WN * KQ;    // vec4 of a step's x and W tiles
 const uint XP = (XL + NT - 1) / NT, WP = (WL + NT - 1) / NT;   // per invocation
 const uint S4 = (BK + 8) / 4;             // f16vec4 per shared row: 80 bytes
 const uint SM = BM / SG_M, SN = BN / SG_N;  // one subgroup's tokens and rows
 const uint CM = SM / TM, CN = SN / TN;    // its accumulators along tokens and rows
 shared f16vec4 xs[NBUF * SG_K * BM * S4]; // [buffer][group][token][k]
-shared f16vec4 ws[NBUF * SG_K * BN * S4]; // [buffer][group][row][k]: W^T column-major
+shared f16vec4 ws[NBUF * SG_K * WN * S4]; // [buffer][group][row][k]: W^T column-major
 shared float stage[SG_M * SG_N * TM * TN];
+
+// Elements 4q .. 4q + 3 of row r of a step's W tile: gate's row n0 + r, or (GLU, r >= BN)
+// up's row n0 + r - BN.
+vec4 w_tile4(uint n0, uint r, uint q) {
+#ifdef GLU
+    if (r >= BN) return weight4_up(n0 + r - BN, q, pc.n_cols);
+#endif
+    return weight4(n0 + r, q, pc.n_cols);
+}
 
 // Step k0's x and W tiles (vec4 columns k0 .. k0 + KQ - 1) into this invocation's registers.
 // Element i of a step's x tile is token i / KQ, column quad i % KQ, which is group
@@ -109,8 +131,8 @@ void fetch(out vec4 xr[XP], out vec4 wr[WP], uint k0, uint t0, uint n0, uint col
     }
     [[unroll]] for (uint p = 0; p < WP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, r = i / KQ, q = k0 + i % KQ;
-        wr[p] = i < WL && n0 + r < pc.n_rows && q < cols4 ? weight4(n0 + r, q, pc.n_cols)
-                                                         : vec4(0.0);
+        wr[p] = i < WL && n0 + r % BN < pc.n_rows && q < cols4 ? w_tile4(n0, r, q)
+                                                              : vec4(0.0);
     }
 }
 
@@ -125,7 +147,7 @@ void store(vec4 xr[XP], vec4 wr[WP], uint buf) {
     [[unroll]] for (uint p = 0; p < WP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, q = i % KQ;
         if (i < WL)
-            ws[((buf * SG_K + q / (BK / 4)) * BN + i / KQ) * S4 + q % (BK / 4)] = f16vec4(wr[p]);
+            ws[((buf * SG_K + q / (BK / 4)) * WN + i / KQ) * S4 + q % (BK / 4)] = f16vec4(wr[p]);
     }
 }
 
@@ -142,8 +164,8 @@ void main() {
     uint yr0 = pc.y_row0 + split * pc.n_tokens;   // y's row of token 0
     uint sg = gl_SubgroupID, g = sg / (SG_M * SG_N), sr = sg % (SG_M * SG_N);
     uint sm0 = sr / SG_N * SM, sn0 = sr % SG_N * SN;
-    coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> acc[CM * CN];
-    [[unroll]] for (uint i = 0; i < CM * CN; ++i)
+    coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> acc[G * CM * CN];
+    [[unroll]] for (uint i = 0; i < G * CM * CN; ++i)
         acc[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
     // The next DEPTH steps' x and W are fetched into registers while this step's products
     // run (loads in flight across the products and barriers: a register ring of DEPTH
@@ -173,18 +195,20 @@ void main() {
             } else if (kf < ke) {
                 fetch(xr[d], wr[d], kf, t0, n0, cols4);   // step s was stored a step ago
             }
-            uint xb = (s % NBUF) * SG_K * BM, wb = (s % NBUF) * SG_K * BN;
+            uint xb = (s % NBUF) * SG_K * BM, wb = (s % NBUF) * SG_K * WN;
             [[unroll]] for (uint kk = 0; kk < BK / TK; ++kk) {
-                coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b[CN];
-                [[unroll]] for (uint j = 0; j < CN; ++j)
-                    coopMatLoad(b[j], ws, (wb + g * BN + sn0 + j * TN) * S4 + kk * TK / 4, S4,
+                coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b[G * CN];
+                [[unroll]] for (uint j = 0; j < G * CN; ++j)   // product j / CN's
+                    coopMatLoad(b[j], ws, (wb + g * WN + j / CN * BN + sn0 + j % CN * TN) * S4
+                                          + kk * TK / 4, S4,
                                 gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0; i < CM; ++i) {
                     coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
                     coopMatLoad(a, xs, (xb + g * BM + sm0 + i * TM) * S4 + kk * TK / 4, S4,
                                 gl_CooperativeMatrixLayoutRowMajor);
-                    [[unroll]] for (uint j = 0; j < CN; ++j)
-                        acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);
+                    [[unroll]] for (uint j = 0; j < G * CN; ++j)
+                        acc[j / CN * CM * CN + i * CN + j % CN] = coopMatMulAdd(
+                            a, b[j], acc[j / CN * CM * CN + i * CN + j % CN]);
                 }
             }
             if (NBUF == 2) {
@@ -198,7 +222,7 @@ void main() {
     // accumulator of each subgroup at a time, and group gg adds its own to it; the last
     // group's are the outputs.
     [[unroll]] for (uint gg = 1; gg < SG_K; ++gg) {
-        [[unroll]] for (uint i = 0; i < CM * CN; ++i) {
+        [[unroll]] for (uint i = 0; i < G * CM * CN; ++i) {
             if (g == gg - 1)
                 coopMatStore(acc[i], stage, sr * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
             barrier();                    // uniform: the sum so far is in `stage`
@@ -211,6 +235,14 @@ void main() {
         }
     }
     if (g != SG_K - 1) return;            // uniform per subgroup
+#ifdef GLU
+    // act(gate) * up, element by element: both accumulators hold their elements alike.
+    [[unroll]] for (uint i = 0; i < CM * CN; ++i)
+        for (uint e = 0; e < acc[i].length(); ++e) {
+            float gv = acc[i][e];
+            acc[i][e] = (GELU != 0 ? gelu_tanh(gv) : gv / (1.0 + exp(-gv))) * acc[CM * CN + i][e];
+        }
+#endif
     uint lane = gl_SubgroupInvocationID, base = sr * TM * TN;
     [[unroll]] for (uint i = 0; i < CM; ++i) {
         uint t = t0 + sm0 + i * TM;
