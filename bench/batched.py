@@ -7,7 +7,7 @@ its batch-1 run.
         [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
         [--max-batch B] [--compare-sync]
         [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH],...] [--split-rows N]
-        [--split-min-steps S] [--coop-depth D]
+        [--split-min-steps S] [--coop-depth D] [--glu-tile T] [--glu-max-rows N]
 
 For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py; with `--max-batch B`,
 max(B, N): a server started with `vkrt serve --max-batch B` serving N), N greedy requests
@@ -34,7 +34,8 @@ and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at po
 A/B of bench/README.md, 2026-12-04 second session. `--split-rows N` sets the GPU table's
 wide-engine rules' `split_rows` (vkrt/tuning.py `WideBatchDecode`; 0: no product split
 across workgroups), `--split-min-steps S` their `split_min_steps`, `--coop-depth D` every
-`matmul_coop` decode tile's `depth` (steps fetched ahead). The engines schedule asynchronously
+`matmul_coop` decode tile's `depth` (steps fetched ahead), `--glu-tile T` (`none`: off) and
+`--glu-max-rows N` the wide-engine rules' fused gate / up / SiLU (`WideBatchDecode.glu_tile`). The engines schedule asynchronously
 (vkrt serve's default: a greedy step stays in flight while the next is scheduled).
 Each row is timed after one unrecorded run of its N sequences (4 tokens each), so that
 neither scheduling pays for building and capturing the steps' buckets.
@@ -263,6 +264,11 @@ def main() -> None:
                     help="the wide-engine rules' split_rows instead of the GPU table's")
     ap.add_argument("--split-min-steps", type=int, default=None, metavar="S",
                     help="the wide-engine rules' split_min_steps instead of the GPU table's")
+    ap.add_argument("--glu-tile", default=None, metavar="BMxBN:SG_MxSG_NxSG_K[xDEPTH]",
+                    help="the wide-engine rules' glu_tile: gate, up and SiLU of the "
+                         "generated tokens in one matmul_coop dispatch; 'none': never")
+    ap.add_argument("--glu-max-rows", type=_positive, default=None, metavar="N",
+                    help="the wide-engine rules' glu_max_rows")
     ap.add_argument("--coop-depth", type=_positive, default=None, metavar="D",
                     help="every matmul_coop decode tile of the GPU table (its own and its "
                          "wide-engine rules') with D steps fetched ahead instead of its own")
@@ -276,6 +282,12 @@ def main() -> None:
             wide_batch_decode=())        # no rule's own tiles: these, at every max_batch
     if args.coop_depth is not None:
         tuning.TABLES["gpu"] = with_coop_depth(tuning.TABLES["gpu"], args.coop_depth)
+    if args.glu_tile is not None:
+        glu = None if args.glu_tile == "none" else coop_decode_tiles(":" + args.glu_tile)[0]
+        gpu = tuning.TABLES["gpu"]
+        tuning.TABLES["gpu"] = dataclasses.replace(gpu, wide_batch_decode=tuple(
+            dataclasses.replace(r, glu_tile=glu, glu_max_rows=args.glu_max_rows or 1 << 30)
+            for r in gpu.wide_batch_decode))
     for key in ("split_rows", "split_min_steps"):
         if getattr(args, key) is not None:
             gpu = tuning.TABLES["gpu"]

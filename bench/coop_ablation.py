@@ -51,7 +51,8 @@ VARIANTS: dict[str, tuple[str, str, str]] = {
         "x[(pc.token0 + t0 + t) * cols4 + q]", "vec4(float(t + q))"),
     "no-products": (
         "the coopMatMulAdd calls (and with them the tiles' coopMatLoad)",
-        "acc[i * CN + j] = coopMatMulAdd(a, b[j], acc[i * CN + j]);", "{}"),
+        "acc[j / CN * CM * CN + i * CN + j % CN] = coopMatMulAdd(\n"
+        "                            a, b[j], acc[j / CN * CM * CN + i * CN + j % CN]);", "{}"),
     "no-step-barriers": (
         "the two barriers of each step with one shared buffer (NBUF = 1)",
         "                barrier();                // every subgroup is done with the last step's "

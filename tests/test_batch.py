@@ -301,6 +301,41 @@ def test_wide_engine_splits_products_across_workgroups_batch_invariant(device, t
         model.close()
 
 
+def test_wide_engine_fuses_gate_and_up_batch_invariant(device, tmp_path):
+    """An engine whose wide rule has a `glu_tile` runs its generated tokens' gate and up
+    products and their SiLU as one `glu_coop` dispatch (`ffn_glu`), the prompt tokens' as
+    two products and `silu_mul` over their rows; every sequence's logits bit-identical
+    alone and in any batch, greedy tokens equal transformers'; a `glu_max_rows` below the
+    FFN's rows leaves them unfused. Runs where the device has cooperative matrices."""
+    from vkrt.tuning import BatchCoopTile, WideBatchDecode
+
+    model, ref, prompts = qwen2_with_prompts(device, tmp_path, seed=8)
+    try:
+        if model.k.coop is None:
+            pytest.skip(f"{device.name} lists no cooperative-matrix shape")
+        own = (BatchCoopTile(None, 16, 16, 1, 1, "test", 2),)
+        rule = WideBatchDecode(4, "matmul_coop", "test", coop_tiles=own,
+                               glu_tile=BatchCoopTile(None, 16, 16, 1, 1, "test", 2, 2),
+                               glu_max_rows=1 << 20)
+        model.k.tuning = dataclasses.replace(
+            model.k.tuning, batch_products={"decode": "matmul", "prompt": "matmul"},
+            wide_batch_decode=(rule,))
+        tokens = check_invariance(model, prompts, 5, max_batch=4)
+        for s, ids in prompts.items():
+            assert tokens[s] == ref.greedy(ids, 5), s
+        ds = model.batch_step(model._inputs(3, True)[1], StepShape(decode=2, prompt=1, logits=2))
+        names = [d.name for d in ds if d.name.startswith("blk.0.ffn")]
+        assert names[:4] == ["blk.0.ffn_glu", "blk.0.ffn_gate", "blk.0.ffn_up",
+                             "blk.0.ffn_silu_mul"], names
+        model.k.tuning = dataclasses.replace(model.k.tuning, wide_batch_decode=(
+            dataclasses.replace(rule, glu_max_rows=1),))
+        model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE, max_batch=4)
+        ds = model.batch_step(model._inputs(3, True)[1], StepShape(decode=2, prompt=1, logits=2))
+        assert "blk.0.ffn_glu" not in {d.name for d in ds}
+    finally:
+        model.close()
+
+
 def test_batch_buckets_capture_once_each(llama):
     """A step is captured once per (T bucket, R bucket) and replayed after; T past the largest
     bucket is recorded."""

@@ -156,3 +156,15 @@ def test_prefill_coop_tiles_by_shape():
         **{(n, t): square for n in (4096, 8191) for t in (255, 256, 2047)},
         (4096, 2048): large, (8191, 2048): large, (8192, 255): square,
         **{(8192, t): large for t in (256, 2047, 2048)}}
+
+
+def test_batch_glu_by_max_batch():
+    """Table.batch_glu_for: the wide rule's glu_tile and glu_max_rows for engines at or past
+    its min_max_batch, (None, 0) below and without one."""
+    tile = tuning.BatchCoopTile(None, 32, 32, 2, 2, "t", 2, 2)
+    t = dataclasses.replace(tuning.GPU, wide_batch_decode=(
+        tuning.WideBatchDecode(16, "matmul_coop", "t", glu_tile=tile, glu_max_rows=8192),
+        tuning.WideBatchDecode(64, "matmul_coop", "t")))
+    assert t.batch_glu_for(None) == (None, 0) and t.batch_glu_for(15) == (None, 0)
+    assert t.batch_glu_for(16) == (tile, 8192) and t.batch_glu_for(63) == (tile, 8192)
+    assert t.batch_glu_for(64) == (None, 0)

@@ -94,13 +94,18 @@ class WideBatchDecode:
     `split_rows` (`matmul_coop` only): products of fewer rows and at least `split_min_steps`
     steps of columns (sg_k * 32 each) split their columns across ceil(split_rows / rows)
     workgroups (`Kernels.k_splits`, matmul_coop.comp's n_splits), so that a product of few
-    row tiles fills the GPU; 0: never. A short product gains less than its reduction costs."""
+    row tiles fills the GPU; 0: never. A short product gains less than its reduction costs.
+    `glu_tile` (`matmul_coop` only): the generated tokens' gate and up products of at most
+    `glu_max_rows` rows and SiLU (GELU) times up run as one dispatch on this tile
+    (`Kernels.glu_coop`); None: never."""
     min_max_batch: int
     kernel: str
     source: str
     coop_tiles: tuple[BatchCoopTile, ...] = ()
     split_rows: int = 0
     split_min_steps: int = 1
+    glu_tile: BatchCoopTile | None = None
+    glu_max_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,12 @@ class Table:
         `max_batch` sequences per step: its wide rule's, else (0, 1) (no split)."""
         wide = self.wide_rule(max_batch)
         return (0, 1) if wide is None else (wide.split_rows, wide.split_min_steps)
+
+    def batch_glu_for(self, max_batch: int | None) -> tuple[BatchCoopTile | None, int]:
+        """(`glu_tile`, `glu_max_rows`) of the batched decode's gate and up products in an
+        engine of `max_batch` sequences per step: its wide rule's, else (None, 0)."""
+        wide = self.wide_rule(max_batch)
+        return (None, 0) if wide is None else (wide.glu_tile, wide.glu_max_rows)
 
     def batch_tile(self, n_tokens: int) -> BatchTile:
         """The `matmul` launch of a batched product of `n_tokens` tokens."""

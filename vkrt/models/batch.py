@@ -145,6 +145,10 @@ class PagedCache:
     # workgroups (Kernels.batch_split, Kernels.k_splits)
     split_rows: int = 0
     split_min_steps: int = 1
+    # the decode rows' gate and up products of at most glu_max_rows rows and their
+    # activation in one dispatch on this tile (Kernels.batch_glu, Kernels.glu_coop); None: not
+    glu_tile: tuple | None = None
+    glu_max_rows: int = 0
     # output view's name -> f32 partial sums of its split products (`PagedBatch._partials`)
     partials: dict = field(default_factory=dict)
 
@@ -305,6 +309,38 @@ class PagedBatch:
             out.append(k.bias_add(y, w[name + ".bias"], shape.tokens, name=name + ".bias"))
         return out
 
+    def _batch_glu(self, x: Tensor, blk: str, gate_y: Tensor, up_y: Tensor, act: Tensor,
+                   shape: StepShape, n_ff: int, gelu: bool) -> list[Dispatch]:
+        """act = silu(x W_gate^T) * (x W_up^T) (GELU-tanh with `gelu`) for the step's rows (x
+        [T, n_embd], act [T, n_ff]; W = `blk`ffn_gate / ffn_up .weight): the generated tokens'
+        rows in one `glu_coop` dispatch where the paged cache says so (`glu_tile`, gate of at
+        most `glu_max_rows` rows, no biases), the prompt tokens' (and all rows otherwise) as
+        two products into gate_y and up_y and `silu_mul` over those rows. Which path a row
+        takes depends on the engine and the weights alone, never on what shares the step
+        (batch invariance)."""
+        k, w, p = self.k, self.w, self._paged
+        gate, up = w[blk + "ffn_gate.weight"], w[blk + "ffn_up.weight"]
+        fused = (p.glu_tile is not None and shape.decode and gate.shape[0] <= p.glu_max_rows
+                 and blk + "ffn_gate.bias" not in w and blk + "ffn_up.bias" not in w)
+        if not fused:
+            return [*self._batch_linear(x, blk + "ffn_gate", gate_y, shape),
+                    *self._batch_linear(x, blk + "ffn_up", up_y, shape),
+                    k.silu_mul(gate_y, up_y, act, shape.tokens * n_ff,
+                               name=blk + "ffn_silu_mul", gelu=gelu)]
+        out = [k.glu_coop(x, gate, up, act, shape.decode, p.glu_tile, gelu=gelu,
+                          name=blk + "ffn_glu")]
+        if shape.prompt:
+            row0, rows = shape.decode, shape.tokens
+            products = self._role_products("prompt")
+            out += [k.linear(x, gate, gate_y, shape.prompt, name=blk + "ffn_gate", token0=row0,
+                             **products),
+                    k.linear(x, up, up_y, shape.prompt, name=blk + "ffn_up", token0=row0,
+                             **products),
+                    k.silu_mul(gate_y.rows(row0, rows), up_y.rows(row0, rows),
+                               act.rows(row0, rows), shape.prompt * n_ff,
+                               name=blk + "ffn_silu_mul", gelu=gelu)]
+        return out
+
     def _partials(self, y: Tensor) -> Tensor:
         """The partial sums of the split products writing `y` (one buffer per output view,
         so that products writing different views, as K and V, share no bytes): f32 of 2 *
@@ -428,7 +464,8 @@ class PagedBatch:
                                  self.k.batch_coop_tiles(max_batch),
                                  Tensor(sampled, 0, 4 * rows, "uint32", (rows,),
                                         "batch_sampled"),
-                                 *self.k.batch_split(max_batch))
+                                 *self.k.batch_split(max_batch),
+                                 *self.k.batch_glu(max_batch))
         self._last_rows = 0
 
     @staticmethod

@@ -137,10 +137,7 @@ class LlamaBatch(PagedBatch):
             *self._batch_linear(a.attn, blk + "attn_output", a.proj, shape),
             *self._batch_residual(i, a, T, "post_attention_norm", "attn_residual",
                                   blk + "ffn_norm.weight"),
-            *self._batch_linear(a.xn, blk + "ffn_gate", a.gate, shape),
-            *self._batch_linear(a.xn, blk + "ffn_up", a.up, shape),
-            k.silu_mul(a.gate, a.up, a.act, T * hp.n_ff, name=blk + "ffn_silu_mul",
-                       gelu=hp.gelu),
+            *self._batch_glu(a.xn, blk, a.gate, a.up, a.act, shape, hp.n_ff, hp.gelu),
             *self._batch_linear(a.act, blk + "ffn_down", a.proj, shape),
             *self._batch_residual(i, a, T, "post_ffw_norm", "ffn_residual",
                                   f"blk.{i + 1}.attn_norm.weight" if i + 1 < hp.n_layer
