@@ -35,8 +35,9 @@ A/B of bench/README.md, 2026-12-04 second session. `--split-rows N` sets the GPU
 wide-engine rules' `split_rows` (vkrt/tuning.py `WideBatchDecode`; 0: no product split
 across workgroups), `--split-min-steps S` their `split_min_steps`, `--coop-depth D` every
 `matmul_coop` decode tile's `depth` (steps fetched ahead), `--glu-tile T` (`none`: off) and
-`--glu-max-rows N` the wide-engine rules' fused gate / up / SiLU (`WideBatchDecode.glu_tile`). The engines schedule asynchronously
-(vkrt serve's default: a greedy step stays in flight while the next is scheduled).
+`--glu-max-rows N` the wide-engine rules' fused gate / up / SiLU
+(`WideBatchDecode.glu_tile`). The engines schedule asynchronously (vkrt serve's default: a
+greedy step stays in flight while the next is scheduled).
 Each row is timed after one unrecorded run of its N sequences (4 tokens each), so that
 neither scheduling pays for building and capturing the steps' buckets.
 `--compare-sync` runs each row a second time with `async_scheduling=False` and reports it

@@ -11,11 +11,12 @@ in one process: the measurement behind the GPU table's `batch_tiles`.
 
 A shape RxC is a weight of R output rows and C input columns (the 7B ffn_gate's 14336x4096);
 its bytes are random (they change the values, not what the kernel reads). `--coop-tiles
-BMxBN:SG_MxSG_N[xSG_K[xDEPTH]],...` adds arms on `matmul_coop` (f16 operands, where the device lists a
-cooperative-matrix shape; vkrt/tuning.py `BatchCoopTile`), named `coop:BMxBN:SG_MxSG_N`;
-`--glu-tiles BMxBN:SG_MxSG_NxSG_K[xDEPTH],...` adds arms on `matmul_coop`'s GLU build
-(`Kernels.glu_coop`: gate and up, both of the shape, and SiLU times up in one dispatch; its
-GB/s and GFLOP/s count both weights), named `glu:...`; `--split-rows N,...` adds each coop tile again with products of fewer than N rows split
+BMxBN:SG_MxSG_N[xSG_K[xDEPTH]],...` adds arms on `matmul_coop` (f16 operands, where the
+device lists a cooperative-matrix shape; vkrt/tuning.py `BatchCoopTile`), named
+`coop:BMxBN:SG_MxSG_N`; `--glu-tiles BMxBN:SG_MxSG_NxSG_K[xDEPTH],...` adds arms on
+`matmul_coop`'s GLU build (`Kernels.glu_coop`: gate and up, both of the shape, and SiLU
+times up in one dispatch; its GB/s and GFLOP/s count both weights), named `glu:...`;
+`--split-rows N,...` adds each coop tile again with products of fewer than N rows split
 across workgroups (`Kernels.k_splits`, named `coop:...+splitN`; the time is the product's
 and its `sum_splits` reduction's, and the report gives `k_splits`). Per (shape, type,
 tokens, tile), `--repeat` products are recorded back to back in one submission, each writing

@@ -51,13 +51,14 @@ run on the kernel the device's table names for the token's role and the engine's
 fixed for its life: a generated token ("decode": `matmul`, few columns, one weight row per
 workgroup; in engines of many sequences on the GPU, `matmul_coop` with the columns split K
 ways, and a short product's columns also split across workgroups, its partial sums added in
-order by `sum_splits`, the split fixed by the weight's shape: `Kernels.k_splits`) or a
-prompt token ("prompt": `matmul_tiled` on a GPU). Each computes a token's row in one order
-whatever the token count (never the decode matvecs). So a request's bits do not
-depend on what shares its steps, but may differ between engines of different max_batch.
-A token's role is a property of the token (`BatchInput.prompt`: is its position
-inside its prompt), not of the step, so a prompt chunked differently, or generated tokens
-recomputed after a preemption, keep their kernels. Every logit row takes the "decode"
+order by `sum_splits`, the split fixed by the weight's shape: `Kernels.k_splits`; where the
+engine's rule has a `glu_tile`, its gate and up products and their activation in one
+`glu_coop` dispatch) or a prompt token ("prompt": `matmul_tiled` on a GPU). Each computes a
+token's row in one order whatever the token count (never the decode matvecs). So a
+request's bits do not depend on what shares its steps, but may differ between engines of
+different max_batch. A token's role is a property of the token (`BatchInput.prompt`: is its
+position inside its prompt), not of the step, so a prompt chunked differently, or generated
+tokens recomputed after a preemption, keep their kernels. Every logit row takes the "decode"
 product. Norms run one row per workgroup, attention one workgroup per (head, token) over
 blocks of positions from its first visible position (attention.comp's order). Padding never
 changes a real token's row.
