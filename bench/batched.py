@@ -7,7 +7,7 @@ its batch-1 run.
         [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
         [--max-batch B] [--compare-sync]
         [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH],...] [--split-rows N]
-        [--split-min-steps S] [--coop-depth D] [--glu-tile T] [--glu-max-rows N]
+        [--split-min-steps S] [--coop-depth D] [--glu-tile T] [--glu-rows MIN:MAX]
 
 For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py; with `--max-batch B`,
 max(B, N): a server started with `vkrt serve --max-batch B` serving N), N greedy requests
@@ -35,7 +35,7 @@ A/B of bench/README.md, 2026-12-04 second session. `--split-rows N` sets the GPU
 wide-engine rules' `split_rows` (vkrt/tuning.py `WideBatchDecode`; 0: no product split
 across workgroups), `--split-min-steps S` their `split_min_steps`, `--coop-depth D` every
 `matmul_coop` decode tile's `depth` (steps fetched ahead), `--glu-tile T` (`none`: off) and
-`--glu-max-rows N` the wide-engine rules' fused gate / up / SiLU
+`--glu-rows MIN:MAX` the wide-engine rules' fused gate / up / SiLU
 (`WideBatchDecode.glu_tile`). The engines schedule asynchronously (vkrt serve's default: a
 greedy step stays in flight while the next is scheduled).
 Each row is timed after one unrecorded run of its N sequences (4 tokens each), so that
@@ -192,6 +192,14 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def glu_rows(text: str) -> tuple[int, int]:
+    """`--glu-rows`: "MIN:MAX" -> (MIN, MAX), 0 <= MIN <= MAX; argparse's error otherwise."""
+    lo, sep, hi = text.partition(":")
+    if not (sep and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi)):
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX rows, 0 <= MIN <= MAX, got {text!r}")
+    return int(lo), int(hi)
+
+
 def coop_decode_tiles(spec: str) -> tuple:
     """`--decode-coop-tiles`: "MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH],..." ->
     `vkrt.tuning.BatchCoopTile`s, each for products of at most MAX tokens (MAX empty: any;
@@ -233,6 +241,23 @@ def with_coop_depth(table, depth: int):
                                 for r in table.wide_batch_decode))
 
 
+def with_glu(table, tile: str | None, rows: tuple[int, int] | None):
+    """`--glu-tile` / `--glu-rows`: `table` (a `vkrt.tuning.Table`) with every wide-engine
+    rule's `glu_tile` the `tile` (BMxBN:SG_MxSG_NxSG_K[xDEPTH]; "none": no fused gate/up;
+    None: the rule's own) and its `glu_rows` `rows` (None: the rule's own where it has a
+    tile, else any); nothing else changed."""
+    import dataclasses
+
+    def rule(r):
+        glu = r.glu_tile if tile is None else (
+            None if tile == "none" else coop_decode_tiles(":" + tile)[0])
+        own = r.glu_rows if r.glu_tile is not None else (0, 1 << 30)
+        return dataclasses.replace(r, glu_tile=glu, glu_rows=rows or own)
+
+    return dataclasses.replace(table, wide_batch_decode=tuple(
+        rule(r) for r in table.wide_batch_decode))
+
+
 def main() -> None:
     import dataclasses
 
@@ -268,8 +293,9 @@ def main() -> None:
     ap.add_argument("--glu-tile", default=None, metavar="BMxBN:SG_MxSG_NxSG_K[xDEPTH]",
                     help="the wide-engine rules' glu_tile: gate, up and SiLU of the "
                          "generated tokens in one matmul_coop dispatch; 'none': never")
-    ap.add_argument("--glu-max-rows", type=_positive, default=None, metavar="N",
-                    help="the wide-engine rules' glu_max_rows")
+    ap.add_argument("--glu-rows", type=glu_rows, default=None, metavar="MIN:MAX",
+                    help="the wide-engine rules' glu_rows (default: a rule's own where it "
+                         "has a glu_tile, else any)")
     ap.add_argument("--coop-depth", type=_positive, default=None, metavar="D",
                     help="every matmul_coop decode tile of the GPU table (its own and its "
                          "wide-engine rules') with D steps fetched ahead instead of its own")
@@ -283,12 +309,8 @@ def main() -> None:
             wide_batch_decode=())        # no rule's own tiles: these, at every max_batch
     if args.coop_depth is not None:
         tuning.TABLES["gpu"] = with_coop_depth(tuning.TABLES["gpu"], args.coop_depth)
-    if args.glu_tile is not None:
-        glu = None if args.glu_tile == "none" else coop_decode_tiles(":" + args.glu_tile)[0]
-        gpu = tuning.TABLES["gpu"]
-        tuning.TABLES["gpu"] = dataclasses.replace(gpu, wide_batch_decode=tuple(
-            dataclasses.replace(r, glu_tile=glu, glu_max_rows=args.glu_max_rows or 1 << 30)
-            for r in gpu.wide_batch_decode))
+    if args.glu_tile is not None or args.glu_rows is not None:
+        tuning.TABLES["gpu"] = with_glu(tuning.TABLES["gpu"], args.glu_tile, args.glu_rows)
     for key in ("split_rows", "split_min_steps"):
         if getattr(args, key) is not None:
             gpu = tuning.TABLES["gpu"]

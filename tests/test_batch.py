@@ -305,8 +305,9 @@ def test_wide_engine_fuses_gate_and_up_batch_invariant(device, tmp_path):
     """An engine whose wide rule has a `glu_tile` runs its generated tokens' gate and up
     products and their SiLU as one `glu_coop` dispatch (`ffn_glu`), the prompt tokens' as
     two products and `silu_mul` over their rows; every sequence's logits bit-identical
-    alone and in any batch, greedy tokens equal transformers'; a `glu_max_rows` below the
-    FFN's rows leaves them unfused. Runs where the device has cooperative matrices."""
+    alone and in any batch, greedy tokens equal transformers'; `glu_rows` that leave out
+    the FFN's rows (its bounds included) leave them unfused. Runs where the device has
+    cooperative matrices."""
     from vkrt.tuning import BatchCoopTile, WideBatchDecode
 
     model, ref, prompts = qwen2_with_prompts(device, tmp_path, seed=8)
@@ -316,7 +317,7 @@ def test_wide_engine_fuses_gate_and_up_batch_invariant(device, tmp_path):
         own = (BatchCoopTile(None, 16, 16, 1, 1, "test", 2),)
         rule = WideBatchDecode(4, "matmul_coop", "test", coop_tiles=own,
                                glu_tile=BatchCoopTile(None, 16, 16, 1, 1, "test", 2, 2),
-                               glu_max_rows=1 << 20)
+                               glu_rows=(0, 1 << 20))
         model.k.tuning = dataclasses.replace(
             model.k.tuning, batch_products={"decode": "matmul", "prompt": "matmul"},
             wide_batch_decode=(rule,))
@@ -327,11 +328,15 @@ def test_wide_engine_fuses_gate_and_up_batch_invariant(device, tmp_path):
         names = [d.name for d in ds if d.name.startswith("blk.0.ffn")]
         assert names[:4] == ["blk.0.ffn_glu", "blk.0.ffn_gate", "blk.0.ffn_up",
                              "blk.0.ffn_silu_mul"], names
-        model.k.tuning = dataclasses.replace(model.k.tuning, wide_batch_decode=(
-            dataclasses.replace(rule, glu_max_rows=1),))
-        model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE, max_batch=4)
-        ds = model.batch_step(model._inputs(3, True)[1], StepShape(decode=2, prompt=1, logits=2))
-        assert "blk.0.ffn_glu" not in {d.name for d in ds}
+        n_ff = model.w["blk.0.ffn_gate.weight"].shape[0]
+        for rows, fused in (((n_ff, n_ff), True), ((0, n_ff - 1), False),
+                            ((n_ff + 1, 1 << 20), False)):
+            model.k.tuning = dataclasses.replace(model.k.tuning, wide_batch_decode=(
+                dataclasses.replace(rule, glu_rows=rows),))
+            model.setup_paged_cache(NUM_BLOCKS, BLOCK_SIZE, max_batch=4)
+            ds = model.batch_step(model._inputs(3, True)[1],
+                                  StepShape(decode=2, prompt=1, logits=2))
+            assert ("blk.0.ffn_glu" in {d.name for d in ds}) == fused, rows
     finally:
         model.close()
 

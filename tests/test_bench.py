@@ -217,6 +217,35 @@ def test_batched_coop_depth_reaches_every_batched_tile():
     assert deep.prefill_coop_tiles == gpu.prefill_coop_tiles
 
 
+def test_batched_glu_options_reach_every_wide_rule():
+    """bench/batched.py --glu-tile / --glu-rows: every wide-engine rule gets the tile ("none":
+    none) and the rows, a rule keeping its own rows where none are given and it had a tile,
+    any rows where it had none; --glu-rows alone keeps the tiles; MIN:MAX parses, a
+    malformed or reversed range is refused; the rules' other fields stay."""
+    from vkrt import tuning
+
+    script = _bench_script("batched")
+    tile = tuning.BatchCoopTile(None, 32, 16, 2, 1, "t", 8, 2)
+    gpu = dataclasses.replace(tuning.TABLES["gpu"], wide_batch_decode=(
+        tuning.WideBatchDecode(16, "matmul_coop", "a", glu_tile=tile, glu_rows=(4096, 8192)),
+        tuning.WideBatchDecode(64, "matmul_coop", "b", split_rows=7)))
+    got = script.with_glu(gpu, "32x32:2x2x2x2", None).wide_batch_decode
+    assert [(g.bm, g.bn, g.sg_m, g.sg_n, g.sg_k, g.depth) for g in (r.glu_tile for r in got)] \
+        == [(32, 32, 2, 2, 2, 2)] * 2
+    assert [r.glu_rows for r in got] == [(4096, 8192), (0, 1 << 30)]
+    got = script.with_glu(gpu, "none", (1, 2)).wide_batch_decode
+    assert [(r.glu_tile, r.glu_rows) for r in got] == [(None, (1, 2))] * 2
+    got = script.with_glu(gpu, None, (5, 6)).wide_batch_decode
+    assert [(r.glu_tile, r.glu_rows) for r in got] == [(tile, (5, 6)), (None, (5, 6))]
+    for r, was in zip(got, gpu.wide_batch_decode, strict=True):
+        assert dataclasses.replace(r, glu_tile=None, glu_rows=(0, 0)) == dataclasses.replace(
+            was, glu_tile=None, glu_rows=(0, 0))
+    assert script.glu_rows("4096:8192") == (4096, 8192) and script.glu_rows("0:0") == (0, 0)
+    for bad in ("8192:4096", "4096", "a:1", "1:", "-1:3"):
+        with pytest.raises(Exception, match="MIN:MAX"):
+            script.glu_rows(bad)
+
+
 def test_coop_ablation_variants_apply_and_compile(tmp_path):
     """bench/coop_ablation.py's builds: "base" is the committed matmul_coop_q4_1 byte for
     byte, each variant's change applies (once) and compiles to other bytes, and each

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from test_gen_reflect import CROSS_UNREADABLE, coop_differences, differences
+from test_gen_reflect import CROSS_UNREADABLE, coop_differences, coop_sibling, differences
 from vkrt.gen import compile as glslang
 from vkrt.gen.build import DEFAULT_GLSL_DIR
 from vkrt.gen.reflect import reflect
@@ -72,7 +72,7 @@ def test_corpus_matches_spirv_cross(corpus):
     diffs = {}
     for name, (spv, ours) in reflected.items():
         if CROSS_UNREADABLE in ours.get("capabilities", []):
-            sibling = name.replace("matmul_coop_", "matmul_tiled_")
+            sibling = coop_sibling(name)
             d = coop_differences(name.removeprefix("vkrt_"), ours, reflected[sibling][1])
         else:
             d = differences(spv, ours)

@@ -303,20 +303,34 @@ def coop_differences(module: str, ours: dict, sibling: dict) -> list[str]:
     matmul_tiled_<type>'s (`sibling`), plus the capabilities and SpecIds it must declare."""
     assert module.startswith("matmul_coop_"), module
     # matmul_coop's push constants are the sibling's, then y_row0 and n_splits (the split
-    # across workgroups, matmul_coop.comp)
+    # across workgroups, matmul_coop.comp); its GLU build (matmul_coop_glu_<type>) also
+    # reads up's weights at binding 3, as the sibling's W at 0, and has spec id 11, GELU
     size = sibling["push_constant_size"]
     want = {**sibling, "push_constant_size": size + 8, "push_constants": [
         *sibling["push_constants"],
         {"name": "y_row0", "offset": size, "size": 4, "type": "uint32"},
         {"name": "n_splits", "offset": size + 4, "size": 4, "type": "uint32"}]}
+    spec = COOP_SPEC
+    if module.startswith("matmul_coop_glu_"):
+        w = sibling["bindings"][0]
+        up = {**w, "binding": 3, "names": sorted(f"{n}_up" for n in w["names"])}
+        want.update(bindings=[*sibling["bindings"], up],
+                    binding_count=sibling["binding_count"] + 1)
+        spec = [*COOP_SPEC, "GELU"]
     diffs = [f"{k}: ours {ours[k]} sibling (+ y_row0, n_splits) {want[k]}"
              for k in ("bindings", "push_constants", "push_constant_size", "binding_count",
                        "writable_mask") if ours[k] != want[k]]
     if not {"CooperativeMatrixKHR", "Float16", "VulkanMemoryModel"} <= set(ours["capabilities"]):
         diffs.append(f"capabilities {ours['capabilities']}")
-    if [sc["name"] for sc in ours["spec_ids"]] != COOP_SPEC or ours["local_size_spec_ids"] != [0, None, None]:
+    if ([sc["name"] for sc in ours["spec_ids"]] != spec
+            or ours["local_size_spec_ids"] != [0, None, None]):
         diffs.append(f"spec_ids {ours['spec_ids']}")
     return diffs
+
+
+def coop_sibling(module: str) -> str:
+    """matmul_coop_<type>'s and matmul_coop_glu_<type>'s sibling: matmul_tiled_<type>."""
+    return re.sub(r"matmul_coop_(glu_)?", "matmul_tiled_", module, count=1)
 
 
 @pytest.mark.parametrize("src", discover(DEFAULT_GLSL_DIR), ids=lambda s: s.module)
@@ -324,12 +338,26 @@ def test_package_shader_matches_spirv_cross(src, tmp_path: Path):
     spv = compile_fixture(src.path, tmp_path, src.defines)
     ours = reflect(spv.read_bytes(), src.module)
     if CROSS_UNREADABLE in ours.get("capabilities", ()):
-        sibling = src.module.replace("matmul_coop_", "matmul_tiled_")
+        sibling = coop_sibling(src.module)
         sib = next(s for s in discover(DEFAULT_GLSL_DIR) if s.module == sibling)
         sib_spv = compile_fixture(sib.path, tmp_path, sib.defines)
         assert coop_differences(src.module, ours, reflect(sib_spv.read_bytes(), sibling)) == []
         return
     assert differences(spv, ours) == []
+
+
+def test_coop_comparison_can_fail():
+    """coop_differences notices a GLU build's up weights missing or renamed, its GELU spec
+    id missing, and a plain build given the GLU build's interface."""
+    doc = metadata.read_document()["modules"]
+    glu, sib = doc["matmul_coop_glu_q4_1"], doc["matmul_tiled_q4_1"]
+    assert coop_differences("matmul_coop_glu_q4_1", glu, sib) == []
+    no_up = {**glu, "bindings": glu["bindings"][:3], "binding_count": 3}
+    renamed = {**glu, "bindings": [*glu["bindings"][:3], {**glu["bindings"][3], "names": ["Wt"]}]}
+    no_gelu = {**glu, "spec_ids": glu["spec_ids"][:-1]}
+    for wrong in (no_up, renamed, no_gelu):
+        assert coop_differences("matmul_coop_glu_q4_1", wrong, sib) != []
+    assert coop_differences("matmul_coop_q4_1", glu, sib) != []
 
 
 def test_committed_modules_match_spirv_cross():
@@ -342,7 +370,7 @@ def test_committed_modules_match_spirv_cross():
         ours = reflect(spv.read_bytes(), name)
         assert {k: committed[k] for k in ours} == ours, name
         if CROSS_UNREADABLE in ours.get("capabilities", ()):
-            sibling = name.replace("matmul_coop_", "matmul_tiled_")
+            sibling = coop_sibling(name)
             assert coop_differences(name, ours, doc["modules"][sibling]) == [], name
             continue
         assert differences(spv, ours) == [], name

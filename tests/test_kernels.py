@@ -2345,21 +2345,21 @@ def test_glu_coop_is_the_products_then_the_activation(gpu, kernels, dtype, gelu)
 
 def test_batch_glu_follows_the_engines_decode_kernel(kernels):
     """Kernels.batch_glu: the wide rule's GLU tile as coop_spec takes it (one shared buffer,
-    its depth) and its row limit where the engine's decode products are on matmul_coop;
-    (None, 0) where they fall back to matmul (no cooperative matrices, VKRT_COOPMAT=0) or
+    its depth) and its rows (min, max) where the engine's decode products are on matmul_coop;
+    (None, (0, 0)) where they fall back to matmul (no cooperative matrices, VKRT_COOPMAT=0) or
     the rule has no tile."""
     from vkrt.tuning import BatchCoopTile, WideBatchDecode
 
     tile = BatchCoopTile(None, 32, 16, 2, 1, "test", 4, 2)
     kernels.tuning = dataclasses.replace(kernels.tuning, wide_batch_decode=(
-        WideBatchDecode(16, "matmul_coop", "test", glu_tile=tile, glu_max_rows=4096),))
+        WideBatchDecode(16, "matmul_coop", "test", glu_tile=tile, glu_rows=(1024, 4096)),))
     kernels.coop = SimpleNamespace(m=16, n=16, k=16)
-    assert kernels.batch_glu(16) == ((32, 16, 2, 1, 4, 1, 2), 4096)
-    assert kernels.batch_glu(8) == (None, 0)
+    assert kernels.batch_glu(16) == ((32, 16, 2, 1, 4, 1, 2), (1024, 4096))
+    assert kernels.batch_glu(8) == (None, (0, 0))
     with config.COOPMAT.override("0"):
-        assert kernels.batch_glu(16) == (None, 0)
+        assert kernels.batch_glu(16) == (None, (0, 0))
     kernels.coop = None
-    assert kernels.batch_glu(16) == (None, 0)
+    assert kernels.batch_glu(16) == (None, (0, 0))
 
 
 def test_batch_products_fall_back_to_matmul_without_coop(kernels):

@@ -8,6 +8,10 @@ import itertools
 import pytest
 
 from vkrt import tuning, weight_types
+from vkrt.kernels import coop_shared_bytes
+from vkrt.runtime.device import CoopShape
+
+SHAPE_16 = CoopShape(16, 16, 16, "float16", "float16", "float32", "float32", "subgroup")
 
 
 @pytest.mark.parametrize("table", list(tuning.TABLES))
@@ -67,6 +71,14 @@ def test_wide_batch_decode_rules_are_cited(table):
         for n in (1, 8, 32, 33, 64, 65, 4096) if r.coop_tiles else ():
             coop = tuning.TABLES[table].batch_coop_tile(n, r.coop_tiles)
             assert coop.bm % (coop.sg_m * 16) == 0 and coop.source, (table, n)
+        if r.glu_tile is not None:
+            g = r.glu_tile
+            assert r.kernel == "matmul_coop" and 0 <= r.glu_rows[0] <= r.glu_rows[1], r
+            assert g.source and g.max_tokens is None, g
+            assert g.bm % (g.sg_m * 16) == 0 and g.bn % (g.sg_n * 16) == 0, g
+            # gate and up tiles in 48 KB, the shared memory of every NVIDIA GPU's workgroup
+            assert coop_shared_bytes(g.bm, g.bn, g.sg_m, g.sg_n, g.sg_k, 1,
+                                     SHAPE_16, products=2) <= 49152, g
 
 
 def test_batch_products_by_max_batch():
@@ -159,12 +171,13 @@ def test_prefill_coop_tiles_by_shape():
 
 
 def test_batch_glu_by_max_batch():
-    """Table.batch_glu_for: the wide rule's glu_tile and glu_max_rows for engines at or past
-    its min_max_batch, (None, 0) below and without one."""
+    """Table.batch_glu_for: the wide rule's glu_tile and glu_rows for engines at or past
+    its min_max_batch, (None, (0, 0)) below and without one."""
     tile = tuning.BatchCoopTile(None, 32, 32, 2, 2, "t", 2, 2)
     t = dataclasses.replace(tuning.GPU, wide_batch_decode=(
-        tuning.WideBatchDecode(16, "matmul_coop", "t", glu_tile=tile, glu_max_rows=8192),
+        tuning.WideBatchDecode(16, "matmul_coop", "t", glu_tile=tile, glu_rows=(4096, 8192)),
         tuning.WideBatchDecode(64, "matmul_coop", "t")))
-    assert t.batch_glu_for(None) == (None, 0) and t.batch_glu_for(15) == (None, 0)
-    assert t.batch_glu_for(16) == (tile, 8192) and t.batch_glu_for(63) == (tile, 8192)
-    assert t.batch_glu_for(64) == (None, 0)
+    none = (None, (0, 0))
+    assert t.batch_glu_for(None) == none and t.batch_glu_for(15) == none
+    assert t.batch_glu_for(16) == (tile, (4096, 8192)) == t.batch_glu_for(63)
+    assert t.batch_glu_for(64) == none

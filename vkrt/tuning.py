@@ -95,9 +95,9 @@ class WideBatchDecode:
     steps of columns (sg_k * 32 each) split their columns across ceil(split_rows / rows)
     workgroups (`Kernels.k_splits`, matmul_coop.comp's n_splits), so that a product of few
     row tiles fills the GPU; 0: never. A short product gains less than its reduction costs.
-    `glu_tile` (`matmul_coop` only): the generated tokens' gate and up products of at most
-    `glu_max_rows` rows and SiLU (GELU) times up run as one dispatch on this tile
-    (`Kernels.glu_coop`); None: never."""
+    `glu_tile` (`matmul_coop` only): the generated tokens' gate and up products of
+    `glu_rows` (min, max) rows, bounds included, and SiLU (GELU) times up run as one dispatch
+    on this tile (`Kernels.glu_coop`); None: never."""
     min_max_batch: int
     kernel: str
     source: str
@@ -105,7 +105,7 @@ class WideBatchDecode:
     split_rows: int = 0
     split_min_steps: int = 1
     glu_tile: BatchCoopTile | None = None
-    glu_max_rows: int = 0
+    glu_rows: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -200,11 +200,12 @@ class Table:
         wide = self.wide_rule(max_batch)
         return (0, 1) if wide is None else (wide.split_rows, wide.split_min_steps)
 
-    def batch_glu_for(self, max_batch: int | None) -> tuple[BatchCoopTile | None, int]:
-        """(`glu_tile`, `glu_max_rows`) of the batched decode's gate and up products in an
-        engine of `max_batch` sequences per step: its wide rule's, else (None, 0)."""
+    def batch_glu_for(self, max_batch: int | None
+                      ) -> tuple[BatchCoopTile | None, tuple[int, int]]:
+        """(`glu_tile`, `glu_rows`) of the batched decode's gate and up products in an
+        engine of `max_batch` sequences per step: its wide rule's, else (None, (0, 0))."""
         wide = self.wide_rule(max_batch)
-        return (None, 0) if wide is None else (wide.glu_tile, wide.glu_max_rows)
+        return (None, (0, 0)) if wide is None else (wide.glu_tile, wide.glu_rows)
 
     def batch_tile(self, n_tokens: int) -> BatchTile:
         """The `matmul` launch of a batched product of `n_tokens` tokens."""
@@ -265,6 +266,8 @@ _DEPTH = ("bench/README.md, 2026-12-05, twelfth session (bench/batched_products.
           "bench/batched.py --coop-depth, H100 and H200)")
 _SPLIT4 = ("bench/README.md, 2026-12-04 sixth session (bench/batched.py at 64 sequences, "
            "H200)")
+_GLU = ("bench/README.md, 2026-12-05, thirteenth session (bench/batched.py --glu-tile and "
+        "bench/batched_products.py --glu-tiles, H100)")
 
 GPU = Table(
     decode={
@@ -355,6 +358,16 @@ GPU = Table(
     # Engines of 16-63 sequences also split the columns of products of fewer than 4096 rows
     # and at least 16 steps across workgroups (a 1.2B ffn_down's 64 row tiles -> 2 x 64
     # workgroups); not from 64 sequences (7B at 64: 2,926.0 -> 2,804.1 tok/s split).
+    # Both run the generated tokens' gate, up and SiLU as one dispatch (matmul_coop's GLU
+    # build: one x tile per step for both weights; 32x32:2x2x2x2 below 64 sequences,
+    # 64x32:4x2x2x2 from 64) where gate has 4096-8192 rows (H100, decode tok/s, unfused ->
+    # fused: 1.2B's 8192 rows at 32 sequences 9,194.5 / 9,162.3 -> 9,595.9 / 9,621.0, at 64
+    # 11,212.1 -> 12,022.8; 7B's 14336 at 32 1,961.0 -> 1,864.4, at 64 2,797.0 -> 2,681.4;
+    # 135M's 1536 at 32 12,039.6 / 12,106.5 -> 10,953.9 / 10,575.5: its unfused gate and up,
+    # 48 row tiles each, run side by side on the GPU). Per pair at 32 tokens (µs, unfused
+    # -> fused) a shape of 4864 rows gains as 8192 does (38.6 -> 24.2 against 66.7 -> 49.7);
+    # 11008 x 4096 loses (174.6 -> 257.6): the GLU tile splits a step's columns 2 ways, not
+    # 8, so long rows of columns cost it more steps. Between 8192 and 11008 rows unmeasured.
     wide_batch_decode=(WideBatchDecode(16, "matmul_coop", _SPLIT8 + ": decode tok/s matmul -> "
                                        "matmul_coop at 16 sequences 815.0 -> 902.1, 32 983.0 "
                                        "-> 1679.6, 64 1123.7 -> 2155.1; " + _SPLITWG + ": at 32 "
@@ -363,7 +376,9 @@ GPU = Table(
                                        "2,046.1; 135M's 3-6 steps 11,543.7 -> 8,993.9 split; "
                                        "1.2B at 32 split_min_steps 8 -> 16 (ffn_down alone) "
                                        "9,079.9 / 9,019.9 / 8,740.2 -> 9,598.3 / 9,595.9 / "
-                                       "9,522.8", split_rows=4096, split_min_steps=16),
+                                       "9,522.8", split_rows=4096, split_min_steps=16,
+                                       glu_tile=BatchCoopTile(None, 32, 32, 2, 2, _GLU, 2, 2),
+                                       glu_rows=(4096, 8192)),
                        WideBatchDecode(64, "matmul_coop", _SPLIT4 + ": 7B decode tok/s split 8 "
                                        "-> split 4 2103.5 -> 2392.9; 1.2B and 135M within "
                                        "their repeats' spread; " + _DEPTH + ": depth 2 "
@@ -371,7 +386,9 @@ GPU = Table(
                                        "2,743.6 / 2,748.5, 1.2B 9,867.0 / 8,785.5 -> 9,766.2 / "
                                        "10,271.6", coop_tiles=(
                                            BatchCoopTile(32, 32, 32, 2, 2, _SPLIT4, 4, 2),
-                                           BatchCoopTile(None, 64, 32, 4, 2, _SPLIT4, 4, 2)))),
+                                           BatchCoopTile(None, 64, 32, 4, 2, _SPLIT4, 4, 2)),
+                                       glu_tile=BatchCoopTile(None, 64, 32, 4, 2, _GLU, 2, 2),
+                                       glu_rows=(4096, 8192))),
     prefill_attention=(128, 2, 32),
     # 16 subgroups per workgroup, each 32 or 64 tokens x 32 rows: more subgroups in flight
     # on the few workgroups of a 4096-row product (128 at 512 tokens on 132 SMs); fewer

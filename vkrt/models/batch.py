@@ -146,10 +146,10 @@ class PagedCache:
     # workgroups (Kernels.batch_split, Kernels.k_splits)
     split_rows: int = 0
     split_min_steps: int = 1
-    # the decode rows' gate and up products of at most glu_max_rows rows and their
+    # the decode rows' gate and up products of glu_rows (min, max) rows and their
     # activation in one dispatch on this tile (Kernels.batch_glu, Kernels.glu_coop); None: not
     glu_tile: tuple | None = None
-    glu_max_rows: int = 0
+    glu_rows: tuple[int, int] = (0, 0)
     # output view's name -> f32 partial sums of its split products (`PagedBatch._partials`)
     partials: dict = field(default_factory=dict)
 
@@ -314,14 +314,15 @@ class PagedBatch:
                    shape: StepShape, n_ff: int, gelu: bool) -> list[Dispatch]:
         """act = silu(x W_gate^T) * (x W_up^T) (GELU-tanh with `gelu`) for the step's rows (x
         [T, n_embd], act [T, n_ff]; W = `blk`ffn_gate / ffn_up .weight): the generated tokens'
-        rows in one `glu_coop` dispatch where the paged cache says so (`glu_tile`, gate of at
-        most `glu_max_rows` rows, no biases), the prompt tokens' (and all rows otherwise) as
+        rows in one `glu_coop` dispatch where the paged cache says so (`glu_tile`, gate of
+        `glu_rows` (min, max) rows, no biases), the prompt tokens' (and all rows otherwise) as
         two products into gate_y and up_y and `silu_mul` over those rows. Which path a row
         takes depends on the engine and the weights alone, never on what shares the step
         (batch invariance)."""
         k, w, p = self.k, self.w, self._paged
         gate, up = w[blk + "ffn_gate.weight"], w[blk + "ffn_up.weight"]
-        fused = (p.glu_tile is not None and shape.decode and gate.shape[0] <= p.glu_max_rows
+        fused = (p.glu_tile is not None and shape.decode
+                 and p.glu_rows[0] <= gate.shape[0] <= p.glu_rows[1]
                  and blk + "ffn_gate.bias" not in w and blk + "ffn_up.bias" not in w)
         if not fused:
             return [*self._batch_linear(x, blk + "ffn_gate", gate_y, shape),
