@@ -2343,6 +2343,7 @@ def test_glu_coop_is_the_products_then_the_activation(gpu, kernels, dtype, gelu)
                                                    r"\[64, 320\] differ"):
         kernels.glu_coop(bx, tg, short, gpu.filled(n * n_rows), n, (32, 32, 2, 2, 2))
 
+
 def test_batch_glu_follows_the_engines_decode_kernel(kernels):
     """Kernels.batch_glu: the wide rule's GLU tile as coop_spec takes it (one shared buffer,
     its depth) and its rows (min, max) where the engine's decode products are on matmul_coop;

@@ -46,8 +46,8 @@
 // Split K across workgroups (n_splits > 1, for products of too few row tiles to fill the
 // GPU, as each workgroup's steps run one after another; bench/README.md, 2026-12-05,
 // eleventh session, has the measurement): the steps of BK * SG_K columns are cut into
-// n_splits runs of ceil(steps / n_splits), workgroup (tile, y) takes run y % n_splits of token tile
-// y / n_splits and writes its sum, not the output: partial p of token t goes to y row
+// n_splits runs of ceil(steps / n_splits), workgroup (tile, y) takes run y % n_splits of
+// token tile y / n_splits and writes its sum, not the output: partial p of token t goes to y row
 // y_row0 + p * n_tokens + t, and sum_splits.comp adds the partials in the order p = 0, 1, ...
 // (CUTLASS's "parallel split-K": a second kernel reduces; a fixed order, deterministic).
 // n_splits = 1: the product as without the split, y rows y_row0 + t.
@@ -57,6 +57,13 @@
 // product covers: rows token0 .. token0 + n_tokens - 1; the batched runner's roles,
 // vkrt/models/batch.py), y_row0 (y's row of the first token: token0, or 0 for partials),
 // n_splits.
+// The GLU build (GLU defined: matmul_coop_glu_<type>, vkrt/glsl/variants.json): y[t, n] =
+// act(sum_k x[t, k] * Wg[n, k]) * sum_k x[t, k] * Wu[n, k], with Wg at binding 0 and Wu (up,
+// the same type and shape) at binding 3; act is SiLU, or GELU-tanh where specialization
+// constant 11 (GELU) is 1. A step's W tile is gate's BN rows then up's (WN = 2 * BN rows in
+// shared memory), every subgroup multiplies the one x tile by both, and the activation is
+// applied to the f32 accumulators before the store: the batched decode's gate, up and
+// silu_mul in one dispatch (vkrt/models/batch.py). n_splits must be 1.
 // An output's sum is the same chains of coopMatMulAdd over the k steps in order (one chain
 // per k group, the chains added in group order) whatever BM, BN, SG_M and SG_N are, so its
 // bits depend on SG_K but not on the rest of the tile (the batched runner's batch
