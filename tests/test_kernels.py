@@ -2300,18 +2300,22 @@ def test_linear_coop_fetch_depth_keeps_the_bits(gpu, kernels, dtype):
         np.testing.assert_array_equal(prefill(depth), want, f"prefill {depth}")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "q4_1"])
+@pytest.mark.parametrize("dtype", WEIGHT_TYPES)
 @pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
 def test_glu_coop_is_the_products_then_the_activation(gpu, kernels, dtype, gelu):
     """Kernels.glu_coop (matmul_coop's GLU build): act(gate @ x) * (up @ x) in one dispatch
     over rows token0 .. of x and y, equal to matmul_coop's two products on the same tile
     then silu_mul (within 2e-6 of the largest output: the activation compiled in another
-    module), on tiles of one and two shared buffers, depth 1 and 2, a column split of 2 and
-    4 (5 and 3 steps, tails of rows and tokens); each token's row with the same bits at 1,
-    2, 5 and 9 tokens (batch invariance); rows outside token0 .. token0 + n - 1 untouched.
-    Refuses gate and up of different shapes, naming both."""
+    module; the two products, held against numpy for every type by
+    test_linear_coop_weights_as_stored, are the same chains, so up's weights are read as
+    gate's are), every weight type, on tiles of one and two shared buffers, depth 1 and 2, a
+    column split of 2 and 4 (320 columns: 5 and 3 steps; 768 for blocks of 256; tails of
+    rows and tokens); each token's row with the same bits at 1, 2, 5 and 9 tokens (batch
+    invariance); rows outside token0 .. token0 + n - 1 untouched. Refuses gate and up of
+    different shapes, naming both."""
     coop_or_skip(kernels)
-    r, n_rows, n_cols, n, token0 = rng(51), 70, 320, 9, 2
+    n_cols = 320 if weight_types.BY_DTYPE[dtype].block <= 32 else cols(dtype)
+    r, n_rows, n, token0 = rng(51), 70, 9, 2
     tg, _ = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=51)
     tu, _ = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=52)
     bx = gpu.upload(randn(r, token0 + n, n_cols))
@@ -2339,8 +2343,8 @@ def test_glu_coop_is_the_products_then_the_activation(gpu, kernels, dtype, gelu)
         for m in (1, 2, 5):
             np.testing.assert_array_equal(rows[m], rows[9][:m], str((tile, m)))
     short = gpu.upload(np.zeros((n_rows - 6, n_cols), np.float32))
-    with pytest.raises(ShaderInterfaceError, match=r"gate .* \[70, 320\] and up .* "
-                                                   r"\[64, 320\] differ"):
+    with pytest.raises(ShaderInterfaceError, match=rf"gate .* \[70, {n_cols}\] and up .* "
+                                                   rf"\[64, {n_cols}\] differ"):
         kernels.glu_coop(bx, tg, short, gpu.filled(n * n_rows), n, (32, 32, 2, 2, 2))
 
 
