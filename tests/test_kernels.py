@@ -2300,6 +2300,46 @@ def test_linear_coop_fetch_depth_keeps_the_bits(gpu, kernels, dtype):
         np.testing.assert_array_equal(prefill(depth), want, f"prefill {depth}")
 
 
+def coop_split_in_tiles(bm: int, bn: int, sg_k: int, nbuf: int = 1, products: int = 1) -> bool:
+    """Whether matmul_coop.comp adds its SG_K groups' sums in the x and W tiles' shared memory
+    (floats (SG_K - 1) * products * BM * BN within NBUF * SG_K * (BM + products * BN) * 20)
+    rather than one accumulator at a time through `stage`, on a device whose accumulators
+    hold their TM x TN elements once over the subgroup (NVIDIA's)."""
+    return (sg_k - 1) * products * bm * bn <= 20 * nbuf * sg_k * (bm + products * bn)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "q4_1"])
+@pytest.mark.parametrize("sg_k", [2, 3, 4])
+def test_linear_coop_split_sums_keep_the_bits(gpu, kernels, dtype, sg_k):
+    """matmul_coop's SG_K groups' sums are added in the order g = 0, 1, ... whether the
+    other groups' accumulators go through the x and W tiles' memory at once (32 x 32 over 2
+    x 2 subgroups) or one at a time through `stage` (128 x 64 over 4 x 4 for 2 groups, 64 x
+    64 over 2 x 2 for 3 and 4: too large for the tiles): every output has the same bits
+    (the tiles' f16 halves carry the floats' bits unchanged), at 9 tokens and 1 (batch
+    invariance across the two paths); within matmul_coop's bound."""
+    from vkrt.tuning import BatchCoopTile
+
+    coop_or_skip(kernels)
+    chain = (128, 64, 4, 4) if sg_k == 2 else (64, 64, 2, 2)
+    assert coop_split_in_tiles(32, 32, sg_k) and not coop_split_in_tiles(*chain[:2], sg_k)
+    r, n_rows, n_cols, n = rng(53), 70, 320, 9
+    tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=53)
+    x = randn(r, n, n_cols)
+    bx = gpu.upload(x)
+    terms = values[None] * x[:, None].astype(np.float64)
+
+    def product(tile, m):
+        by = gpu.filled(n * n_rows)
+        gpu.stream.record([kernels.linear(bx, tw, by, m, batched="matmul_coop", coop_tiles=(
+            BatchCoopTile(None, *tile, "test", sg_k),))])
+        return gpu.read(by).reshape(n, n_rows)[:m]
+
+    want = product(chain, n)
+    assert rel_err(want, terms.sum(2), np.abs(terms).sum(2)) < 2.0 ** -10 + n_cols * 2.0 ** -23
+    np.testing.assert_array_equal(product((32, 32, 2, 2), n), want)
+    np.testing.assert_array_equal(product((32, 32, 2, 2), 1), want[:1])
+
+
 @pytest.mark.parametrize("dtype", WEIGHT_TYPES)
 @pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
 def test_glu_coop_is_the_products_then_the_activation(gpu, kernels, dtype, gelu):

@@ -27,9 +27,13 @@
 // subgroups form SG_K groups of SG_M x SG_N, each step covers SG_K * BK columns, and group g
 // multiplies the g-th BK of them, so SG_K steps' loads are in flight where one was (a step
 // waits on one memory latency; at 8-64 tokens the steps, not the products, set the time).
-// The groups' accumulators are then added in the order g = 0, 1, ..., SG_K - 1 through
-// the staging tiles (a fixed order: deterministic; split-K as in CUTLASS's "serial split-K",
-// kept inside one workgroup).
+// The groups' accumulators are then added in the order g = 0, 1, ..., SG_K - 1 (a fixed
+// order: deterministic; split-K as in CUTLASS's "serial split-K", kept inside one
+// workgroup): where they fit in the x and W tiles' shared memory, free after the last step,
+// groups 0 .. SG_K - 2 store their elements there at once and the last group adds them in
+// order (two barriers); else one accumulator at a time through the staging tiles (two
+// barriers per group and accumulator). The same additions in the same order either way, so
+// the same bits.
 // NBUF = 2: the x and W tiles are double-buffered in shared memory: step s's products read
 // buffer s % 2 while its invocations store step s + 1's tiles (fetched DEPTH steps
 // before) into the other, and one barrier per step ends both (the stores of step s + 1 go
@@ -158,6 +162,24 @@ void store(vec4 xr[XP], vec4 wr[WP], uint buf) {
     }
 }
 
+// The x and W tiles' shared memory as floats after the last step (the split's reduction):
+// float j is half j % 2 of f16vec4 j / 2 of xs, then of ws, its bits moved unchanged.
+const uint XS_N = NBUF * SG_K * BM * S4, WS_N = NBUF * SG_K * WN * S4;
+void tile_float_store(uint j, float v) {
+    f16vec2 h = unpackFloat2x16(floatBitsToUint(v));
+    uint k = j / 2;
+    if (k < XS_N) {
+        if (j % 2 == 0) xs[k].xy = h; else xs[k].zw = h;
+    } else {
+        if (j % 2 == 0) ws[k - XS_N].xy = h; else ws[k - XS_N].zw = h;
+    }
+}
+float tile_float_load(uint j) {
+    uint k = j / 2;
+    f16vec4 v = k < XS_N ? xs[k] : ws[k - XS_N];
+    return uintBitsToFloat(packFloat2x16(j % 2 == 0 ? v.xy : v.zw));
+}
+
 void main() {
     uint tile = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
     uint split = gl_WorkGroupID.y % pc.n_splits;
@@ -225,20 +247,50 @@ void main() {
             }
         }
     }
-    // Split K: group gg - 1 leaves the sum of groups 0 .. gg - 1 in `stage`, one
-    // accumulator of each subgroup at a time, and group gg adds its own to it; the last
-    // group's are the outputs.
-    [[unroll]] for (uint gg = 1; gg < SG_K; ++gg) {
-        [[unroll]] for (uint i = 0; i < G * CM * CN; ++i) {
-            if (g == gg - 1)
-                coopMatStore(acc[i], stage, sr * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
-            barrier();                    // uniform: the sum so far is in `stage`
-            if (g == gg) {
-                coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> s;
-                coopMatLoad(s, stage, sr * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
-                acc[i] = s + acc[i];
+    // Split K: the groups' sums added in the order g = 0, 1, ..., SG_K - 1 into the last
+    // group's accumulators, which are the outputs. Element e of accumulator i of lane `lane`
+    // is the same output in every group (one type, one layout), so where the other groups'
+    // elements fit in the tiles' memory (uniform), each stores its own at once, as float
+    // (((g * SG_M * SG_N + sr) * G * CM * CN + i) * L + e) * subgroup size + lane.
+    uint L = uint(acc[0].length()), NA = G * CM * CN;
+    bool in_tiles = (SG_K - 1) * SG_M * SG_N * NA * L * gl_SubgroupSize <= 2 * (XS_N + WS_N);
+    if (SG_K > 1 && in_tiles) {
+        barrier();                        // every subgroup is done with the last step's tiles
+        uint j0 = (g * SG_M * SG_N + sr) * NA * L * gl_SubgroupSize + gl_SubgroupInvocationID;
+        if (g < SG_K - 1)
+            [[unroll]] for (uint i = 0; i < NA; ++i)
+                for (uint e = 0; e < L; ++e)
+                    tile_float_store(j0 + (i * L + e) * gl_SubgroupSize, acc[i][e]);
+        barrier();
+        if (g == SG_K - 1) {
+            uint j1 = sr * NA * L * gl_SubgroupSize + gl_SubgroupInvocationID;
+            uint gs = SG_M * SG_N * NA * L * gl_SubgroupSize;   // floats per group
+            [[unroll]] for (uint i = 0; i < NA; ++i)
+                for (uint e = 0; e < L; ++e) {
+                    uint j = j1 + (i * L + e) * gl_SubgroupSize;
+                    float s = tile_float_load(j);
+                    for (uint gg = 1; gg < SG_K - 1; ++gg)
+                        s = s + tile_float_load(j + gg * gs);
+                    acc[i][e] = s + acc[i][e];
+                }
+        }
+    }
+    // Else group gg - 1 leaves the sum of groups 0 .. gg - 1 in `stage`, one accumulator of
+    // each subgroup at a time, and group gg adds its own to it.
+    if (!in_tiles) {
+        [[unroll]] for (uint gg = 1; gg < SG_K; ++gg) {
+            [[unroll]] for (uint i = 0; i < G * CM * CN; ++i) {
+                if (g == gg - 1)
+                    coopMatStore(acc[i], stage, sr * TM * TN, TN,
+                                 gl_CooperativeMatrixLayoutRowMajor);
+                barrier();                // uniform: the sum so far is in `stage`
+                if (g == gg) {
+                    coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> s;
+                    coopMatLoad(s, stage, sr * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
+                    acc[i] = s + acc[i];
+                }
+                barrier();                // group gg has read `stage` before it is written
             }
-            barrier();                    // group gg has read `stage` before it is written
         }
     }
     if (g != SG_K - 1) return;            // uniform per subgroup
