@@ -29,11 +29,12 @@
 // waits on one memory latency; at 8-64 tokens the steps, not the products, set the time).
 // The groups' accumulators are then added in the order g = 0, 1, ..., SG_K - 1 (a fixed
 // order: deterministic; split-K as in CUTLASS's "serial split-K", kept inside one
-// workgroup): where they fit in the x and W tiles' shared memory, free after the last step,
-// groups 0 .. SG_K - 2 store their elements there at once and the last group adds them in
-// order (two barriers); else one accumulator at a time through the staging tiles (two
-// barriers per group and accumulator). The same additions in the same order either way, so
-// the same bits.
+// workgroup): for SG_K > 2, where they fit in the x and W tiles' shared memory, free after
+// the last step, groups 0 .. SG_K - 2 store their elements there at once and the last group
+// adds them in order (two barriers); else one accumulator at a time through the staging
+// tiles (two barriers per group and accumulator). The same additions in the same order
+// either way, so the same bits (bench/README.md, 2026-12-06, fifteenth session: 1-3% off
+// the 32x32:2x2x8 decode tile's products; with SG_K = 2 the element-wise path lost).
 // NBUF = 2: the x and W tiles are double-buffered in shared memory: step s's products read
 // buffer s % 2 while its invocations store step s + 1's tiles (fetched DEPTH steps
 // before) into the other, and one barrier per step ends both (the stores of step s + 1 go
@@ -249,27 +250,30 @@ void main() {
     }
     // Split K: the groups' sums added in the order g = 0, 1, ..., SG_K - 1 into the last
     // group's accumulators, which are the outputs. Element e of accumulator i of lane `lane`
-    // is the same output in every group (one type, one layout), so where the other groups'
-    // elements fit in the tiles' memory (uniform), each stores its own at once, as float
+    // is the same output in every group (one type, one layout), so for SG_K > 2, where the
+    // other groups' elements fit in the tiles' memory (uniform), each stores its own at once
+    // (loops unrolled: an element indexed at run time moves the accumulators out of
+    // registers, 35-70% slower in the same measurement), as float
     // (((g * SG_M * SG_N + sr) * G * CM * CN + i) * L + e) * subgroup size + lane.
     uint L = uint(acc[0].length()), NA = G * CM * CN;
-    bool in_tiles = (SG_K - 1) * SG_M * SG_N * NA * L * gl_SubgroupSize <= 2 * (XS_N + WS_N);
-    if (SG_K > 1 && in_tiles) {
+    bool in_tiles = SG_K > 2
+                    && (SG_K - 1) * SG_M * SG_N * NA * L * gl_SubgroupSize <= 2 * (XS_N + WS_N);
+    if (in_tiles) {
         barrier();                        // every subgroup is done with the last step's tiles
         uint j0 = (g * SG_M * SG_N + sr) * NA * L * gl_SubgroupSize + gl_SubgroupInvocationID;
         if (g < SG_K - 1)
             [[unroll]] for (uint i = 0; i < NA; ++i)
-                for (uint e = 0; e < L; ++e)
+                [[unroll]] for (uint e = 0; e < uint(acc[i].length()); ++e)
                     tile_float_store(j0 + (i * L + e) * gl_SubgroupSize, acc[i][e]);
         barrier();
         if (g == SG_K - 1) {
             uint j1 = sr * NA * L * gl_SubgroupSize + gl_SubgroupInvocationID;
             uint gs = SG_M * SG_N * NA * L * gl_SubgroupSize;   // floats per group
             [[unroll]] for (uint i = 0; i < NA; ++i)
-                for (uint e = 0; e < L; ++e) {
+                [[unroll]] for (uint e = 0; e < uint(acc[i].length()); ++e) {
                     uint j = j1 + (i * L + e) * gl_SubgroupSize;
                     float s = tile_float_load(j);
-                    for (uint gg = 1; gg < SG_K - 1; ++gg)
+                    [[unroll]] for (uint gg = 1; gg < SG_K - 1; ++gg)
                         s = s + tile_float_load(j + gg * gs);
                     acc[i][e] = s + acc[i][e];
                 }
@@ -277,7 +281,7 @@ void main() {
     }
     // Else group gg - 1 leaves the sum of groups 0 .. gg - 1 in `stage`, one accumulator of
     // each subgroup at a time, and group gg adds its own to it.
-    if (!in_tiles) {
+    if (!in_tiles) {                      // (SG_K = 1: no loop)
         [[unroll]] for (uint gg = 1; gg < SG_K; ++gg) {
             [[unroll]] for (uint i = 0; i < G * CM * CN; ++i) {
                 if (g == gg - 1)
