@@ -253,7 +253,7 @@ void main() {
     // is the same output in every group (one type, one layout), so for SG_K > 2, where the
     // other groups' elements fit in the tiles' memory (uniform), each stores its own at once
     // (loops unrolled: an element indexed at run time moves the accumulators out of
-    // registers, 35-70% slower in the same measurement), as float
+    // registers, 16-70% slower in the same measurement), as float
     // (((g * SG_M * SG_N + sr) * G * CM * CN + i) * L + e) * subgroup size + lane.
     uint L = uint(acc[0].length()), NA = G * CM * CN;
     bool in_tiles = SG_K > 2
