@@ -2314,14 +2314,14 @@ def test_linear_coop_split_sums_keep_the_bits(gpu, kernels, dtype, sg_k):
     """matmul_coop's SG_K groups' sums are added in the order g = 0, 1, ... whether the
     other groups' accumulators go through the x and W tiles' memory at once (32 x 32 over 2
     x 2 subgroups) or one at a time through `stage` (64 x 64 over 2 x 2: too large for the
-    tiles; 2 groups always take `stage`): every output has the same bits
-    (the tiles' f16 halves carry the floats' bits unchanged), at 9 tokens and 1 (batch
-    invariance across the two paths); within matmul_coop's bound."""
+    tiles; 2 groups always take `stage`): every output has the same bits (the tiles' f16
+    halves carry the floats' bits unchanged), at 9 tokens and 1 (batch invariance across
+    the two paths); within matmul_coop's bound."""
     from vkrt.tuning import BatchCoopTile
 
     coop_or_skip(kernels)
     chain = (64, 64, 2, 2)
-    assert coop_split_in_tiles(32, 32, sg_k) and not coop_split_in_tiles(64, 64, sg_k)
+    assert coop_split_in_tiles(32, 32, sg_k) and not coop_split_in_tiles(*chain[:2], sg_k)
     assert not coop_split_in_tiles(32, 32, 2)
     r, n_rows, n_cols, n = rng(53), 70, 320, 9
     tw, values = stored_weight(gpu, dtype, randn(r, n_rows, n_cols), seed=53)

@@ -33,7 +33,7 @@
 // the last step, groups 0 .. SG_K - 2 store their elements there at once and the last group
 // adds them in order (two barriers); else one accumulator at a time through the staging
 // tiles (two barriers per group and accumulator). The same additions in the same order
-// either way, so the same bits (bench/README.md, 2026-12-06, fifteenth session: 1-3% off
+// either way, so the same bits (bench/README.md, 2026-12-06, fifteenth session: 0.7-3% off
 // the 32x32:2x2x8 decode tile's products; with SG_K = 2 the element-wise path lost).
 // NBUF = 2: the x and W tiles are double-buffered in shared memory: step s's products read
 // buffer s % 2 while its invocations store step s + 1's tiles (fetched DEPTH steps
