@@ -17,7 +17,8 @@
 // x and W tiles into shared memory once (rows padded by 8 halves, so that every row starts
 // 16-byte aligned as coopMatLoad needs and rows fall on different banks), having fetched
 // them into registers DEPTH steps before (the global loads overlap the products, as
-// ggml-vulkan's mul_mm.comp and CUTLASS's pipelined mainloops do). Out-of-range
+// ggml-vulkan's mul_mm.comp and CUTLASS's pipelined mainloops do; a type that reads in two
+// phases, weights.glsl WEIGHT_RAW4, is held as its words and dequantized at the store). Out-of-range
 // tokens, rows and columns load as 0 (the tails of T, N and K); results are stored straight
 // into y when a whole accumulator lies inside y and n_rows % 4 == 0 (the 16-byte alignment
 // coopMatStore needs), else through a per-subgroup staging tile in shared memory, element by
@@ -124,18 +125,34 @@ shared f16vec4 ws[NBUF * SG_K * WN * S4]; // [buffer][group][row][k]: W^T column
 shared float stage[SG_M * SG_N * TM * TN];
 
 // Elements 4q .. 4q + 3 of row r of a step's W tile: gate's row n0 + r, or (GLU, r >= BN)
-// up's row n0 + r - BN.
-vec4 w_tile4(uint n0, uint r, uint q) {
+// up's row n0 + r - BN; where the type reads in two phases (WEIGHT_RAW4, weights.glsl), the
+// registers hold its words (WREG) and w_value decodes them when the tile is stored, so that
+// the loads stay in flight until then (dequantizing at the fetch waits on them at once);
+// 0 words decode to 0.
+#ifdef WEIGHT_RAW4
+#define WREG uvec2
+WREG w_tile4(uint n0, uint r, uint q) {
+#ifdef GLU
+    if (r >= BN) return raw4_up(n0 + r - BN, q, pc.n_cols);
+#endif
+    return raw4(n0 + r, q, pc.n_cols);
+}
+vec4 w_value(WREG v, uint q) { return decode4(v, 4 * q % WEIGHT_BLOCK); }
+#else
+#define WREG vec4
+WREG w_tile4(uint n0, uint r, uint q) {
 #ifdef GLU
     if (r >= BN) return weight4_up(n0 + r - BN, q, pc.n_cols);
 #endif
     return weight4(n0 + r, q, pc.n_cols);
 }
+vec4 w_value(WREG v, uint q) { return v; }
+#endif
 
 // Step k0's x and W tiles (vec4 columns k0 .. k0 + KQ - 1) into this invocation's registers.
 // Element i of a step's x tile is token i / KQ, column quad i % KQ, which is group
 // (i % KQ) / (BK / 4)'s; the W tile likewise by row.
-void fetch(out vec4 xr[XP], out vec4 wr[WP], uint k0, uint t0, uint n0, uint cols4) {
+void fetch(out vec4 xr[XP], out WREG wr[WP], uint k0, uint t0, uint n0, uint cols4) {
     [[unroll]] for (uint p = 0; p < XP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, t = i / KQ, q = k0 + i % KQ;
         xr[p] = i < XL && t0 + t < pc.n_tokens && q < cols4
@@ -143,14 +160,13 @@ void fetch(out vec4 xr[XP], out vec4 wr[WP], uint k0, uint t0, uint n0, uint col
     }
     [[unroll]] for (uint p = 0; p < WP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, r = i / KQ, q = k0 + i % KQ;
-        wr[p] = i < WL && n0 + r % BN < pc.n_rows && q < cols4 ? w_tile4(n0, r, q)
-                                                              : vec4(0.0);
+        wr[p] = i < WL && n0 + r % BN < pc.n_rows && q < cols4 ? w_tile4(n0, r, q) : WREG(0);
     }
 }
 
 // The registers' tiles into shared buffer `buf`, rounded to f16; in shared memory each
 // group's columns are a tile of their own: [buffer][group][token or row][k].
-void store(vec4 xr[XP], vec4 wr[WP], uint buf) {
+void store(vec4 xr[XP], WREG wr[WP], uint buf) {
     [[unroll]] for (uint p = 0; p < XP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, q = i % KQ;
         if (i < XL)
@@ -159,7 +175,8 @@ void store(vec4 xr[XP], vec4 wr[WP], uint buf) {
     [[unroll]] for (uint p = 0; p < WP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, q = i % KQ;
         if (i < WL)
-            ws[((buf * SG_K + q / (BK / 4)) * WN + i / KQ) * S4 + q % (BK / 4)] = f16vec4(wr[p]);
+            ws[((buf * SG_K + q / (BK / 4)) * WN + i / KQ) * S4 + q % (BK / 4)]
+                = f16vec4(w_value(wr[p], q));
     }
 }
 
@@ -202,7 +219,7 @@ void main() {
     // steps); every loop runs to specialization constants and is unrolled, so the
     // accumulators and buffers stay in registers.
     vec4 xr[DEPTH][XP];
-    vec4 wr[DEPTH][WP];
+    WREG wr[DEPTH][WP];
     [[unroll]] for (uint d = 0; d < DEPTH; ++d)
         if (kb + d * KQ < ke) fetch(xr[d], wr[d], kb + d * KQ, t0, n0, cols4);
     if (NBUF == 2) {

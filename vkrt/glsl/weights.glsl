@@ -107,11 +107,19 @@ vec4 W_(block4)(uint o, uint e) {
 #elif defined(WEIGHT_Q4_1)
 // block_q4_1 (20 bytes): f16 d, f16 m, qs[16]; element e < 16 = d * (qs[e] & 15) + m,
 // element e + 16 = d * (qs[e] >> 4) + m.
-vec4 W_(block4)(uint o, uint e) {
-    vec2 dm = unpackHalf2x16(W_(word_at)(o));                  // (d, m)
-    uvec4 n = W_(fields)(W_(word_at)(o + 4 + e % 16), e / 16 * 4, 15u);
+// In two phases (WEIGHT_RAW4: matmul_coop.comp fetches the words steps ahead and decodes
+// them as it stores its tile, so that no use of a load waits on it early): raw_at(o, e),
+// the block's words block4 reads (4-byte aligned: blocks of 20 bytes), and decode4(v, e).
+#ifndef WEIGHT_RAW4
+#define WEIGHT_RAW4
+#endif
+uvec2 W_(raw_at)(uint o, uint e) { return uvec2(W_(w)[o / 4], W_(w)[o / 4 + 1 + e % 16 / 4]); }
+vec4 W_(decode4)(uvec2 v, uint e) {
+    vec2 dm = unpackHalf2x16(v.x);                            // (d, m)
+    uvec4 n = W_(fields)(v.y, e / 16 * 4, 15u);
     return dm.x * vec4(n) + dm.y;
 }
+vec4 W_(block4)(uint o, uint e) { return W_(decode4)(W_(raw_at)(o, e), e); }
 #elif defined(WEIGHT_Q4_0)
 // block_q4_0 (18 bytes): f16 d, qs[16]; x = d * (nibble - 8), nibbles as Q4_1's.
 vec4 W_(block4)(uint o, uint e) {
@@ -556,6 +564,14 @@ vec4 W_(weight4)(uint row, uint q, uint n_cols) {
                       k % WEIGHT_BLOCK);
 }
 float W_(weight1)(uint row, uint k, uint n_cols) { return W_(weight4)(row, k / 4, n_cols)[k % 4]; }
+#ifdef WEIGHT_RAW4
+// weight4's words (decode4(raw4(row, q, n_cols), 4 * q % WEIGHT_BLOCK) is weight4).
+uvec2 W_(raw4)(uint row, uint q, uint n_cols) {
+    uint k = 4 * q;
+    return W_(raw_at)((row * (n_cols / WEIGHT_BLOCK) + k / WEIGHT_BLOCK) * WEIGHT_BLOCK_BYTES,
+                      k % WEIGHT_BLOCK);
+}
+#endif
 #else
 #error "define one WEIGHT_* type"
 #endif
