@@ -245,14 +245,16 @@ def with_glu(table, tile: str | None, rows: tuple[int, int] | None):
     """`--glu-tile` / `--glu-rows`: `table` (a `vkrt.tuning.Table`) with every wide-engine
     rule's `glu_tile` the `tile` (BMxBN:SG_MxSG_NxSG_K[xDEPTH]; "none": no fused gate/up;
     None: the rule's own) and its `glu_rows` `rows` (None: the rule's own where it has a
-    tile, else any); nothing else changed."""
+    tile, else any), for every weight type (`glu_raw_rows` None) where `rows` are given;
+    nothing else changed."""
     import dataclasses
 
     def rule(r):
         glu = r.glu_tile if tile is None else (
             None if tile == "none" else coop_decode_tiles(":" + tile)[0])
         own = r.glu_rows if r.glu_tile is not None else (0, 1 << 30)
-        return dataclasses.replace(r, glu_tile=glu, glu_rows=rows or own)
+        return dataclasses.replace(r, glu_tile=glu, glu_rows=rows or own,
+                                   glu_raw_rows=None if rows else r.glu_raw_rows)
 
     return dataclasses.replace(table, wide_batch_decode=tuple(
         rule(r) for r in table.wide_batch_decode))

@@ -240,6 +240,12 @@ def test_batched_glu_options_reach_every_wide_rule():
     for r, was in zip(got, gpu.wide_batch_decode, strict=True):
         assert dataclasses.replace(r, glu_tile=None, glu_rows=(0, 0)) == dataclasses.replace(
             was, glu_tile=None, glu_rows=(0, 0))
+    # --glu-rows holds every weight type to the rows (a rule's raw-type rows dropped), and
+    # without it the raw-type rows stay.
+    raw = dataclasses.replace(gpu, wide_batch_decode=(dataclasses.replace(
+        gpu.wide_batch_decode[0], glu_raw_rows=(4096, 14336)),))
+    assert script.with_glu(raw, None, (5, 6)).wide_batch_decode[0].glu_raw_rows is None
+    assert script.with_glu(raw, "none", None).wide_batch_decode[0].glu_raw_rows == (4096, 14336)
     assert script.glu_rows("4096:8192") == (4096, 8192) and script.glu_rows("0:0") == (0, 0)
     for bad in ("8192:4096", "4096", "a:1", "1:", "-1:3"):
         with pytest.raises(Exception, match="MIN:MAX"):

@@ -2400,12 +2400,12 @@ def test_batch_glu_follows_the_engines_decode_kernel(kernels):
     kernels.tuning = dataclasses.replace(kernels.tuning, wide_batch_decode=(
         WideBatchDecode(16, "matmul_coop", "test", glu_tile=tile, glu_rows=(1024, 4096)),))
     kernels.coop = SimpleNamespace(m=16, n=16, k=16)
-    assert kernels.batch_glu(16) == ((32, 16, 2, 1, 4, 1, 2), (1024, 4096))
-    assert kernels.batch_glu(8) == (None, (0, 0))
+    assert kernels.batch_glu(16) == ((32, 16, 2, 1, 4, 1, 2), (1024, 4096), (1024, 4096))
+    assert kernels.batch_glu(8) == (None, (0, 0), (0, 0))
     with config.COOPMAT.override("0"):
-        assert kernels.batch_glu(16) == (None, (0, 0))
+        assert kernels.batch_glu(16) == (None, (0, 0), (0, 0))
     kernels.coop = None
-    assert kernels.batch_glu(16) == (None, (0, 0))
+    assert kernels.batch_glu(16) == (None, (0, 0), (0, 0))
 
 
 def test_batch_products_fall_back_to_matmul_without_coop(kernels):

@@ -171,13 +171,17 @@ def test_prefill_coop_tiles_by_shape():
 
 
 def test_batch_glu_by_max_batch():
-    """Table.batch_glu_for: the wide rule's glu_tile and glu_rows for engines at or past
-    its min_max_batch, (None, (0, 0)) below and without one."""
+    """Table.batch_glu_for: the wide rule's glu_tile, glu_rows and glu_raw_rows (glu_rows
+    where it has none) for engines at or past its min_max_batch, (None, (0, 0), (0, 0))
+    below and without one."""
     tile = tuning.BatchCoopTile(None, 32, 32, 2, 2, "t", 2, 2)
     t = dataclasses.replace(tuning.GPU, wide_batch_decode=(
-        tuning.WideBatchDecode(16, "matmul_coop", "t", glu_tile=tile, glu_rows=(4096, 8192)),
-        tuning.WideBatchDecode(64, "matmul_coop", "t")))
-    none = (None, (0, 0))
+        tuning.WideBatchDecode(16, "matmul_coop", "t", glu_tile=tile, glu_rows=(4096, 8192),
+                               glu_raw_rows=(4096, 14336)),
+        tuning.WideBatchDecode(64, "matmul_coop", "t", glu_tile=tile, glu_rows=(1, 2)),
+        tuning.WideBatchDecode(128, "matmul_coop", "t")))
+    none = (None, (0, 0), (0, 0))
     assert t.batch_glu_for(None) == none and t.batch_glu_for(15) == none
-    assert t.batch_glu_for(16) == (tile, (4096, 8192)) == t.batch_glu_for(63)
-    assert t.batch_glu_for(64) == none
+    assert t.batch_glu_for(16) == (tile, (4096, 8192), (4096, 14336)) == t.batch_glu_for(63)
+    assert t.batch_glu_for(64) == (tile, (1, 2), (1, 2))
+    assert t.batch_glu_for(128) == none

@@ -43,6 +43,23 @@ def test_consumers_read_the_table():
     assert nbytes_of("q3_k", (1, 256)) == 112
 
 
+def test_raw4_types_are_the_shaders():
+    """weight_types.RAW4_DTYPES (the types matmul_coop fetches as words, which the fused gate /
+    up rule treats apart) are the types whose weights.glsl branch defines WEIGHT_RAW4: the
+    `#if` / `#elif defined(WEIGHT_...)` line that opens the branch holding the define."""
+    import re
+
+    lines = (weight_types.VARIANTS_JSON.parent / "weights.glsl").read_text().splitlines()
+    raw = set()
+    for i, line in enumerate(lines):
+        if line.strip() == "#define WEIGHT_RAW4":
+            opener = next(l for l in reversed(lines[:i])
+                          if re.match(r"#(el)?if defined\(WEIGHT_[A-Z0-9_]+\)", l))
+            raw |= {t.dtype for t in weight_types.TYPES
+                    if re.search(rf"defined\({t.define}\)", opener)}
+    assert raw == weight_types.RAW4_DTYPES != set()
+
+
 def test_variants_json_is_generated_from_the_table():
     """vkrt/glsl/variants.json holds every (weight kernel, type) variant with the table's
     defines (the `_xq` kernels only for the types with an integer form), and nothing else

@@ -524,16 +524,17 @@ class Kernels:
         return self.tuning.batch_split_for(max_batch)
 
     def batch_glu(self, max_batch: int | None = None
-                  ) -> tuple[tuple | None, tuple[int, int]]:
-        """(tile, (min_rows, max_rows)): the `glu_coop` tile (BM, BN, SG_M, SG_N, SG_K, 1,
-        DEPTH) on which an engine of `max_batch` sequences runs its generated tokens' gate and
-        up products of min_rows to max_rows rows as one dispatch (`Table.batch_glu_for`), or
-        (None, (0, 0)): where the table has none or the engine's decode products are not on
+                  ) -> tuple[tuple | None, tuple[int, int], tuple[int, int]]:
+        """(tile, (min_rows, max_rows), raw rows): the `glu_coop` tile (BM, BN, SG_M, SG_N,
+        SG_K, 1, DEPTH) on which an engine of `max_batch` sequences runs its generated
+        tokens' gate and up products of min_rows to max_rows rows as one dispatch, and the
+        bounds for `weight_types.RAW4_DTYPES` (`Table.batch_glu_for`), or (None, (0, 0), (0,
+        0)): where the table has none or the engine's decode products are not on
         `matmul_coop` (`batch_products`). The paged KV cache holds it with the kernels."""
-        tile, rows = self.tuning.batch_glu_for(max_batch)
+        tile, rows, raw_rows = self.tuning.batch_glu_for(max_batch)
         if tile is None or self.batch_products(max_batch)["decode"] != "matmul_coop":
-            return None, (0, 0)
-        return (tile.bm, tile.bn, tile.sg_m, tile.sg_n, tile.sg_k, 1, tile.depth), rows
+            return None, (0, 0), (0, 0)
+        return (tile.bm, tile.bn, tile.sg_m, tile.sg_n, tile.sg_k, 1, tile.depth), rows, raw_rows
 
     def k_splits(self, weight: Tensor, split_rows: int, coop_tiles: tuple | None = None,
                  min_steps: int = 1) -> int:

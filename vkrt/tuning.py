@@ -97,7 +97,9 @@ class WideBatchDecode:
     row tiles fills the GPU; 0: never. A short product gains less than its reduction costs.
     `glu_tile` (`matmul_coop` only): the generated tokens' gate and up products of
     `glu_rows` (min, max) rows, bounds included, and SiLU (GELU) times up run as one dispatch
-    on this tile (`Kernels.glu_coop`); None: never."""
+    on this tile (`Kernels.glu_coop`); None: never. `glu_raw_rows`: the bounds instead for
+    the weight types matmul_coop fetches as words (`weight_types.RAW4_DTYPES`); None:
+    `glu_rows` for them too."""
     min_max_batch: int
     kernel: str
     source: str
@@ -106,6 +108,7 @@ class WideBatchDecode:
     split_min_steps: int = 1
     glu_tile: BatchCoopTile | None = None
     glu_rows: tuple[int, int] = (0, 0)
+    glu_raw_rows: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -201,11 +204,14 @@ class Table:
         return (0, 1) if wide is None else (wide.split_rows, wide.split_min_steps)
 
     def batch_glu_for(self, max_batch: int | None
-                      ) -> tuple[BatchCoopTile | None, tuple[int, int]]:
-        """(`glu_tile`, `glu_rows`) of the batched decode's gate and up products in an
-        engine of `max_batch` sequences per step: its wide rule's, else (None, (0, 0))."""
+                      ) -> tuple[BatchCoopTile | None, tuple[int, int], tuple[int, int]]:
+        """(`glu_tile`, `glu_rows`, `glu_raw_rows`) of the batched decode's gate and up
+        products in an engine of `max_batch` sequences per step: its wide rule's (the raw
+        rows `glu_rows` where it has none), else (None, (0, 0), (0, 0))."""
         wide = self.wide_rule(max_batch)
-        return (None, (0, 0)) if wide is None else (wide.glu_tile, wide.glu_rows)
+        if wide is None:
+            return None, (0, 0), (0, 0)
+        return wide.glu_tile, wide.glu_rows, wide.glu_raw_rows or wide.glu_rows
 
     def batch_tile(self, n_tokens: int) -> BatchTile:
         """The `matmul` launch of a batched product of `n_tokens` tokens."""
@@ -268,6 +274,11 @@ _SPLIT4 = ("bench/README.md, 2026-12-04 sixth session (bench/batched.py at 64 se
            "H200)")
 _GLU = ("bench/README.md, 2026-12-05, thirteenth session (bench/batched.py --glu-tile and "
         "bench/batched_products.py --glu-tiles, H100)")
+_RAW = ("bench/README.md, 2026-12-06, fifteenth session (bench/batched.py --glu-rows and "
+        "bench/batched_products.py, H200): Q4_1 fetched as words, 7B's 14336 gate rows at 32 "
+        "sequences 2,166.7 / 2,173.8 -> 2,391.0 / 2,403.2 tok/s fused; at 64 3,113.6 / "
+        "3,095.9 -> 2,939.3 / 2,939.6, so not from 64; 135M's 1536 12,517.7 / 12,547.0 -> "
+        "12,415.7 / 12,133.9, so not below 4096")
 
 GPU = Table(
     decode={
@@ -368,6 +379,8 @@ GPU = Table(
     # -> fused) a shape of 4864 rows gains as 8192 does (38.6 -> 24.2 against 66.7 -> 49.7);
     # 11008 x 4096 loses (174.6 -> 257.6): the GLU tile splits a step's columns 2 ways, not
     # 8, so long rows of columns cost it more steps. Between 8192 and 11008 rows unmeasured.
+    # Q4_1, whose W tile matmul_coop holds as words until it stores it, fuses up to 14336
+    # rows below 64 sequences (7B's pair at 32 tokens 158 µs fused against 2 x 107, H200).
     wide_batch_decode=(WideBatchDecode(16, "matmul_coop", _SPLIT8 + ": decode tok/s matmul -> "
                                        "matmul_coop at 16 sequences 815.0 -> 902.1, 32 983.0 "
                                        "-> 1679.6, 64 1123.7 -> 2155.1; " + _SPLITWG + ": at 32 "
@@ -376,9 +389,9 @@ GPU = Table(
                                        "2,046.1; 135M's 3-6 steps 11,543.7 -> 8,993.9 split; "
                                        "1.2B at 32 split_min_steps 8 -> 16 (ffn_down alone) "
                                        "9,079.9 / 9,019.9 / 8,740.2 -> 9,598.3 / 9,595.9 / "
-                                       "9,522.8", split_rows=4096, split_min_steps=16,
+                                       "9,522.8; " + _RAW, split_rows=4096, split_min_steps=16,
                                        glu_tile=BatchCoopTile(None, 32, 32, 2, 2, _GLU, 2, 2),
-                                       glu_rows=(4096, 8192)),
+                                       glu_rows=(4096, 8192), glu_raw_rows=(4096, 14336)),
                        WideBatchDecode(64, "matmul_coop", _SPLIT4 + ": 7B decode tok/s split 8 "
                                        "-> split 4 2103.5 -> 2392.9; 1.2B and 135M within "
                                        "their repeats' spread; " + _DEPTH + ": depth 2 "

@@ -89,6 +89,11 @@ BY_GGUF = {t.gguf: t for t in TYPES}
 GGUF_DTYPES = {t.gguf: t.dtype for t in TYPES}            # GGUF type -> Tensor dtype
 WEIGHTS = {t.dtype: t.suffix for t in TYPES}               # Tensor dtype -> variant suffix
 BLOCKS = {t.dtype: (t.block, t.block_bytes) for t in TYPES if t.quantized}
+# Types whose weights.glsl branch reads in two phases (WEIGHT_RAW4: raw_at, then decode4), so
+# that matmul_coop holds their W tile as words until it stores it (the fused gate / up rule of
+# vkrt/tuning.py `WideBatchDecode.glu_raw_rows`); tests/test_weight_types.py holds it to the
+# shader.
+RAW4_DTYPES = frozenset({"q4_1"})
 
 # The kernels built once per weight type: module prefix -> (source, other defines).
 KERNEL_SOURCES = {

@@ -76,6 +76,7 @@ from vkrt.models.scratch import arena, kv_cache, kv_cache_bytes
 from vkrt.runtime.dispatch import Copy, Dispatch
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.tensor import Tensor
+from vkrt.weight_types import RAW4_DTYPES
 
 MAX_REPLAY_TOKENS = 64    # the largest bucket: more tokens per step are recorded, unpadded
 NO_ROW = 0xFFFFFFFF       # BatchInput.prev_rows: the token's id is in token_ids
@@ -150,8 +151,16 @@ class PagedCache:
     # activation in one dispatch on this tile (Kernels.batch_glu, Kernels.glu_coop); None: not
     glu_tile: tuple | None = None
     glu_rows: tuple[int, int] = (0, 0)
+    glu_raw_rows: tuple[int, int] = (0, 0)   # glu_rows for gates of RAW4_DTYPES
     # output view's name -> f32 partial sums of its split products (`PagedBatch._partials`)
     partials: dict = field(default_factory=dict)
+
+    def fuses_glu(self, gate: Tensor) -> bool:
+        """Whether the decode rows' products of `gate` (and its up) run fused: a tile, and
+        gate's rows within glu_raw_rows for the types matmul_coop fetches as words
+        (`RAW4_DTYPES`), within glu_rows for the others (bounds included)."""
+        lo, hi = self.glu_raw_rows if gate.dtype in RAW4_DTYPES else self.glu_rows
+        return self.glu_tile is not None and lo <= gate.shape[0] <= hi
 
     @property
     def scratch_slot(self) -> int:
@@ -314,15 +323,14 @@ class PagedBatch:
                    shape: StepShape, n_ff: int, gelu: bool) -> list[Dispatch]:
         """act = silu(x W_gate^T) * (x W_up^T) (GELU-tanh with `gelu`) for the step's rows (x
         [T, n_embd], act [T, n_ff]; W = `blk`ffn_gate / ffn_up .weight): the generated tokens'
-        rows in one `glu_coop` dispatch where the paged cache says so (`glu_tile`, gate of
-        `glu_rows` (min, max) rows, no biases), the prompt tokens' (and all rows otherwise) as
+        rows in one `glu_coop` dispatch where the paged cache says so (`PagedCache.fuses_glu`,
+        no biases), the prompt tokens' (and all rows otherwise) as
         two products into gate_y and up_y and `silu_mul` over those rows. Which path a row
         takes depends on the engine and the weights alone, never on what shares the step
         (batch invariance)."""
         k, w, p = self.k, self.w, self._paged
         gate, up = w[blk + "ffn_gate.weight"], w[blk + "ffn_up.weight"]
-        fused = (p.glu_tile is not None and shape.decode
-                 and p.glu_rows[0] <= gate.shape[0] <= p.glu_rows[1]
+        fused = (shape.decode and p.fuses_glu(gate)
                  and blk + "ffn_gate.bias" not in w and blk + "ffn_up.bias" not in w)
         if not fused:
             return [*self._batch_linear(x, blk + "ffn_gate", gate_y, shape),
