@@ -11,7 +11,9 @@ and the suffix of its shader variants (`matvec_q4_k`, ...). `Tensor` (`BLOCKS`),
 Adding a type: its block in weights.glsl (a `WEIGHT_<NAME>` branch defining
 `block4(byte offset of the block, element in the block)`, and the block-level reader of the
 decode products: `UNITS`, `unit_runs(u)`, `unit_part(o, u, q, xa, xb)`, see CONTRIBUTING.md),
-one row here, then `python -m vkrt.weight_types` and `python -m vkrt.gen.cli`.
+one row here, then `python -m vkrt.weight_types` and `python -m vkrt.gen.cli`. Optionally a
+two-phase reader (`raw_at`, `decode4`, `#define WEIGHT_RAW4`, as Q4_1's) and its dtype in
+`RAW4_DTYPES`: `matmul_coop` then keeps the type's loads in flight across its fetched steps.
 """
 from __future__ import annotations
 

@@ -19,6 +19,8 @@
 // no 8- or 16-bit storage feature. Values are dequantized as gguf-py does, in f32.
 // weight4(row, q, n_cols): elements 4q .. 4q + 3 of `row` (n_cols % 4 == 0).
 // weight1(row, k, n_cols): element k of `row`.
+// Where the type defines WEIGHT_RAW4 (Q4_1): raw4(row, q, n_cols), the words weight4 reads,
+// and decode4(words, 4q % WEIGHT_BLOCK), their value (weight4 in two phases).
 #ifndef WEIGHT_BINDING
 #define WEIGHT_BINDING 0
 #define W_(name) name
