@@ -18,8 +18,8 @@
 // 16-byte aligned as coopMatLoad needs and rows fall on different banks), having fetched
 // them into registers DEPTH steps before (the global loads overlap the products, as
 // ggml-vulkan's mul_mm.comp and CUTLASS's pipelined mainloops do; a type that reads in two
-// phases, weights.glsl WEIGHT_RAW4, is held as its words and dequantized at the store). Out-of-range
-// tokens, rows and columns load as 0 (the tails of T, N and K); results are stored straight
+// phases, weights.glsl WEIGHT_RAW4, is held as its words and dequantized at the store).
+// Out-of-range tokens, rows and columns load as 0 (the tails of T, N and K); results are stored straight
 // into y when a whole accumulator lies inside y and n_rows % 4 == 0 (the 16-byte alignment
 // coopMatStore needs), else through a per-subgroup staging tile in shared memory, element by
 // element with bounds. The workgroup must be SG_M * SG_N full subgroups (local_size_x =
