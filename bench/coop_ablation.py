@@ -39,13 +39,11 @@ SOURCE = "matmul_coop.comp"
 # name -> (what is taken out, text of matmul_coop.comp, its replacement)
 VARIANTS: dict[str, tuple[str, str, str]] = {
     "no-weight-loads": (
-        "the W tile's global loads and dequantization (a value of the row and column instead)",
-        "weight4(n0 + r, q, pc.n_cols)", "vec4(float(r + q))"),
+        "the W tile's global loads (words of the row and column instead, still decoded)",
+        "return raw4(n0 + r, q, pc.n_cols);", "return uvec2(r, q);"),
     "raw-weight-words": (
-        "the dequantization (one plain word of the row's blocks read per vec4, as floats' bits)",
-        "weight4(n0 + r, q, pc.n_cols)",
-        "vec4(uintBitsToFloat(w[((n0 + r) * (pc.n_cols / WEIGHT_BLOCK) + 4 * q / WEIGHT_BLOCK)"
-        " * (WEIGHT_BLOCK_BYTES / 4) + q % 4]))"),
+        "the dequantization (the fetched quant word's bits as floats)",
+        "return decode4(v, 4 * q % WEIGHT_BLOCK);", "return vec4(uintBitsToFloat(v.y));"),
     "no-x-loads": (
         "the x tile's global loads (a value of the token and column instead)",
         "x[(pc.token0 + t0 + t) * cols4 + q]", "vec4(float(t + q))"),
@@ -143,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     import matmul_coop
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--type", default="q4_1", help="a block type (weight4 of WEIGHT_BLOCK)")
+    ap.add_argument("--type", default="q4_1", help="a type matmul_coop fetches as words "
+                    "(weight_types.RAW4_DTYPES: the W tile's variants change that path)")
     ap.add_argument("--tokens", default="1,8,32")
     ap.add_argument("--tiles", default="32x32:2x2x8,16x16:1x1x8")
     ap.add_argument("--shapes", default="4096x4096,1024x4096,14336x4096,4096x14336")
@@ -157,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="time the variants --build-only compiled into DIR (a machine "
                          "without the pinned glslang, e.g. a lent GPU)")
     args = ap.parse_args(argv)
+    from vkrt.weight_types import RAW4_DTYPES
+    if args.type not in RAW4_DTYPES:
+        ap.error(f"--type {args.type}: the W tile's variants change the two-phase reader of "
+                 f"{sorted(RAW4_DTYPES)} only")
     names = args.variants.split(",")
     if args.build_only:
         for name, d in compile_variants(Path(args.build_only), args.type, names).items():

@@ -5,18 +5,18 @@ five word loads per block), side by side in one process.
 
     python bench/q4_1_layout.py [--build-only DIR | --built DIR] [--verify] [matvec_types args]
 
-Builds of vkrt/glsl/weights.glsl with Q4_1's readers (`block4`, `unit_ints`, `unit_scales`,
-`unit_part`) reading the grouped layout, compiled by the pinned glslang (vkrt/gen/compile.py)
-into the Q4_1 decode modules (`MODULES`) of a copy of vkrt/spirv (bench/coop_ablation.py's
-`modules_dir`): flavor `g` reads each quant word with its own load, `g4` the block's four
-words as one uvec4 (a second view of the same binding). Where the compiler is not installed
-(a lent GPU), `--build-only DIR` here and `--built DIR` there. `--verify` runs each build's
-products on random Q4_1 blocks (tests/weight_blocks.py), repacked by `repack`, against the
-shipped build on the GGUF bytes, under several decode launches, and exits 1 unless every
-output is bit-identical. Otherwise bench/matvec_types.py times `--types q4_1` once per build
-(shipped first) with the remaining arguments (e.g. `--shapes 4096x14336,14336x4096
---rounds 3`, `--glu`); the bytes are random, as there, so the layout changes nothing but the
-loads. Absolute figures only from a real GPU.
+Builds of vkrt/glsl/weights.glsl with Q4_1's readers (`raw_at`, under `block4`, and
+`unit_ints`, `unit_scales`, `unit_part`) reading the grouped layout, compiled by the pinned
+glslang (vkrt/gen/compile.py) into the Q4_1 decode modules (`MODULES`) of a copy of
+vkrt/spirv (bench/coop_ablation.py's `modules_dir`): flavor `g` reads each quant word with
+its own load, `g4` the block's four words as one uvec4 (a second view of the same binding).
+Where the compiler is not installed (a lent GPU), `--build-only DIR` here and `--built DIR`
+there. `--verify` runs each build's products on random Q4_1 blocks (tests/weight_blocks.py),
+repacked by `repack`, against the shipped build on the GGUF bytes, under several decode
+launches, and exits 1 unless every output is bit-identical. Otherwise bench/matvec_types.py
+times `--types q4_1` once per build (shipped first) with the remaining arguments (e.g.
+`--shapes 4096x14336,14336x4096 --rounds 3`, `--glu`); the bytes are random, as there, so
+the layout changes nothing but the loads. Absolute figures only from a real GPU.
 """
 from __future__ import annotations
 
@@ -31,12 +31,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 MODULES = ["matvec_q4_1", "matvec_xq_q4_1", "matvec_add_q4_1", "matvec_add_xq_q4_1",
            "matvec_glu_q4_1"]
-BLOCK4 = """vec4 W_(block4)(uint o, uint e) {
-    vec2 dm = unpackHalf2x16(W_(word_at)(o));                  // (d, m)
-    uvec4 n = W_(fields)(W_(word_at)(o + 4 + e % 16), e / 16 * 4, 15u);
-    return dm.x * vec4(n) + dm.y;
-}"""
-GROUPED_BLOCK4 = """// Grouped: block i = o / 20 of group i / 8; (d, m) word 40 (i / 8) + i % 8, quant words
+RAW_AT = ("uvec2 W_(raw_at)(uint o, uint e) { return uvec2(W_(w)[o / 4], "
+          "W_(w)[o / 4 + 1 + e % 16 / 4]); }")
+GROUPED_RAW_AT = """// Grouped: block i = o / 20 of group i / 8; (d, m) word 40 (i / 8) + i % 8, quant words
 // 40 (i / 8) + 8 + 4 (i % 8) .. + 3.
 uint W_(g_dm)(uint o) { uint i = o / 20u; return (i >> 3) * 40u + (i & 7u); }
 uint W_(g_qs)(uint o) { uint i = o / 20u; return (i >> 3) * 40u + 8u + 4u * (i & 7u); }
@@ -46,10 +43,8 @@ uint W_(g_word)(uint o, uint q) { uvec4 t = W_(w4)[W_(g_qs)(o) / 4u]; return t[q
 #else
 uint W_(g_word)(uint o, uint q) { return W_(w)[W_(g_qs)(o) + q]; }
 #endif
-vec4 W_(block4)(uint o, uint e) {
-    vec2 dm = unpackHalf2x16(W_(w)[W_(g_dm)(o)]);
-    uvec4 n = W_(fields)(W_(g_word)(o, e % 16 / 4), e / 16 * 4, 15u);
-    return dm.x * vec4(n) + dm.y;
+uvec2 W_(raw_at)(uint o, uint e) {
+    return uvec2(W_(w)[W_(g_dm)(o)], W_(g_word)(o, e % 16 / 4));
 }"""
 UNITS = """uvec2 W_(unit_ints)(uint o, uint u, uint q) {
     uint v = W_(w)[o / 4 + 1 + q];
@@ -79,11 +74,11 @@ FLAVORS = {"g": "", "g4": "#define G4\n"}
 def weights_text(text: str, flavor: str) -> str:
     """weights.glsl's `text` with Q4_1's readers on the grouped layout (`flavor` of `FLAVORS`).
     Raises ValueError when a replaced reader is not in `text` exactly once (it changed)."""
-    for old in (BLOCK4, UNITS):
+    for old in (RAW_AT, UNITS):
         if text.count(old) != 1:
             raise ValueError(f"q4_1_layout: a Q4_1 reader occurs {text.count(old)} times in "
                              "weights.glsl, not once: update the texts to weights.glsl")
-    return text.replace(BLOCK4, FLAVORS[flavor] + GROUPED_BLOCK4).replace(UNITS, GROUPED_UNITS)
+    return text.replace(RAW_AT, FLAVORS[flavor] + GROUPED_RAW_AT).replace(UNITS, GROUPED_UNITS)
 
 
 def compile_flavors(out: Path) -> dict[str, Path]:
