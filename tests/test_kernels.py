@@ -2300,12 +2300,12 @@ def test_linear_coop_fetch_depth_keeps_the_bits(gpu, kernels, dtype):
         np.testing.assert_array_equal(prefill(depth), want, f"prefill {depth}")
 
 
-def coop_split_in_tiles(bm: int, bn: int, sg_k: int, nbuf: int = 1, products: int = 1) -> bool:
-    """Whether matmul_coop.comp adds its SG_K groups' sums in the x and W tiles' shared memory
-    (SG_K > 2 and floats (SG_K - 1) * products * BM * BN within NBUF * SG_K * (BM + products *
-    BN) * 20) rather than one accumulator at a time through `stage`, on a device whose
-    accumulators hold their TM x TN elements once over the subgroup (NVIDIA's)."""
-    return sg_k > 2 and (sg_k - 1) * products * bm * bn <= 20 * nbuf * sg_k * (bm + products * bn)
+def coop_split_in_tiles(bm: int, bn: int, sg_k: int) -> bool:
+    """Whether matmul_coop.comp adds the SG_K groups' sums of a one-buffer, one-product tile
+    in the x and W tiles' shared memory (SG_K > 2 and (SG_K - 1) * BM * BN floats within
+    SG_K * (BM + BN) * 20) rather than one accumulator at a time through `stage`, on a device
+    whose accumulators hold their TM x TN elements once over the subgroup (NVIDIA's)."""
+    return sg_k > 2 and (sg_k - 1) * bm * bn <= 20 * sg_k * (bm + bn)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "q4_1"])
