@@ -95,7 +95,7 @@ BLOCKS = {t.dtype: (t.block, t.block_bytes) for t in TYPES if t.quantized}
 # that matmul_coop holds their W tile as words until it stores it (the fused gate / up rule of
 # vkrt/tuning.py `WideBatchDecode.glu_raw_rows`); tests/test_weight_types.py holds it to the
 # shader.
-RAW4_DTYPES = frozenset({"q4_1"})
+RAW4_DTYPES = frozenset({"q4_1", "q4_k"})
 
 # The kernels built once per weight type: module prefix -> (source, other defines).
 KERNEL_SOURCES = {

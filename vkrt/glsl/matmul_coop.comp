@@ -130,7 +130,8 @@ shared float stage[SG_M * SG_N * TM * TN];
 // the loads stay in flight until then (dequantizing at the fetch waits on them at once);
 // 0 words decode to 0.
 #ifdef WEIGHT_RAW4
-#define WREG uvec2
+#define WREG WEIGHT_RAW_T
+#define WREG_ZERO WEIGHT_RAW_ZERO
 WREG w_tile4(uint n0, uint r, uint q) {
 #ifdef GLU
     if (r >= BN) return raw4_up(n0 + r - BN, q, pc.n_cols);
@@ -140,6 +141,7 @@ WREG w_tile4(uint n0, uint r, uint q) {
 vec4 w_value(WREG v, uint q) { return decode4(v, 4 * q % WEIGHT_BLOCK); }
 #else
 #define WREG vec4
+#define WREG_ZERO vec4(0.0)
 WREG w_tile4(uint n0, uint r, uint q) {
 #ifdef GLU
     if (r >= BN) return weight4_up(n0 + r - BN, q, pc.n_cols);
@@ -160,7 +162,7 @@ void fetch(out vec4 xr[XP], out WREG wr[WP], uint k0, uint t0, uint n0, uint col
     }
     [[unroll]] for (uint p = 0; p < WP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, r = i / KQ, q = k0 + i % KQ;
-        wr[p] = i < WL && n0 + r % BN < pc.n_rows && q < cols4 ? w_tile4(n0, r, q) : WREG(0);
+        wr[p] = i < WL && n0 + r % BN < pc.n_rows && q < cols4 ? w_tile4(n0, r, q) : WREG_ZERO;
     }
 }
 

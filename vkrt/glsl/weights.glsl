@@ -19,8 +19,9 @@
 // no 8- or 16-bit storage feature. Values are dequantized as gguf-py does, in f32.
 // weight4(row, q, n_cols): elements 4q .. 4q + 3 of `row` (n_cols % 4 == 0).
 // weight1(row, k, n_cols): element k of `row`.
-// Where the type defines WEIGHT_RAW4 (Q4_1): raw4(row, q, n_cols), the words weight4 reads,
-// and decode4(words, 4q % WEIGHT_BLOCK), their value (weight4 in two phases).
+// Where the type defines WEIGHT_RAW4 (Q4_1, Q4_K): raw4(row, q, n_cols), the words weight4
+// reads (a WEIGHT_RAW_T; WEIGHT_RAW_ZERO decodes to 0), and decode4(words, 4q %
+// WEIGHT_BLOCK), their value (weight4 in two phases).
 #ifndef WEIGHT_BINDING
 #define WEIGHT_BINDING 0
 #define W_(name) name
@@ -115,6 +116,8 @@ vec4 W_(block4)(uint o, uint e) {
 #ifndef WEIGHT_RAW4
 #define WEIGHT_RAW4
 #endif
+#define WEIGHT_RAW_T uvec2
+#define WEIGHT_RAW_ZERO uvec2(0u)
 uvec2 W_(raw_at)(uint o, uint e) { return uvec2(W_(w)[o / 4], W_(w)[o / 4 + 1 + e % 16 / 4]); }
 vec4 W_(decode4)(uvec2 v, uint e) {
     vec2 dm = unpackHalf2x16(v.x);                            // (d, m)
@@ -189,14 +192,45 @@ uvec2 W_(scale_min)(uint o, uint b) {
     return uvec2((lo & 15u) | (W_(byte_at)(o + b - 4) >> 6) << 4,
                  (lo >> 4) | (W_(byte_at)(o + b) >> 6) << 4);
 }
+#if defined(WEIGHT_Q4_K)
+// In two phases (WEIGHT_RAW4, as Q4_1's): raw_at(o, e), the block's 16-byte header (d, dmin,
+// the 12 scale bytes: words 0-3) and the quant word, and decode4(v, e), get_scale_min_k4 on
+// the header's words: sub-block b < 4 takes byte b of words 1 and 2 (6 bits each), b >= 4
+// byte b - 4 of word 3 (two nibbles) with the top 2 bits of byte b - 4 of words 1 and 2.
+#ifndef WEIGHT_RAW4
+#define WEIGHT_RAW4
+#endif
+#ifndef WEIGHT_RAW_Q4_K
+#define WEIGHT_RAW_Q4_K
+struct RawQ4K { uvec4 h; uint q; };
+#endif
+#define WEIGHT_RAW_T RawQ4K
+#define WEIGHT_RAW_ZERO RawQ4K(uvec4(0u), 0u)
+RawQ4K W_(raw_at)(uint o, uint e) {
+    uint i = o / 4;
+    return RawQ4K(uvec4(W_(w)[i], W_(w)[i + 1], W_(w)[i + 2], W_(w)[i + 3]),
+                  W_(w)[i + 4 + e / 64 * 8 + e % 32 / 4]);
+}
+vec4 W_(decode4)(RawQ4K v, uint e) {
+    uint b = e / 32, j = 8 * (b % 4);
+    uvec2 sm = uvec2(v.h.y >> j, v.h.z >> j) & 63u;
+    if (b >= 4) {
+        uint lo = v.h.w >> j;
+        sm = uvec2(lo & 15u, (lo >> 4) & 15u) | (uvec2(v.h.y >> j, v.h.z >> j) >> 6 & 3u) << 4;
+    }
+    uvec4 q = W_(fields)(v.q, b % 2 * 4, 15u);
+    vec2 dm = unpackHalf2x16(v.h.x);                          // (d, dmin)
+    return dm.x * float(sm.x) * vec4(q) - dm.y * float(sm.y);
+}
+vec4 W_(block4)(uint o, uint e) { return W_(decode4)(W_(raw_at)(o, e), e); }
+#else
 vec4 W_(block4)(uint o, uint e) {
     uvec2 sm = W_(scale_min)(o + 4, e / 32);
     uvec4 q = W_(fields)(W_(word_at)(o + W_(QS) + e / 64 * 32 + e % 32), e / 32 % 2 * 4, 15u);
-#if defined(WEIGHT_Q5_K)
     q |= W_(fields)(W_(word_at)(o + 16 + e % 32), e / 32, 1u) << 4;
-#endif
     return W_(f16_at)(o) * float(sm.x) * vec4(q) - W_(f16_at)(o + 2) * float(sm.y);
 }
+#endif
 #elif defined(WEIGHT_Q6_K)
 // block_q6_K (210 bytes): ql[128], qh[64], int8 scales[16], f16 d (last). Element
 // e = 128 h + 32 j + l: nibble j / 2 of ql[64 h + 32 (j % 2) + l] | 2 bits at shift 2 j of
@@ -568,7 +602,7 @@ vec4 W_(weight4)(uint row, uint q, uint n_cols) {
 float W_(weight1)(uint row, uint k, uint n_cols) { return W_(weight4)(row, k / 4, n_cols)[k % 4]; }
 #ifdef WEIGHT_RAW4
 // weight4's words (decode4(raw4(row, q, n_cols), 4 * q % WEIGHT_BLOCK) is weight4).
-uvec2 W_(raw4)(uint row, uint q, uint n_cols) {
+WEIGHT_RAW_T W_(raw4)(uint row, uint q, uint n_cols) {
     uint k = 4 * q;
     return W_(raw_at)((row * (n_cols / WEIGHT_BLOCK) + k / WEIGHT_BLOCK) * WEIGHT_BLOCK_BYTES,
                       k % WEIGHT_BLOCK);
