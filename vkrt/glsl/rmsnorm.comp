@@ -8,13 +8,7 @@
 // x[t, i] += r[t, i] (written back: x is the residual stream), then out = the norm of the
 // sum, bit for bit add.comp then rmsnorm.comp (each invocation reads back only the elements
 // it wrote). r: [n_rows, n] f32 at binding 3.
-// Invocation lid handles elements lid, lid + S, lid + 2S, ... (S the workgroup size) in
-// chunks of CHUNK: a chunk's loads are issued before its stores, so CHUNK loads are in flight
-// at once. One at a time, each load waited for the store before it (a compiler may not move
-// a load above a store to a buffer it cannot prove apart). The sums keep the element order,
-// so the bits are those of the one-at-a-time loop.
 #extension GL_GOOGLE_include_directive : require
-#extension GL_EXT_control_flow_attributes : require
 #include "grid.glsl"
 #include "reduce.glsl"
 #include "inf.glsl"
@@ -27,32 +21,20 @@ layout(set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(set = 0, binding = 1) readonly buffer W { float w[]; };
 layout(set = 0, binding = 2) writeonly buffer Out { float dst[]; };
 layout(push_constant) uniform Push { uint n; float eps; uint n_rows; } pc;
-const uint CHUNK = 8;
 
 void main() {
     if (linear_workgroup() >= pc.n_rows) return;  // uniform per workgroup
-    uint row = linear_workgroup() * pc.n, lid = gl_LocalInvocationID.x, S = gl_WorkGroupSize.x;
+    uint row = linear_workgroup() * pc.n, lid = gl_LocalInvocationID.x;
     float ss = 0.0;
-    for (uint i0 = lid; i0 < pc.n; i0 += CHUNK * S) {
-        float v[CHUNK];
-        [[unroll]] for (uint j = 0; j < CHUNK; ++j) {
-            uint i = i0 + j * S;
-            v[j] = 0.0;
 #ifdef RESIDUAL
-            if (i < pc.n) v[j] = x[row + i] + r[row + i];
-#else
-            if (i < pc.n) v[j] = x[row + i];
-#endif
-        }
-        [[unroll]] for (uint j = 0; j < CHUNK; ++j) {
-            uint i = i0 + j * S;
-            if (i >= pc.n) break;
-#ifdef RESIDUAL
-            x[row + i] = v[j];
-#endif
-            ss += v[j] * v[j];
-        }
+    for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) {
+        float v = x[row + i] + r[row + i];
+        x[row + i] = v;
+        ss += v * v;
     }
+#else
+    for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x) ss += x[row + i] * x[row + i];
+#endif
     float total = workgroup_sum(ss);
     float pre = 1.0;   // x is normed as x * pre: 1 unless the sum of squares overflows
     float scale;
@@ -73,17 +55,6 @@ void main() {
         }
         scale = 1.0 / sqrt(workgroup_sum(ss) / float(pc.n) + pc.eps * pre * pre);
     }
-    for (uint i0 = lid; i0 < pc.n; i0 += CHUNK * S) {
-        float v[CHUNK];
-        [[unroll]] for (uint j = 0; j < CHUNK; ++j) {
-            uint i = i0 + j * S;
-            v[j] = 0.0;
-            if (i < pc.n) v[j] = x[row + i] * pre * scale * w[i];
-        }
-        [[unroll]] for (uint j = 0; j < CHUNK; ++j) {
-            uint i = i0 + j * S;
-            if (i >= pc.n) break;
-            dst[row + i] = v[j];
-        }
-    }
+    for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x)
+        dst[row + i] = x[row + i] * pre * scale * w[i];
 }

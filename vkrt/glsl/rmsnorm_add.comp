@@ -4,10 +4,8 @@
 // sqrt(mean_i(x[t, :]^2) + eps) * w[i], the arithmetic of rmsnorm.comp (its power-of-two
 // scaling of rows whose squares overflow f32 included) then add.comp, in one dispatch.
 // x: [n_rows, n] f32 (the block's output); w: [n] f32; y: [n_rows, n] f32 (the residual
-// stream). Dispatch: spread(n_rows) workgroups (grid.glsl), one per row. The add runs in
-// chunks of CHUNK elements per invocation, loads before stores, as rmsnorm.comp says why.
+// stream). Dispatch: spread(n_rows) workgroups (grid.glsl), one per row.
 #extension GL_GOOGLE_include_directive : require
-#extension GL_EXT_control_flow_attributes : require
 #include "grid.glsl"
 #include "reduce.glsl"
 #include "inf.glsl"
@@ -15,7 +13,6 @@ layout(set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(set = 0, binding = 1) readonly buffer W { float w[]; };
 layout(set = 0, binding = 2) buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint n; float eps; uint n_rows; } pc;
-const uint CHUNK = 8;
 
 void main() {
     if (linear_workgroup() >= pc.n_rows) return;  // uniform per workgroup
@@ -40,18 +37,6 @@ void main() {
         }
         scale = 1.0 / sqrt(workgroup_sum(ss) / float(pc.n) + pc.eps * pre * pre);
     }
-    uint S = gl_WorkGroupSize.x;
-    for (uint i0 = lid; i0 < pc.n; i0 += CHUNK * S) {
-        float v[CHUNK];
-        [[unroll]] for (uint j = 0; j < CHUNK; ++j) {
-            uint i = i0 + j * S;
-            v[j] = 0.0;
-            if (i < pc.n) v[j] = y[row + i] + x[row + i] * pre * scale * w[i];
-        }
-        [[unroll]] for (uint j = 0; j < CHUNK; ++j) {
-            uint i = i0 + j * S;
-            if (i >= pc.n) break;
-            y[row + i] = v[j];
-        }
-    }
+    for (uint i = lid; i < pc.n; i += gl_WorkGroupSize.x)
+        y[row + i] += x[row + i] * pre * scale * w[i];
 }
