@@ -54,8 +54,8 @@ VARIANTS: dict[str, tuple[str, str, str]] = {
     "no-step-barriers": (
         "the two barriers of each step with one shared buffer (NBUF = 1)",
         "                barrier();                // every subgroup is done with the last step's "
-        "tiles\n                store(xr[d], wr[d], 0);\n                barrier();\n",
-        "                store(xr[d], wr[d], 0);\n"),
+        "tiles\n                store(xr[d], wr[d], 0, ks);\n                barrier();\n",
+        "                store(xr[d], wr[d], 0, ks);\n"),
 }
 
 

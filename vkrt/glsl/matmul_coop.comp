@@ -166,9 +166,11 @@ void fetch(out vec4 xr[XP], out WREG wr[WP], uint k0, uint t0, uint n0, uint col
     }
 }
 
-// The registers' tiles into shared buffer `buf`, rounded to f16; in shared memory each
-// group's columns are a tile of their own: [buffer][group][token or row][k].
-void store(vec4 xr[XP], WREG wr[WP], uint buf) {
+// The registers' tiles of the step from vec4 column k0 into shared buffer `buf`, rounded to
+// f16 (a two-phase type's words decoded at their column: k0 + q, whose place in the block
+// a 256-element block needs); in shared memory each group's columns are a tile of their
+// own: [buffer][group][token or row][k].
+void store(vec4 xr[XP], WREG wr[WP], uint buf, uint k0) {
     [[unroll]] for (uint p = 0; p < XP; ++p) {
         uint i = gl_LocalInvocationID.x + p * NT, q = i % KQ;
         if (i < XL)
@@ -178,7 +180,7 @@ void store(vec4 xr[XP], WREG wr[WP], uint buf) {
         uint i = gl_LocalInvocationID.x + p * NT, q = i % KQ;
         if (i < WL)
             ws[((buf * SG_K + q / (BK / 4)) * WN + i / KQ) * S4 + q % (BK / 4)]
-                = f16vec4(w_value(wr[p], q));
+                = f16vec4(w_value(wr[p], k0 + q));
     }
 }
 
@@ -225,7 +227,7 @@ void main() {
     [[unroll]] for (uint d = 0; d < DEPTH; ++d)
         if (kb + d * KQ < ke) fetch(xr[d], wr[d], kb + d * KQ, t0, n0, cols4);
     if (NBUF == 2) {
-        store(xr[0], wr[0], 0);
+        store(xr[0], wr[0], 0, kb);
         barrier();
     }
     // Step s = (k0 - kb) / KQ + d of the run is in registers slot d = s % DEPTH (k0 steps by
@@ -238,7 +240,7 @@ void main() {
             uint kf = ks + DEPTH * KQ;    // the step this slot fetches next
             if (NBUF == 1) {
                 barrier();                // every subgroup is done with the last step's tiles
-                store(xr[d], wr[d], 0);
+                store(xr[d], wr[d], 0, ks);
                 barrier();
                 if (kf < ke) fetch(xr[d], wr[d], kf, t0, n0, cols4);
             } else if (kf < ke) {
@@ -262,7 +264,7 @@ void main() {
             }
             if (NBUF == 2) {
                 uint dn = (d + 1) % DEPTH;   // step s + 1's slot
-                if (ks + KQ < ke) store(xr[dn], wr[dn], (s + 1) % 2);
+                if (ks + KQ < ke) store(xr[dn], wr[dn], (s + 1) % 2, ks + KQ);
                 barrier();                // the next step's tiles stored; this step's read
             }
         }
