@@ -278,7 +278,9 @@ _RAW = ("bench/README.md, 2026-12-06, fifteenth session (bench/batched.py --glu-
         "bench/batched_products.py, H200): Q4_1 fetched as words, 7B's 14336 gate rows at 32 "
         "sequences 2,166.7 / 2,173.8 -> 2,391.0 / 2,403.2 tok/s fused; at 64 3,113.6 / "
         "3,095.9 -> 2,939.3 / 2,939.6, so not from 64; 135M's 1536 12,517.7 / 12,547.0 -> "
-        "12,415.7 / 12,133.9, so not below 4096")
+        "12,415.7 / 12,133.9, so not below 4096; Q4_K as words too (sixteenth session, H100): "
+        "its [14336, 4096] pair 213.2 us fused against 2 x 163.3, a 7B Q4_K_M file at 32 "
+        "sequences 1,635.3 / 1,634.8 -> 1,837.3 / 1,837.5")
 
 GPU = Table(
     decode={
