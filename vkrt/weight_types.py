@@ -12,8 +12,11 @@ Adding a type: its block in weights.glsl (a `WEIGHT_<NAME>` branch defining
 `block4(byte offset of the block, element in the block)`, and the block-level reader of the
 decode products: `UNITS`, `unit_runs(u)`, `unit_part(o, u, q, xa, xb)`, see CONTRIBUTING.md),
 one row here, then `python -m vkrt.weight_types` and `python -m vkrt.gen.cli`. Optionally a
-two-phase reader (`raw_at`, `decode4`, `#define WEIGHT_RAW4`, as Q4_1's) and its dtype in
-`RAW4_DTYPES`: `matmul_coop` then keeps the type's loads in flight across its fetched steps.
+two-phase reader (`raw_at`, `decode4`, `#define WEIGHT_RAW4` and the words' type
+`WEIGHT_RAW_T` with its zero `WEIGHT_RAW_ZERO`, as Q4_1's and Q4_K's) and its dtype in
+`RAW4_DTYPES`: `matmul_coop` then keeps the type's loads in flight across its fetched steps
+(for blocks of 256 that pays where the GLU tile waits on its loads, and costs the single
+product 7%: bench/README.md, sixteenth session).
 """
 from __future__ import annotations
 
