@@ -20,7 +20,11 @@ every sequence decodes the same count. Timed on the host with `time.perf_counter
 - TTFT and TPOT (p50, p99) of the requests (`RequestOutput.ttft_s` / `tpot_s`);
 - `batch_1_identical`: the tokens of sequences 0 .. `--check` - 1 in the batch equal their
   runs alone in an engine of the same max_batch (which fixes the products' kernels,
-  vkrt/tuning.py `WideBatchDecode`), which the batched forward's bit-identity gives.
+  vkrt/tuning.py `WideBatchDecode`), which the batched forward's bit-identity gives;
+- `generate_prefix`: for each of those sequences, how many of its first tokens are those of
+  `vkrt generate` on its prompt (greedy, the single-sequence decode path: other kernels, in
+  f32, so a near-tie of two logits may part them late). Wrong products part them within a
+  few tokens, which `batch_1_identical` cannot see: its two runs share the products.
 With `--llama-batched-bench PATH` (llama.cpp's tool, built as bench/README.md says) the same
 command then runs `llama-batched-bench -m M -npp P -ntg N -npl SEQS -ngl 99 --output-format
 jsonl` on the same file twice (the first run compiles its pipelines and is not recorded) and
@@ -61,6 +65,25 @@ def pct(values: list[float], q: float) -> float:
     """The q-quantile (0..1) of `values`, nearest rank below."""
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of token lists a and b."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def generate_tokens(model, p: int, tokens: int, index: int) -> list[int]:
+    """`vkrt generate`'s greedy tokens (vkrt/models/generate.py, end-of-generation ids not
+    stopping it, as the engine's `ignore_eos`) after the prompt `run` gives sequence `index`."""
+    from vkrt.bench import bench_prompt
+    from vkrt.models.generate import generate
+
+    return generate(model.lm, bench_prompt(model.hparams.n_vocab, p, index), tokens).tokens
 
 
 def run(model, n: int, p: int, tokens: int, max_batched_tokens: int,
@@ -326,6 +349,7 @@ def main() -> None:
               "decode_coop_tiles": args.decode_coop_tiles, "split_rows": args.split_rows,
               "split_min_steps": args.split_min_steps,
               "runs": []}
+    reference: list[list[int]] = []   # generate_tokens of sequences 0, 1, ...
     with vkrt.load(args.model, device=args.device) as model:
         report["device"] = model.device.name
         for n in seqs:
@@ -342,6 +366,10 @@ def main() -> None:
             row["max_batch"] = b
             k = min(n, args.check)
             row["batch_1_identical"] = f"{sum(toks[i] == alone[i] for i in range(k))}/{k}"
+            while len(reference) < k:
+                reference.append(generate_tokens(model, args.prompt_tokens, args.tokens,
+                                                 len(reference)))
+            row["generate_prefix"] = [common_prefix(toks[i], reference[i]) for i in range(k)]
             if args.compare_sync:
                 sync, sync_toks = run(model, n, args.prompt_tokens, args.tokens,
                                       args.max_batched_tokens, kv_cache_dtype=args.kv_cache_dtype,

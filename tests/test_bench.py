@@ -181,6 +181,21 @@ def test_batched_takes_llama_batched_bench_second_run(tmp_path):
     assert len(runs) == 2 and runs[0] == runs[1] and "-npl 32,64" in runs[0]
 
 
+def test_batched_generate_prefix_follows_vkrt_generate(default_model_path):
+    """bench/batched.py's `generate_prefix`: the engine's greedy sequences (a batch of 2)
+    share their first tokens with `vkrt generate` on the same prompts (the default model on
+    this machine: all of them), and `common_prefix` stops at the first difference, so a
+    product gone wrong in the batched kernels shows there, which `batch_1_identical` misses."""
+    script = _bench_script("batched")
+    assert script.common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert script.common_prefix([7], [8]) == 0 and script.common_prefix([], [1]) == 0
+    with vkrt.load(default_model_path) as model:
+        _, toks = script.run(model, 2, 8, 5, 64, max_batch=2)
+        ref = [script.generate_tokens(model, 8, 5, i) for i in range(2)]
+    assert len(ref[0]) == 5 and ref[0] != ref[1]
+    assert [script.common_prefix(t, r) for t, r in zip(toks, ref)] == [5, 5]
+
+
 def test_batched_decode_coop_tiles_parse():
     """bench/batched.py --decode-coop-tiles: MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH] entries become
     the table's batched matmul_coop tiles, the last one for any count; a malformed entry
