@@ -696,8 +696,8 @@ def test_a_cached_prefix_gives_the_bits_of_computing_it(which, request):
 
 
 def test_paged_cache_fuses_glu():
-    """PagedCache.fuses_glu: a gate of `RAW4_DTYPES` (Q4_1) fuses within glu_raw_rows, any
-    other type within glu_rows, bounds included; none without a tile."""
+    """PagedCache.fuses_glu: a gate of `RAW4_DTYPES` (Q4_1, Q4_K) fuses within glu_raw_rows,
+    any other type within glu_rows, bounds included; none without a tile."""
     from types import SimpleNamespace
 
     from vkrt.models.batch import PagedCache
@@ -708,9 +708,10 @@ def test_paged_cache_fuses_glu():
     def fuses(dtype: str, rows: int) -> bool:
         return PagedCache.fuses_glu(p, SimpleNamespace(dtype=dtype, shape=(rows, 4096)))
 
-    assert fuses("q4_1", 4096) and fuses("q4_1", 14336)
-    assert not fuses("q4_1", 4095) and not fuses("q4_1", 14337)
-    assert fuses("q4_k", 4096) and fuses("q4_k", 8192)
-    assert not fuses("q4_k", 4095) and not fuses("q4_k", 14336) and not fuses("float32", 14336)
+    for raw in ("q4_1", "q4_k"):
+        assert fuses(raw, 4096) and fuses(raw, 14336)
+        assert not fuses(raw, 4095) and not fuses(raw, 14337)
+    assert fuses("q6_k", 4096) and fuses("q6_k", 8192)
+    assert not fuses("q6_k", 4095) and not fuses("q6_k", 14336) and not fuses("float32", 14336)
     p.glu_tile = None
     assert not fuses("q4_1", 8192) and not fuses("q4_k", 8192)
