@@ -381,8 +381,9 @@ GPU = Table(
     # -> fused) a shape of 4864 rows gains as 8192 does (38.6 -> 24.2 against 66.7 -> 49.7);
     # 11008 x 4096 loses (174.6 -> 257.6): the GLU tile splits a step's columns 2 ways, not
     # 8, so long rows of columns cost it more steps. Between 8192 and 11008 rows unmeasured.
-    # Q4_1, whose W tile matmul_coop holds as words until it stores it, fuses up to 14336
-    # rows below 64 sequences (7B's pair at 32 tokens 158 µs fused against 2 x 107, H200).
+    # Q4_1 and Q4_K, whose W tiles matmul_coop holds as words until it stores them, fuse up
+    # to 14336 rows below 64 sequences (7B's pair at 32 tokens: Q4_1 158 µs fused against
+    # 2 x 107 on an H200, Q4_K 213 against 2 x 163 on an H100).
     wide_batch_decode=(WideBatchDecode(16, "matmul_coop", _SPLIT8 + ": decode tok/s matmul -> "
                                        "matmul_coop at 16 sequences 815.0 -> 902.1, 32 983.0 "
                                        "-> 1679.6, 64 1123.7 -> 2155.1; " + _SPLITWG + ": at 32 "
