@@ -185,18 +185,20 @@ const uint W_(QS) = 16;
 #else
 const uint W_(QS) = 48;
 #endif
-// (scale, min) of sub-block b from the 12 scale bytes at o: ggml's get_scale_min_k4.
-uvec2 W_(scale_min)(uint o, uint b) {
-    if (b < 4) return uvec2(W_(byte_at)(o + b), W_(byte_at)(o + b + 4)) & 63u;
-    uint lo = W_(byte_at)(o + b + 4);
-    return uvec2((lo & 15u) | (W_(byte_at)(o + b - 4) >> 6) << 4,
-                 (lo >> 4) | (W_(byte_at)(o + b) >> 6) << 4);
+// (scale, min) of sub-block b from the three scale words s (the block's words 1-3), ggml's
+// get_scale_min_k4: bytes 0-3 scales 0-3 (and the top 2 bits of scales 4-7), 4-7 mins 0-3
+// (and the top 2 bits of mins 4-7), 8-11 the low nibbles of scales and mins 4-7.
+uvec2 W_(scale_min)(uvec3 s, uint b) {
+    uint j = 8 * (b % 4);
+    uvec2 v = uvec2(s.x >> j, s.y >> j);
+    if (b < 4) return v & 63u;
+    uint lo = s.z >> j;
+    return uvec2(lo & 15u, (lo >> 4) & 15u) | (v >> 6 & 3u) << 4;
 }
 #if defined(WEIGHT_Q4_K)
 // In two phases (WEIGHT_RAW4, as Q4_1's): raw_at(o, e), the block's 16-byte header (d, dmin,
-// the 12 scale bytes: words 0-3) and the quant word, and decode4(v, e), get_scale_min_k4 on
-// the header's words: sub-block b < 4 takes byte b of words 1 and 2 (6 bits each), b >= 4
-// byte b - 4 of word 3 (two nibbles) with the top 2 bits of byte b - 4 of words 1 and 2.
+// the 12 scale bytes: words 0-3) and the quant word, and decode4(v, e), scale_min on the
+// header's words.
 #ifndef WEIGHT_RAW4
 #define WEIGHT_RAW4
 #endif
@@ -212,12 +214,8 @@ RawQ4K W_(raw_at)(uint o, uint e) {
                   W_(w)[i + 4 + e / 64 * 8 + e % 32 / 4]);
 }
 vec4 W_(decode4)(RawQ4K v, uint e) {
-    uint b = e / 32, j = 8 * (b % 4);
-    uvec2 sm = uvec2(v.h.y >> j, v.h.z >> j) & 63u;
-    if (b >= 4) {
-        uint lo = v.h.w >> j;
-        sm = uvec2(lo & 15u, (lo >> 4) & 15u) | (uvec2(v.h.y >> j, v.h.z >> j) >> 6 & 3u) << 4;
-    }
+    uint b = e / 32;
+    uvec2 sm = W_(scale_min)(v.h.yzw, b);
     uvec4 q = W_(fields)(v.q, b % 2 * 4, 15u);
     vec2 dm = unpackHalf2x16(v.h.x);                          // (d, dmin)
     return dm.x * float(sm.x) * vec4(q) - dm.y * float(sm.y);
@@ -225,7 +223,8 @@ vec4 W_(decode4)(RawQ4K v, uint e) {
 vec4 W_(block4)(uint o, uint e) { return W_(decode4)(W_(raw_at)(o, e), e); }
 #else
 vec4 W_(block4)(uint o, uint e) {
-    uvec2 sm = W_(scale_min)(o + 4, e / 32);
+    uint i = o / 4;
+    uvec2 sm = W_(scale_min)(uvec3(W_(w)[i + 1], W_(w)[i + 2], W_(w)[i + 3]), e / 32);
     uvec4 q = W_(fields)(W_(word_at)(o + W_(QS) + e / 64 * 32 + e % 32), e / 32 % 2 * 4, 15u);
     q |= W_(fields)(W_(word_at)(o + 16 + e % 32), e / 32, 1u) << 4;
     return W_(f16_at)(o) * float(sm.x) * vec4(q) - W_(f16_at)(o + 2) * float(sm.y);
@@ -454,21 +453,9 @@ uvec2 W_(unit_runs)(uint u) {
 vec4 W_(unit_hdr)(uint o, uint u) {
     uint c = u / 2, w0 = o / 4;
     vec2 dd = unpackHalf2x16(W_(w)[w0]);            // (d, dmin)
-    // get_scale_min_k4 of sub-blocks 2 c and 2 c + 1 from the three scale words: bytes
-    // 0-3 scales 0-3 (and the high bits of 4-7), 4-7 mins 0-3 (and high bits), 8-11 the
-    // low nibbles of scales and mins 4-7.
-    uint s0 = W_(w)[w0 + 1], s1 = W_(w)[w0 + 2], s2 = W_(w)[w0 + 3];
-    uint sh = 16 * (c % 2);                          // bytes 2 c % 4 and the next
-    uvec2 sc, mn;
-    if (c < 2) {
-        sc = uvec2(s0 >> sh, s0 >> (sh + 8)) & 63u;
-        mn = uvec2(s1 >> sh, s1 >> (sh + 8)) & 63u;
-    } else {
-        uvec2 lo = uvec2(s2 >> sh, s2 >> (sh + 8));
-        sc = (lo & 15u) | ((uvec2(s0 >> sh, s0 >> (sh + 8)) >> 6) & 3u) << 4;
-        mn = ((lo >> 4) & 15u) | ((uvec2(s1 >> sh, s1 >> (sh + 8)) >> 6) & 3u) << 4;
-    }
-    vec2 a = dd.x * vec2(sc), m = dd.y * vec2(mn);
+    uvec3 s = uvec3(W_(w)[w0 + 1], W_(w)[w0 + 2], W_(w)[w0 + 3]);   // the scale words
+    uvec2 s0 = W_(scale_min)(s, 2 * c), s1 = W_(scale_min)(s, 2 * c + 1);
+    vec2 a = dd.x * vec2(s0.x, s1.x), m = dd.y * vec2(s0.y, s1.y);
     return vec4(a, m);
 }
 uvec2 W_(unit_ints)(uint o, uint u, uint q) {
