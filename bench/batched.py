@@ -6,7 +6,7 @@ its batch-1 run.
     python bench/batched.py [--model M] [--seqs 1,8,32,64] [--prompt-tokens 128]
         [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
         [--max-batch B] [--compare-sync]
-        [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH],...] [--split-rows N]
+        [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]],...] [--split-rows N]
         [--split-min-steps S] [--coop-depth D] [--glu-tile T] [--glu-rows MIN:MAX]
 
 For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py; with `--max-batch B`,
@@ -224,10 +224,10 @@ def glu_rows(text: str) -> tuple[int, int]:
 
 
 def coop_decode_tiles(spec: str) -> tuple:
-    """`--decode-coop-tiles`: "MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH],..." ->
+    """`--decode-coop-tiles`: "MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]],..." ->
     `vkrt.tuning.BatchCoopTile`s, each for products of at most MAX tokens (MAX empty: any;
     the last must be), tokens x rows over subgroups, SG_K groups splitting the columns, DEPTH
-    steps fetched ahead (matmul_coop.comp). Raises
+    steps fetched ahead, NBUF shared buffers (matmul_coop.comp). Raises
     SystemExit naming a malformed entry."""
     from vkrt.tuning import BatchCoopTile
 
@@ -236,14 +236,14 @@ def coop_decode_tiles(spec: str) -> tuple:
         try:
             most, tile, groups = entry.split(":")
             bm, bn = (int(v) for v in tile.split("x"))
-            sg_m, sg_n, sg_k, *depth = (int(v) for v in groups.split("x"))
-            if len(depth) > 1 or min(sg_m, sg_n, sg_k, *depth) < 1:
+            sg_m, sg_n, sg_k, *more = (int(v) for v in groups.split("x"))
+            if len(more) > 2 or min(sg_m, sg_n, sg_k, *more) < 1 or more[1:] not in ([], [1], [2]):
                 raise ValueError(groups)
         except ValueError:
             raise SystemExit(f"--decode-coop-tiles: {entry!r} is not "
-                             "MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH]")
+                             "MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]] (NBUF 1 or 2)")
         tiles.append(BatchCoopTile(int(most) if most else None, bm, bn, sg_m, sg_n,
-                                   "bench/batched.py --decode-coop-tiles", sg_k, *depth))
+                                   "bench/batched.py --decode-coop-tiles", sg_k, *more))
     if tiles[-1].max_tokens is not None:
         raise SystemExit("--decode-coop-tiles: the last tile must cover any count (MAX empty)")
     return tuple(tiles)
@@ -266,7 +266,7 @@ def with_coop_depth(table, depth: int):
 
 def with_glu(table, tile: str | None, rows: tuple[int, int] | None):
     """`--glu-tile` / `--glu-rows`: `table` (a `vkrt.tuning.Table`) with every wide-engine
-    rule's `glu_tile` the `tile` (BMxBN:SG_MxSG_NxSG_K[xDEPTH]; "none": no fused gate/up;
+    rule's `glu_tile` the `tile` (BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]]; "none": no fused gate/up;
     None: the rule's own) and its `glu_rows` `rows` (None: the rule's own where it has a
     tile, else any), for every weight type (`glu_raw_rows` None) where `rows` are given;
     nothing else changed."""
@@ -315,7 +315,7 @@ def main() -> None:
                     help="the wide-engine rules' split_rows instead of the GPU table's")
     ap.add_argument("--split-min-steps", type=int, default=None, metavar="S",
                     help="the wide-engine rules' split_min_steps instead of the GPU table's")
-    ap.add_argument("--glu-tile", default=None, metavar="BMxBN:SG_MxSG_NxSG_K[xDEPTH]",
+    ap.add_argument("--glu-tile", default=None, metavar="BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]]",
                     help="the wide-engine rules' glu_tile: gate, up and SiLU of the "
                          "generated tokens in one matmul_coop dispatch; 'none': never")
     ap.add_argument("--glu-rows", type=glu_rows, default=None, metavar="MIN:MAX",

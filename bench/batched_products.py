@@ -11,9 +11,9 @@ in one process: the measurement behind the GPU table's `batch_tiles`.
 
 A shape RxC is a weight of R output rows and C input columns (the 7B ffn_gate's 14336x4096);
 its bytes are random (they change the values, not what the kernel reads). `--coop-tiles
-BMxBN:SG_MxSG_N[xSG_K[xDEPTH]],...` adds arms on `matmul_coop` (f16 operands, where the
+BMxBN:SG_MxSG_N[xSG_K[xDEPTH[xNBUF]]],...` adds arms on `matmul_coop` (f16 operands, where the
 device lists a cooperative-matrix shape; vkrt/tuning.py `BatchCoopTile`), named
-`coop:BMxBN:SG_MxSG_N`; `--glu-tiles BMxBN:SG_MxSG_NxSG_K[xDEPTH],...` adds arms on
+`coop:BMxBN:SG_MxSG_N`; `--glu-tiles BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]],...` adds arms on
 `matmul_coop`'s GLU build (`Kernels.glu_coop`: gate and up, both of the shape, and SiLU
 times up in one dispatch; its GB/s and GFLOP/s count both weights), named `glu:...`;
 `--split-rows N,...` adds each coop tile again with products of fewer than N rows split
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                     "workgroup x tokens per tile")
     ap.add_argument("--coop-tiles", default="", help="BMxBN:SG_MxSG_N,...: matmul_coop "
                     "tiles (tokens x rows over subgroups)")
-    ap.add_argument("--glu-tiles", default="", help="BMxBN:SG_MxSG_NxSG_K[xDEPTH],...: "
+    ap.add_argument("--glu-tiles", default="", help="BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]],...: "
                     "matmul_coop's GLU build (gate and up of the shape, SiLU times up, one "
                     "dispatch) on these tiles")
     ap.add_argument("--split-rows", default="", help="N,...: each coop tile also with "
@@ -103,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 return 1
             kernels[f"glu:{c}"] = base
-            bm, bn, sg_m, sg_n, sg_k, *depth = (int(v) for v in c.replace(":", "x").split("x"))
-            glu_tiles[f"glu:{c}"] = (bm, bn, sg_m, sg_n, sg_k, 1, *depth)   # one shared buffer
+            bm, bn, sg_m, sg_n, sg_k, *more = (int(v) for v in c.replace(":", "x").split("x"))
+            glu_tiles[f"glu:{c}"] = BatchCoopTile(None, bm, bn, sg_m, sg_n, "bench", sg_k,
+                                                  *more).spec_tile()
         split_rows = {}                   # arm -> its split_rows
         for c in coop_tiles:
             for n in (int(v) for v in args.split_rows.split(",") if v):

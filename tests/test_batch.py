@@ -695,6 +695,24 @@ def test_a_cached_prefix_gives_the_bits_of_computing_it(which, request):
             assert np.array_equal(logits[key], want_logits[key]), (shared, key)
 
 
+def test_paged_cache_partials_cover_a_tiles_own_split():
+    """PagedCache.most_split_rows, which sizes the split products' partial sums: the engine's
+    split_rows, or a tile's own where larger (a Q4_1 tile splitting up to 8192 rows in an
+    engine of 4096), so that `Kernels.k_splits` never asks for more partials than there are."""
+    from types import SimpleNamespace
+
+    from vkrt.models.batch import PagedCache
+    from vkrt.tuning import BatchCoopTile
+
+    plain = BatchCoopTile(None, 32, 32, 2, 2, "test", 8)
+    own = BatchCoopTile(None, 32, 32, 2, 2, "test", 4, dtypes=("q4_1",), split_rows=8192)
+    for split_rows, tiles, want in ((4096, (plain,), 4096), (4096, (plain, own), 8192),
+                                    (16384, (plain, own), 16384), (0, (own,), 8192),
+                                    (0, (), 0)):
+        p = SimpleNamespace(split_rows=split_rows, coop_tiles=tiles)
+        assert PagedCache.most_split_rows(p) == want, (split_rows, tiles)
+
+
 def test_paged_cache_fuses_glu():
     """PagedCache.fuses_glu: a gate of `RAW4_DTYPES` (Q4_1, Q4_K) fuses within glu_raw_rows,
     any other type within glu_rows, bounds included; none without a tile."""

@@ -197,14 +197,18 @@ def test_batched_generate_prefix_follows_vkrt_generate(default_model_path):
 
 
 def test_batched_decode_coop_tiles_parse():
-    """bench/batched.py --decode-coop-tiles: MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH] entries become
-    the table's batched matmul_coop tiles, the last one for any count; a malformed entry
-    (too few or too many fields, a zero) or a last one with a MAX exits naming it."""
+    """bench/batched.py --decode-coop-tiles: MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]] entries
+    become the table's batched matmul_coop tiles, the last one for any count; a malformed
+    entry (too few or too many fields, a zero, NBUF other than 1 or 2) or a last one with a
+    MAX exits naming it."""
     parse = _bench_script("batched").coop_decode_tiles
-    tiles = parse("16:16x32:1x2x4,32:32x32:2x2x4x2,:32x64:2x2x4")
-    assert [(t.max_tokens, t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k, t.depth) for t in tiles] == [
-        (16, 16, 32, 1, 2, 4, 1), (32, 32, 32, 2, 2, 4, 2), (None, 32, 64, 2, 2, 4, 1)]
-    for bad in ("16:16x32:1x2", "16:16x32:1x2x4x2x1", "16:16x32:1x2x4x0", "16:16x32:1x0x4"):
+    tiles = parse("16:16x32:1x2x4,32:32x32:2x2x4x2,64:32x32:2x2x2x2x2,:32x64:2x2x4")
+    assert [(t.max_tokens, t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k, t.depth, t.nbuf)
+            for t in tiles] == [
+        (16, 16, 32, 1, 2, 4, 1, 1), (32, 32, 32, 2, 2, 4, 2, 1), (64, 32, 32, 2, 2, 2, 2, 2),
+        (None, 32, 64, 2, 2, 4, 1, 1)]
+    for bad in ("16:16x32:1x2", "16:16x32:1x2x4x2x1x1", "16:16x32:1x2x4x0", "16:16x32:1x0x4",
+                "16:16x32:1x2x4x2x3"):
         with pytest.raises(SystemExit, match=f"'{bad}' is not MAX:BMxBN:SG_MxSG_NxSG_K"):
             parse(f"{bad},:32x64:2x2x4")
     with pytest.raises(SystemExit, match="the last tile must cover any count"):

@@ -2147,7 +2147,8 @@ def test_batched_coop_takes_the_engines_tiles(gpu, kernels):
     """Kernels.linear(batched="matmul_coop", coop_tiles=...): the product runs on the tile
     of the set it is given (an engine's, `Kernels.batch_coop_tiles(max_batch)`), not the
     table's `batch_coop_tiles` (its grid: row tiles of BN, token tiles of BM), and without a
-    set on the table's; each within matmul_coop's bound."""
+    set on the table's; the tile naming the weight's type before one naming none; each
+    within matmul_coop's bound."""
     from vkrt.tuning import BatchCoopTile
 
     coop_or_skip(kernels)
@@ -2158,7 +2159,9 @@ def test_batched_coop_takes_the_engines_tiles(gpu, kernels):
     w, x = randn(r, n_rows, n_cols), randn(r, n, n_cols)
     bw, bx = gpu.upload(w), gpu.upload(x)
     terms = w[None].astype(np.float64) * x[:, None].astype(np.float64)
-    for tiles, grid in ((own, (2, 1, 1)), (None, (3, 1, 1))):
+    typed = (*kernels.tuning.batch_coop_tiles,
+             BatchCoopTile(None, 16, 64, 1, 2, "test", 2, dtypes=(bw.dtype,)))
+    for tiles, grid in ((own, (2, 1, 1)), (None, (3, 1, 1)), (typed, (2, 1, 1))):
         by = gpu.filled(n * n_rows)
         d = kernels.linear(bx, bw, by, n, batched="matmul_coop", coop_tiles=tiles)
         assert tuple(d.grid) == grid, tiles
@@ -2188,7 +2191,9 @@ def test_sum_splits_adds_the_partials_in_order(gpu, kernels):
 def test_k_splits_depend_on_the_weight_shape_alone(kernels):
     """Kernels.k_splits: products of fewer than split_rows rows and at least min_steps steps
     of sg_k * 32 columns split their columns over ceil(split_rows / rows) workgroups, at most
-    one per step; never by the token count (it is not an argument: batch invariance)."""
+    one per step; sg_k and split_rows those of the weight type's own tile where the engine
+    has one (`BatchCoopTile.dtypes`, `split_rows`); never by the token count (it is not an
+    argument: batch invariance)."""
     from types import SimpleNamespace
 
     from vkrt.tuning import BatchCoopTile
@@ -2196,6 +2201,18 @@ def test_k_splits_depend_on_the_weight_shape_alone(kernels):
     tiles8 = (BatchCoopTile(None, 32, 32, 2, 2, "test", 8),)
     tiles4 = (BatchCoopTile(32, 32, 32, 2, 2, "test", 4),
               BatchCoopTile(None, 64, 32, 4, 2, "test", 4))
+    typed = (*tiles8, BatchCoopTile(None, 32, 32, 2, 2, "test", 4, 2, dtypes=("q4_1",),
+                                    split_rows=8192))
+    for rows, cols, split_rows, tiles, min_steps, want, dtype in (
+            (4096, 4096, 4096, typed, 16, 2, "q4_1"),    # its own: 8192 rows, 32 steps
+            (4096, 14336, 4096, typed, 16, 2, "q4_1"),
+            (1024, 4096, 4096, typed, 16, 8, "q4_1"),
+            (4096, 4096, 4096, typed, 16, 1, "q4_k"),    # the type-blind tile
+            (1024, 4096, 4096, typed, 16, 4, "q4_k"),    # 16 steps of 256 columns
+            (1024, 2048, 4096, typed, 16, 1, "q6_k"),    # 8 steps of 256: too short
+            (1024, 2048, 4096, typed, 16, 8, "q4_1")):   # 16 steps of 128
+        w = SimpleNamespace(shape=(rows, cols), dtype=dtype)
+        assert kernels.k_splits(w, split_rows, tiles, min_steps) == want, (rows, cols, dtype)
     for rows, cols, split_rows, tiles, min_steps, want in (
             (1024, 4096, 4096, tiles8, 1, 4),  # a 7B attn_k: 32 row tiles -> 128 workgroups
             (4096, 4096, 4096, tiles8, 1, 1),  # enough rows
@@ -2209,7 +2226,7 @@ def test_k_splits_depend_on_the_weight_shape_alone(kernels):
             (512, 2048, 4096, tiles8, 8, 8),   # 8 steps, at least 8 asked
             (576, 1536, 4096, tiles8, 8, 1),   # a 135M ffn_down: 6 steps, too short
             (576, 1536, 4096, tiles4, 8, 8)):  # 12 steps of 128 columns
-        w = SimpleNamespace(shape=(rows, cols))
+        w = SimpleNamespace(shape=(rows, cols), dtype="q4_1")
         assert kernels.k_splits(w, split_rows, tiles, min_steps) == want, (rows, cols,
                                                                           split_rows)
 

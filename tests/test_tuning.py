@@ -113,7 +113,9 @@ def test_batch_coop_tiles_by_max_batch():
     assert [t.batch_coop_tile(n, own).bm for n in (1, 32, 33, 64)] == [32, 32, 64, 64]
     assert t.batch_coop_tile(64).sg_k == 8                  # the table's, without a set
     for n in (None, 16, 32, 64, 128):
-        assert len({r.sg_k for r in tuning.GPU.batch_coop_tiles_for(n)}) == 1, n
+        tiles = tuning.GPU.batch_coop_tiles_for(n)
+        for dtype in ("", "q4_1", "q4_k", "q6_k", "q8_0"):   # raises on two splits of a type
+            assert tuning.GPU.batch_coop_tile(1, tiles, dtype).sg_k in (4, 8), (n, dtype)
     assert {r.sg_k for r in tuning.GPU.batch_coop_tiles_for(64)} == {4}
 
 
@@ -140,6 +142,29 @@ def test_batch_coop_tiles_keep_one_column_split():
         tuning.BatchCoopTile(None, 32, 32, 1, 1, "test", 2)))
     with pytest.raises(ValueError, match=r"sg_k \[2, 4\]\): batch invariance needs one"):
         mixed.batch_coop_tile(9)
+
+
+def test_batch_coop_tiles_by_weight_type():
+    """BatchCoopTile.dtypes: a product of a type some tiles name takes the first of those
+    that covers its count, any other type the first of the tiles naming none; each type's
+    tiles keep one column split (two types may differ), and a split of two ways within a
+    type's tiles is refused naming it."""
+    plain = tuning.BatchCoopTile(None, 32, 32, 2, 2, "test", 8)
+    q41 = (tuning.BatchCoopTile(16, 16, 32, 1, 2, "test", 4, dtypes=("q4_1", "q8_0")),
+           tuning.BatchCoopTile(None, 32, 32, 2, 2, "test", 4, dtypes=("q4_1",)))
+    t = dataclasses.replace(tuning.GPU, batch_coop_tiles=(plain, *q41))
+    assert [t.batch_coop_tile(n, dtype=d) for n, d in (
+        (8, "q4_1"), (32, "q4_1"), (8, "q8_0"), (32, "q4_k"), (8, "")
+    )] == [q41[0], q41[1], q41[0], plain, plain]
+    mixed = dataclasses.replace(t, batch_coop_tiles=(
+        plain, q41[0], dataclasses.replace(q41[1], sg_k=2)))
+    assert mixed.batch_coop_tile(32, dtype="q4_k") == plain
+    with pytest.raises(ValueError, match=r"of q4_1 split the columns .* \[2, 4\]"):
+        mixed.batch_coop_tile(32, dtype="q4_1")
+    gpu = tuning.GPU.batch_coop_tiles_for(32)
+    assert gpu == tuning.GPU.batch_coop_tiles
+    assert tuning.GPU.batch_coop_tile(32, gpu, "q4_1").split_rows == 8192
+    assert tuning.GPU.batch_coop_tile(32, gpu, "q4_k").split_rows is None
 
 
 @pytest.mark.parametrize("table", list(tuning.TABLES))

@@ -495,9 +495,10 @@ class Kernels:
                 for role, kernel in self.tuning.batch_products_for(max_batch).items()}
 
     def batch_coop_tiles(self, max_batch: int | None = None) -> tuple:
-        """The `matmul_coop` tiles (vkrt/tuning.py `BatchCoopTile`, one column split among
-        them) of the batched runner's products in an engine of `max_batch` sequences per step
-        (`Table.batch_coop_tiles_for`); the paged KV cache holds them with the kernels."""
+        """The `matmul_coop` tiles (vkrt/tuning.py `BatchCoopTile`, one column split per
+        weight type among them) of the batched runner's products in an engine of
+        `max_batch` sequences per step (`Table.batch_coop_tiles_for`); the paged KV cache
+        holds them with the kernels."""
         return self.tuning.batch_coop_tiles_for(max_batch)
 
     def prefill_kernel(self, n_tokens: int) -> str:
@@ -526,7 +527,7 @@ class Kernels:
     def batch_glu(self, max_batch: int | None = None
                   ) -> tuple[tuple | None, tuple[int, int], tuple[int, int]]:
         """(tile, (min_rows, max_rows), raw rows): the `glu_coop` tile (BM, BN, SG_M, SG_N,
-        SG_K, 1, DEPTH) on which an engine of `max_batch` sequences runs its generated
+        SG_K, NBUF, DEPTH) on which an engine of `max_batch` sequences runs its generated
         tokens' gate and up products of min_rows to max_rows rows as one dispatch, and the
         bounds for `weight_types.RAW4_DTYPES` (`Table.batch_glu_for`), or (None, (0, 0), (0,
         0)): where the table has none or the engine's decode products are not on
@@ -534,19 +535,21 @@ class Kernels:
         tile, rows, raw_rows = self.tuning.batch_glu_for(max_batch)
         if tile is None or self.batch_products(max_batch)["decode"] != "matmul_coop":
             return None, (0, 0), (0, 0)
-        return (tile.bm, tile.bn, tile.sg_m, tile.sg_n, tile.sg_k, 1, tile.depth), rows, raw_rows
+        return tile.spec_tile(), rows, raw_rows
 
     def k_splits(self, weight: Tensor, split_rows: int, coop_tiles: tuple | None = None,
                  min_steps: int = 1) -> int:
         """How many workgroups split the columns of the batched `matmul_coop` product of
         `weight` [n_rows, n_cols] (matmul_coop.comp, n_splits): ceil(split_rows / n_rows) for
-        n_rows < split_rows and at least `min_steps` steps of the tiles' sg_k * 32 columns,
-        at most one per step; else 1. It depends on the weight's shape and the engine's
-        tiles' column split alone, never on the token count (batch invariance: a token's
-        bits depend on the split)."""
+        n_rows < split_rows and at least `min_steps` steps of the tile's sg_k * 32 columns,
+        at most one per step; else 1; split_rows the tile's own where it has one (the
+        engine's tile for the weight's type, `Table.batch_coop_tile`). It depends on the
+        weight's shape and type and the engine's tiles alone, never on the token count
+        (batch invariance: a token's bits depend on the split)."""
         n_rows, n_cols = weight.shape
-        sg_k = self.tuning.batch_coop_tile(1, coop_tiles).sg_k
-        steps = -(-n_cols // (32 * sg_k))
+        tile = self.tuning.batch_coop_tile(1, coop_tiles, weight.dtype)
+        split_rows = split_rows if tile.split_rows is None else tile.split_rows
+        steps = -(-n_cols // (32 * tile.sg_k))
         if n_rows >= split_rows or steps < min_steps:
             return 1
         return min(steps, -(-split_rows // n_rows))
@@ -605,8 +608,8 @@ class Kernels:
         if kernel == "matmul_coop":
             tile = None
             if batched is not None:
-                t = self.tuning.batch_coop_tile(n_tokens, coop_tiles)
-                tile = (t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k, 1, t.depth)
+                tile = self.tuning.batch_coop_tile(n_tokens, coop_tiles,
+                                                   weight.dtype).spec_tile()
             spec = self.coop_spec(n_out, n_tokens, tile)
             x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
             grid = (x_groups, _groups(n_tokens, spec[4]) * k_splits, z_groups)

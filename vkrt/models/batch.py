@@ -162,6 +162,11 @@ class PagedCache:
         lo, hi = self.glu_raw_rows if gate.dtype in RAW4_DTYPES else self.glu_rows
         return self.glu_tile is not None and lo <= gate.shape[0] <= hi
 
+    def most_split_rows(self) -> int:
+        """The largest split_rows of the decode products: the engine's, or a tile's own
+        (`BatchCoopTile.split_rows`) where larger; it sizes the partial sums."""
+        return max([self.split_rows, *(t.split_rows or 0 for t in self.coop_tiles)])
+
     @property
     def scratch_slot(self) -> int:
         return self.num_blocks * self.block_size
@@ -306,7 +311,7 @@ class PagedBatch:
                 continue
             products = self._role_products(role)
             splits = 1
-            if role == "decode" and products["batched"] == "matmul_coop" and p.split_rows:
+            if role == "decode" and products["batched"] == "matmul_coop":
                 splits = k.k_splits(weight, p.split_rows, p.coop_tiles, p.split_min_steps)
             if splits == 1:
                 out.append(k.linear(x, weight, y, n, name=name, token0=row0, **products))
@@ -354,12 +359,13 @@ class PagedBatch:
     def _partials(self, y: Tensor) -> Tensor:
         """The partial sums of the split products writing `y` (one buffer per output view,
         so that products writing different views, as K and V, share no bytes): f32 of 2 *
-        split_rows * the most decode tokens of a step, what `Kernels.k_splits` can ask
-        (splits * rows < split_rows + rows); made on first use, freed with the paged cache."""
+        `PagedCache.most_split_rows` * the most decode tokens of a step, what
+        `Kernels.k_splits` can ask (splits * rows < split_rows + rows); made on first use,
+        freed with the paged cache."""
         p = self._paged
         part = p.partials.get(y.name)
         if part is None:
-            n = 2 * p.split_rows * p.sampled.shape[0]
+            n = 2 * p.most_split_rows() * p.sampled.shape[0]
             part = p.partials[y.name] = Tensor(Buffer(self.device, 4 * n,
                                                       name=f"batch_partials.{y.name}"),
                                                0, 4 * n, "float32", (n,), f"partials.{y.name}")
