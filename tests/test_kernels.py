@@ -2202,7 +2202,7 @@ def test_k_splits_depend_on_the_weight_shape_alone(kernels):
     tiles4 = (BatchCoopTile(32, 32, 32, 2, 2, "test", 4),
               BatchCoopTile(None, 64, 32, 4, 2, "test", 4))
     typed = (*tiles8, BatchCoopTile(None, 32, 32, 2, 2, "test", 4, 2, dtypes=("q4_1",),
-                                    split_rows=8192))
+                                    min_rows=1024, split_rows=8192))
     for rows, cols, split_rows, tiles, min_steps, want, dtype in (
             (4096, 4096, 4096, typed, 16, 2, "q4_1"),    # its own: 8192 rows, 32 steps
             (4096, 14336, 4096, typed, 16, 2, "q4_1"),
@@ -2210,7 +2210,8 @@ def test_k_splits_depend_on_the_weight_shape_alone(kernels):
             (4096, 4096, 4096, typed, 16, 1, "q4_k"),    # the type-blind tile
             (1024, 4096, 4096, typed, 16, 4, "q4_k"),    # 16 steps of 256 columns
             (1024, 2048, 4096, typed, 16, 1, "q6_k"),    # 8 steps of 256: too short
-            (1024, 2048, 4096, typed, 16, 8, "q4_1")):   # 16 steps of 128
+            (1024, 2048, 4096, typed, 16, 8, "q4_1"),    # 16 steps of 128
+            (1000, 4096, 4096, typed, 16, 5, "q4_1")):   # under its min_rows: type-blind
         w = SimpleNamespace(shape=(rows, cols), dtype=dtype)
         assert kernels.k_splits(w, split_rows, tiles, min_steps) == want, (rows, cols, dtype)
     for rows, cols, split_rows, tiles, min_steps, want in (

@@ -145,10 +145,11 @@ def test_batch_coop_tiles_keep_one_column_split():
 
 
 def test_batch_coop_tiles_by_weight_type():
-    """BatchCoopTile.dtypes: a product of a type some tiles name takes the first of those
-    that covers its count, any other type the first of the tiles naming none; each type's
-    tiles keep one column split (two types may differ), and a split of two ways within a
-    type's tiles is refused naming it."""
+    """BatchCoopTile.dtypes and min_rows: a product of a type some tiles name (among those
+    whose min_rows it has) takes the first of those that covers its count, any other
+    product the first of the tiles naming none; each type's tiles keep one column split
+    (two types may differ), and a split of two ways within a type's tiles is refused naming
+    it."""
     plain = tuning.BatchCoopTile(None, 32, 32, 2, 2, "test", 8)
     q41 = (tuning.BatchCoopTile(16, 16, 32, 1, 2, "test", 4, dtypes=("q4_1", "q8_0")),
            tuning.BatchCoopTile(None, 32, 32, 2, 2, "test", 4, dtypes=("q4_1",)))
@@ -161,10 +162,15 @@ def test_batch_coop_tiles_by_weight_type():
     assert mixed.batch_coop_tile(32, dtype="q4_k") == plain
     with pytest.raises(ValueError, match=r"of q4_1 split the columns .* \[2, 4\]"):
         mixed.batch_coop_tile(32, dtype="q4_1")
+    big = dataclasses.replace(t, batch_coop_tiles=(
+        plain, dataclasses.replace(q41[1], min_rows=4096)))
+    assert [big.batch_coop_tile(32, dtype="q4_1", n_rows=r) for r in (4095, 4096, 14336)] == [
+        plain, big.batch_coop_tiles[1], big.batch_coop_tiles[1]]
     gpu = tuning.GPU.batch_coop_tiles_for(32)
     assert gpu == tuning.GPU.batch_coop_tiles
-    assert tuning.GPU.batch_coop_tile(32, gpu, "q4_1").split_rows == 8192
-    assert tuning.GPU.batch_coop_tile(32, gpu, "q4_k").split_rows is None
+    assert tuning.GPU.batch_coop_tile(32, gpu, "q4_1", 4096).split_rows == 8192
+    assert tuning.GPU.batch_coop_tile(32, gpu, "q4_1", 2048).split_rows is None
+    assert tuning.GPU.batch_coop_tile(32, gpu, "q4_k", 4096).split_rows is None
 
 
 @pytest.mark.parametrize("table", list(tuning.TABLES))

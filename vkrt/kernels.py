@@ -547,7 +547,7 @@ class Kernels:
         weight's shape and type and the engine's tiles alone, never on the token count
         (batch invariance: a token's bits depend on the split)."""
         n_rows, n_cols = weight.shape
-        tile = self.tuning.batch_coop_tile(1, coop_tiles, weight.dtype)
+        tile = self.tuning.batch_coop_tile(1, coop_tiles, weight.dtype, n_rows)
         split_rows = split_rows if tile.split_rows is None else tile.split_rows
         steps = -(-n_cols // (32 * tile.sg_k))
         if n_rows >= split_rows or steps < min_steps:
@@ -608,8 +608,8 @@ class Kernels:
         if kernel == "matmul_coop":
             tile = None
             if batched is not None:
-                tile = self.tuning.batch_coop_tile(n_tokens, coop_tiles,
-                                                   weight.dtype).spec_tile()
+                tile = self.tuning.batch_coop_tile(n_tokens, coop_tiles, weight.dtype,
+                                                   n_out).spec_tile()
             spec = self.coop_spec(n_out, n_tokens, tile)
             x_groups, z_groups = spread(_groups(n_out, spec[5]), self.limit)
             grid = (x_groups, _groups(n_tokens, spec[4]) * k_splits, z_groups)

@@ -66,13 +66,13 @@ class BatchCoopTile:
     at most `max_tokens` tokens (None: any): a workgroup tile of `bm` tokens x `bn` rows over
     `sg_m` x `sg_n` subgroups, `sg_k` such groups splitting the columns, `depth` steps of
     columns fetched ahead into registers, `nbuf` shared buffers (2: one barrier per step;
-    `Kernels.coop_spec` refuses a tile past the device's shared memory). `dtypes`: the weight
-    types (vkrt/weight_types.py) whose products take it, () any: where a set of tiles names
-    a product's type, only the tiles naming it serve that product, else only those naming
-    none. `split_rows`: for those products, the engine's `WideBatchDecode.split_rows`
-    instead (None: the rule's). A token's bits depend on `sg_k` but not on the rest of the
-    tile (matmul_coop.comp), so the tiles that serve a type share one `sg_k`
-    (`Table.batch_coop_tile` checks it)."""
+    `Kernels.coop_spec` refuses a tile past the device's shared memory). `dtypes` and
+    `min_rows`: the products it serves, of those weight types (vkrt/weight_types.py; ()
+    any) and at least that many rows: where a set of tiles names a product's type, only the
+    tiles naming it serve that product, else only those naming none. `split_rows`: for its
+    products, the engine's `WideBatchDecode.split_rows` instead (None: the rule's). A
+    token's bits depend on `sg_k` but not on the rest of the tile (matmul_coop.comp), so
+    the tiles that serve a product share one `sg_k` (`Table.batch_coop_tile` checks it)."""
     max_tokens: int | None
     bm: int
     bn: int
@@ -83,6 +83,7 @@ class BatchCoopTile:
     depth: int = 1
     nbuf: int = 1
     dtypes: tuple[str, ...] = ()
+    min_rows: int = 0
     split_rows: int | None = None
 
     def matches(self, n_tokens: int) -> bool:
@@ -230,14 +231,15 @@ class Table:
         return next(r for r in self.batch_tiles if r.matches(n_tokens))
 
     def batch_coop_tile(self, n_tokens: int, tiles: tuple[BatchCoopTile, ...] | None = None,
-                        dtype: str = "") -> BatchCoopTile:
-        """The `matmul_coop` launch of a batched product of `n_tokens` tokens of weight type
-        `dtype` among `tiles` (None: `batch_coop_tiles`; an engine's: `batch_coop_tiles_for`):
-        the first that covers the count among those naming `dtype`, or where none does,
-        among those naming no type (`BatchCoopTile.dtypes`). Raises ValueError when those
-        tiles split the columns differently (`sg_k`): a token's bits would then change with
-        the batch size."""
+                        dtype: str = "", n_rows: int = 0) -> BatchCoopTile:
+        """The `matmul_coop` launch of a batched product of `n_tokens` tokens of a weight of
+        type `dtype` and `n_rows` rows among `tiles` (None: `batch_coop_tiles`; an engine's:
+        `batch_coop_tiles_for`): of the tiles whose `min_rows` it has, the first that covers
+        the count among those naming `dtype`, or where none does, among those naming no
+        type (`BatchCoopTile.dtypes`). Raises ValueError when those tiles split the columns
+        differently (`sg_k`): a token's bits would then change with the batch size."""
         tiles = self.batch_coop_tiles if tiles is None else tiles
+        tiles = tuple(r for r in tiles if n_rows >= r.min_rows)
         tiles = tuple(r for r in tiles if dtype in r.dtypes) or tuple(
             r for r in tiles if not r.dtypes)
         if len({r.sg_k for r in tiles}) > 1:
@@ -385,18 +387,19 @@ GPU = Table(
                                     "tok/s, 7B 1,917.4 -> 1,962.6 (H100), 1.2B 8,696.0 / "
                                     "8,869.1 -> 8,765.1 / 8,954.5, 7B 1,883.2 / 1,884.1 -> "
                                     "1,903.3 / 1,930.9 (H200)", 8, 2),
-                      # Q4_1's products split the columns 4 ways in the workgroup and those
-                      # of fewer than 8192 rows 2+ ways across workgroups (a 4096-row
-                      # product: 256 workgroups of 512 invocations, not 128 of 1,024).
-                      # A Q4_K_M file loses with it (7B at 32 sequences 1,882.4 / 1,874.2
-                      # -> 1,641.5 / 1,668.3 tok/s), so its types keep the tile above.
+                      # Q4_1's products of 4096-8191 rows split the columns 4 ways in the
+                      # workgroup and 2 ways across workgroups (a 4096-row product: 256
+                      # workgroups of 512 invocations, not 128 of 1,024). A Q4_K_M file
+                      # loses with it (7B at 32 sequences 1,882.4 / 1,874.2 -> 1,641.5 /
+                      # 1,668.3 tok/s), so its types keep the tile above.
                       BatchCoopTile(None, 32, 32, 2, 2, _Q41 + ": 7B Q4_1 decode tok/s at 32 "
                                     "sequences 2,392.9 / 2,399.0 -> 2,504.3 / 2,494.9, at 16 "
                                     "1,247.2 / 1,257.5 -> 1,324.3 / 1,308.1; 1.2B 11,135.5 / "
                                     "10,901.5 -> 11,221.7 / 10,836.8; 135M 12,304.6 / "
                                     "11,677.2 -> 11,831.9 / 12,127.4; 4 ways without the "
                                     "split 7B 2,245.6 / 2,258.3; 8 ways with it 2,230.7 / "
-                                    "2,260.8", 4, 2, dtypes=("q4_1",), split_rows=8192)),
+                                    "2,260.8", 4, 2, dtypes=("q4_1",), min_rows=4096,
+                                    split_rows=8192)),
     # Engines of 64 or more sequences: the columns split 4 ways, 64-token tiles at 33 or more
     # tokens (at 64 tokens a 7B layer's products 64x32:4x2x4 629.5 us against 32x32:2x2x8's
     # 729.9; at 32, 32x32:2x2x4 452.5 against 424.5, hence not below 64 sequences).
