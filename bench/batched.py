@@ -6,7 +6,8 @@ its batch-1 run.
     python bench/batched.py [--model M] [--seqs 1,8,32,64] [--prompt-tokens 128]
         [--tokens 128] [--max-batched-tokens 512] [--kv-cache-dtype f32] [--device N]
         [--max-batch B] [--compare-sync]
-        [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]],...] [--split-rows N]
+        [--decode-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]],...]
+        [--table-coop-tiles MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]],...] [--split-rows N]
         [--split-min-steps S] [--coop-depth D] [--glu-tile T] [--glu-rows MIN:MAX]
 
 For each N: an `Engine(model, max_batch=N)` (vkrt/serve/engine.py; with `--max-batch B`,
@@ -35,7 +36,9 @@ and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at po
 (recorded, not replayed: timestamps are recorded per dispatch), GPU µs per kernel name
 (`blk.3.ffn_down` -> `ffn_down`). `--decode-coop-tiles` runs the generated tokens' products on
 `matmul_coop` with the given tiles (split K included) instead of the GPU table's kernel: the
-A/B of bench/README.md, 2026-12-04 second session. `--split-rows N` sets the GPU table's
+A/B of bench/README.md, 2026-12-04 second session; `--table-coop-tiles` replaces the GPU
+table's own tiles (those of engines whose rule has none) and keeps the rules. `--split-rows N`
+sets the GPU table's
 wide-engine rules' `split_rows` (vkrt/tuning.py `WideBatchDecode`; 0: no product split
 across workgroups), `--split-min-steps S` their `split_min_steps`, `--coop-depth D` every
 `matmul_coop` decode tile's `depth` (steps fetched ahead), `--glu-tile T` (`none`: off) and
@@ -249,6 +252,16 @@ def coop_decode_tiles(spec: str) -> tuple:
     return tuple(tiles)
 
 
+def with_table_coop_tiles(table, spec: str):
+    """`--table-coop-tiles`: `table` (a `vkrt.tuning.Table`) with its own `batch_coop_tiles`,
+    those of the wide-engine rules without tiles of their own (the 16-63 engines' on the GPU
+    table), replaced by `spec`'s (`coop_decode_tiles`); the rules kept, unlike
+    `--decode-coop-tiles`."""
+    import dataclasses
+
+    return dataclasses.replace(table, batch_coop_tiles=coop_decode_tiles(spec))
+
+
 def with_coop_depth(table, depth: int):
     """`--coop-depth`: `table` (a `vkrt.tuning.Table`) with every batched `matmul_coop` tile,
     its own `batch_coop_tiles` and each wide-engine rule's `coop_tiles`, fetching `depth`
@@ -311,6 +324,9 @@ def main() -> None:
                     help="run the generated tokens' products on matmul_coop with these tiles "
                          "instead of the GPU table's kernel (e.g. 16:16x32:1x2x4,"
                          "32:32x32:2x2x4,:32x64:2x2x4)")
+    ap.add_argument("--table-coop-tiles", default=None, metavar="MAX:BMxBN:SG_MxSG_NxSG_K,...",
+                    help="the GPU table's own batched matmul_coop tiles (its per-type tiles "
+                         "among them) replaced, its wide-engine rules kept")
     ap.add_argument("--split-rows", type=int, default=None, metavar="N",
                     help="the wide-engine rules' split_rows instead of the GPU table's")
     ap.add_argument("--split-min-steps", type=int, default=None, metavar="S",
@@ -332,6 +348,8 @@ def main() -> None:
             tuning.TABLES["gpu"], batch_coop_tiles=coop_decode_tiles(args.decode_coop_tiles),
             batch_products={**tuning.TABLES["gpu"].batch_products, "decode": "matmul_coop"},
             wide_batch_decode=())        # no rule's own tiles: these, at every max_batch
+    if args.table_coop_tiles:
+        tuning.TABLES["gpu"] = with_table_coop_tiles(tuning.TABLES["gpu"], args.table_coop_tiles)
     if args.coop_depth is not None:
         tuning.TABLES["gpu"] = with_coop_depth(tuning.TABLES["gpu"], args.coop_depth)
     if args.glu_tile is not None or args.glu_rows is not None:

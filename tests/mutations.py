@@ -1715,6 +1715,11 @@ MUTATIONS = [
      "return (0, 1) if wide is None else (wide.split_rows, wide.split_min_steps)",
      "return (0, 1)",
      ["tests/test_tuning.py::test_batch_split_rows_by_max_batch"]),
+    ("batched: --table-coop-tiles drops the wide-engine rules", "bench/batched.py",
+     "return dataclasses.replace(table, batch_coop_tiles=coop_decode_tiles(spec))",
+     "return dataclasses.replace(table, batch_coop_tiles=coop_decode_tiles(spec),\n"
+     "                               wide_batch_decode=())",
+     ["tests/test_bench.py::test_batched_table_coop_tiles_keep_the_rules"]),
     ("batched: llama-batched-bench timed on its first run (pipelines compiled in it)",
      "bench/batched.py", "    for _ in range(2):\n        out = subprocess.run(",
      "    for _ in range(1):\n        out = subprocess.run(",

@@ -215,6 +215,21 @@ def test_batched_decode_coop_tiles_parse():
         parse("16:16x32:1x2x4")
 
 
+def test_batched_table_coop_tiles_keep_the_rules():
+    """bench/batched.py --table-coop-tiles: the GPU table's own batched matmul_coop tiles
+    (its per-type ones among them) become the given ones; the wide-engine rules, their own
+    tiles and splits, and the prefill tiles stay as they were."""
+    import dataclasses
+
+    from vkrt import tuning
+
+    gpu = tuning.TABLES["gpu"]
+    got = _bench_script("batched").with_table_coop_tiles(gpu, ":32x32:2x2x4x2")
+    assert [(t.sg_k, t.depth, t.dtypes) for t in got.batch_coop_tiles] == [(4, 2, ())]
+    assert got.wide_batch_decode == gpu.wide_batch_decode and got.wide_batch_decode
+    assert dataclasses.replace(got, batch_coop_tiles=gpu.batch_coop_tiles) == gpu
+
+
 def test_batched_coop_depth_reaches_every_batched_tile():
     """bench/batched.py --coop-depth: every batched matmul_coop tile of the table (its own
     and each wide-engine rule's) fetches that many steps ahead; their other fields, the

@@ -288,8 +288,7 @@ _SPLIT8 = ("bench/README.md, 2026-12-04 fifth session (bench/batched.py and "
 _SPLITWG = ("bench/README.md, 2026-12-05, eleventh session (bench/batched.py --split-rows "
             "and bench/batched_products.py --split-rows, H100, A/B alternating)")
 _Q41 = ("bench/README.md, 2026-12-06, seventeenth session (bench/batched.py at 16 and 32 "
-        "sequences, this tile against the type-blind one alternating, and "
-        "bench/batched_products.py, H100)")
+        "sequences, H100)")
 _DEPTH = ("bench/README.md, 2026-12-05, twelfth session (bench/batched_products.py and "
           "bench/batched.py --coop-depth, H100 and H200)")
 _SPLIT4 = ("bench/README.md, 2026-12-04 sixth session (bench/batched.py at 64 sequences, "
@@ -387,17 +386,21 @@ GPU = Table(
                                     "tok/s, 7B 1,917.4 -> 1,962.6 (H100), 1.2B 8,696.0 / "
                                     "8,869.1 -> 8,765.1 / 8,954.5, 7B 1,883.2 / 1,884.1 -> "
                                     "1,903.3 / 1,930.9 (H200)", 8, 2),
-                      # Q4_1's products of 4096-8191 rows split the columns 4 ways in the
-                      # workgroup and 2 ways across workgroups (a 4096-row product: 256
-                      # workgroups of 512 invocations, not 128 of 1,024). A Q4_K_M file
-                      # loses with it (7B at 32 sequences 1,882.4 / 1,874.2 -> 1,641.5 /
-                      # 1,668.3 tok/s), so its types keep the tile above.
+                      # Q4_1's products of 4096 rows or more split the columns 4 ways in the
+                      # workgroup, and those under 8192 rows also 2 ways across workgroups
+                      # (a 4096-row product: 256 workgroups of 512 invocations, not 128 of
+                      # 1,024). A Q4_K_M file loses with it (7B at 32 sequences 1,882.4 /
+                      # 1,874.2 -> 1,641.5 / 1,668.3 tok/s), so its types keep the tile
+                      # above; the smaller Q4_1 products too (see the source).
                       BatchCoopTile(None, 32, 32, 2, 2, _Q41 + ": 7B Q4_1 decode tok/s at 32 "
-                                    "sequences 2,392.9 / 2,399.0 -> 2,504.3 / 2,494.9, at 16 "
-                                    "1,247.2 / 1,257.5 -> 1,324.3 / 1,308.1; 1.2B 11,135.5 / "
-                                    "10,901.5 -> 11,221.7 / 10,836.8; 135M 12,304.6 / "
-                                    "11,677.2 -> 11,831.9 / 12,127.4; 4 ways without the "
-                                    "split 7B 2,245.6 / 2,258.3; 8 ways with it 2,230.7 / "
+                                    "sequences 2,393.7 / 2,392.1 -> 2,467.6 / 2,504.2, at 16 "
+                                    "1,270.6 / 1,254.4 -> 1,296.8 / 1,303.6 (the tree before "
+                                    "it, 7869bc7, alternating); as the tile of every Q4_1 "
+                                    "product (no min_rows) 7B 2,407.8 / 2,406.8 -> 2,521.4 / "
+                                    "2,520.1, but 1.2B 11,492.2 / 11,424.7 -> 11,195.0 / "
+                                    "11,226.1, 135M 12,659.3 / 12,661.6 -> 12,373.8 / "
+                                    "12,314.3; 4 ways without the split 7B 2,245.6 / 2,258.3 "
+                                    "against 2,380.1 / 2,394.7, 8 ways with it 2,230.7 / "
                                     "2,260.8", 4, 2, dtypes=("q4_1",), min_rows=4096,
                                     split_rows=8192)),
     # Engines of 64 or more sequences: the columns split 4 ways, 64-token tiles at 33 or more
