@@ -582,7 +582,8 @@ class Kernels:
         batched runner's product of its tokens' role over rows token0 .. token0 + n_tokens - 1
         of x and y on that kernel (even for one token; never the decode matvecs), its tile
         from the table (`matmul_coop`: among `coop_tiles`, an engine's `batch_coop_tiles`;
-        None: the table's). These kernels compute
+        None: the table's; by the weight's type and rows, `Table.batch_coop_tile`). These
+        kernels compute
         a token's row in an order fixed by that row alone, whatever the tile, so it does not
         depend on how many tokens run with it (vkrt/models/batch.py: batch invariance).
         `k_splits` > 1 (`matmul_coop` only, `k_splits()`): the columns split across that
