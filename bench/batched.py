@@ -37,12 +37,11 @@ and `gpu_ms_per_step`: one batched decode step of N generated tokens (each at po
 (`blk.3.ffn_down` -> `ffn_down`). `--decode-coop-tiles` runs the generated tokens' products on
 `matmul_coop` with the given tiles (split K included) instead of the GPU table's kernel: the
 A/B of bench/README.md, 2026-12-04 second session; `--table-coop-tiles` replaces the GPU
-table's own tiles (those of engines whose rule has none) and keeps the rules. `--split-rows N`
-sets the GPU table's
-wide-engine rules' `split_rows` (vkrt/tuning.py `WideBatchDecode`; 0: no product split
-across workgroups), `--split-min-steps S` their `split_min_steps`, `--coop-depth D` every
-`matmul_coop` decode tile's `depth` (steps fetched ahead), `--glu-tile T` (`none`: off) and
-`--glu-rows MIN:MAX` the wide-engine rules' fused gate / up / SiLU
+table's own tiles (those of engines whose rule has none) and keeps the rules. `--split-rows
+N` sets the GPU table's wide-engine rules' `split_rows` (vkrt/tuning.py `WideBatchDecode`;
+0: no product split across workgroups), `--split-min-steps S` their `split_min_steps`,
+`--coop-depth D` every `matmul_coop` decode tile's `depth` (steps fetched ahead), `--glu-tile
+T` (`none`: off) and `--glu-rows MIN:MAX` the wide-engine rules' fused gate / up / SiLU
 (`WideBatchDecode.glu_tile`). The engines schedule asynchronously (vkrt serve's default: a
 greedy step stays in flight while the next is scheduled).
 Each row is timed after one unrecorded run of its N sequences (4 tokens each), so that
