@@ -23,7 +23,6 @@ import queue
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -176,7 +175,8 @@ MUTATIONS = [
      ["tests/test_llama.py::test_greedy_tokens_exact"]),
     ("replay: one recording for every ring phase", "vkrt/models/decoder.py",
      "        phase = step % len(ring)\n", "        phase = 1 % len(ring)\n",
-     ["tests/test_llama.py::test_greedy_tokens_exact"]),
+     # an arm whose ring has three phases (one phase cannot show it)
+     ["tests/test_llama.py::test_greedy_tokens_exact", "-k", "inflight3-tracked-replay"]),
     ("replay: recording not captured again when the KV cache is reallocated",
      "vkrt/models/decoder.py",
      "key = (a.arena.serial, self.kv.serial, self.max_seq, len(ring), s.tracker.always,",
@@ -839,7 +839,9 @@ MUTATIONS = [
       "tests/test_llama.py::test_greedy_tokens_exact"]),
     ("KV cache written at position 0", "vkrt/models/llama.py",
      'k.copy_rows(a.v, v_cache, T, pos0,', 'k.copy_rows(a.v, v_cache, T, 0,',
-     ["tests/test_llama.py::test_greedy_tokens_exact"]),
+     # the one arm that records unfused decode steps: a replay reads the position buffer,
+     # the fused layer writes V itself, and the prompt starts at position 0
+     ["tests/test_llama.py::test_greedy_tokens_exact", "-k", "record-unfused"]),
     # -- the Llama family as converters write it (issue 13) ----------------------------------
     ("variants: bias_add ignores the token bound", "vkrt/glsl/bias_add.comp",
      "if (i < pc.width && t < pc.n_tokens)", "if (i < pc.width)",
@@ -1724,6 +1726,9 @@ MUTATIONS = [
      "bench/batched.py", "    for _ in range(2):\n        out = subprocess.run(",
      "    for _ in range(1):\n        out = subprocess.run(",
      ["tests/test_bench.py::test_batched_takes_llama_batched_bench_second_run"]),
+    ("tuning: a coop tile's text with three shared buffers accepted", "vkrt/tuning.py",
+     "or more[2:] not in ([], [1], [2]):", "or more[2:] not in ([], [1], [2], [3]):",
+     ["tests/test_tuning.py::test_batch_coop_tile_parse"]),
 ]
 
 
@@ -1860,46 +1865,53 @@ def run(name: str, file: str, old: str, new: str, tests: list[str]) -> tuple[boo
 def _run_in(root: Path, t0: float, name: str, file: str, old: str, new: str,
             tests: list[str]) -> tuple[bool, str]:
     shutil.rmtree(root, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix="vkrt-mut-") as tmp:
-        # The copy lives at a fixed path per slot: gen-spirv's cache names each module's
-        # dependencies by path, so the shared cache below hits for every unmutated module.
-        work = root / "work"
-        shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(
-            ".git", "__pycache__", ".venv", ".cache", ".gl", ".whl", ".m1", ".m2", ".h200",
-            ".ab", ".hx", ".llama"))
-        path = work / file
-        text = path.read_text()
-        if text.count(old) != 1:
-            return False, f"STALE   {name}: snippet found {text.count(old)} times in {file}"
-        path.write_text(text.replace(old, new))
-        env = dict(os.environ, XDG_CACHE_HOME=str(Path(tmp) / "cache"))
-        env.setdefault(ORACLE_CACHE_ENV, str(ROOT / ".cache" / "oracle"))
-        # the real vocabulary files scripts/setup.sh fetched (tests/test_tokenizer.py VOCAB_DIR)
-        env.setdefault("VKRT_VOCAB_DIR", str(ROOT / ".cache" / "vocab"))
-        if file.startswith("vkrt/glsl/"):
-            # gen-spirv's cache is keyed by content (vkrt/gen/cache.py, atomic writes): one
-            # shared by every mutation compiles only the mutated modules.
-            gen_env = dict(env, XDG_CACHE_HOME=str(ROOT / ".cache" / "mutations"))
-            gen = subprocess.run([sys.executable, "-m", "vkrt.gen.cli"], cwd=work, env=gen_env,
-                                 capture_output=True, text=True)
-            if gen.returncode:
-                return False, (f"STALE   {name}: the mutated shader does not compile: "
-                               f"{gen.stderr[-200:]}")
-        try:
-            r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
-                                "no:cacheprovider", *tests], cwd=work, env=env,
-                               capture_output=True, text=True, timeout=TIMEOUT_S)
-            tail = (r.stdout.strip().splitlines() or [r.stderr[-200:]])[-1]
-            # 1: tests failed; 2: collection failed (the mutated tree does not import). 4
-            # and 5 (a test id not found, nothing selected) say the gate is stale.
-            if r.returncode in (4, 5):
-                return False, f"STALE   {name}: pytest exit {r.returncode}: {tail}"
-            caught = r.returncode != 0
-        except subprocess.TimeoutExpired:   # the mutated tree hangs its tests: they fail
-            tail, caught = f"the tests did not finish within {TIMEOUT_S} s", True
-        line = (f"{'CAUGHT' if caught else 'MISSED'}  {name}: {tail} "
-                f"[{time.monotonic() - t0:.0f} s]")
-        return caught, line
+    # The copy lives at a fixed path per slot: gen-spirv's cache names each module's
+    # dependencies by path, so the shared cache below hits for every unmutated module.
+    work = root / "work"
+    shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(
+        ".git", "__pycache__", ".venv", ".cache", ".gl", ".whl", ".m1", ".m2", ".h200",
+        ".ab", ".hx", ".llama"))
+    path = work / file
+    text = path.read_text()
+    if text.count(old) != 1:
+        return False, f"STALE   {name}: snippet found {text.count(old)} times in {file}"
+    path.write_text(text.replace(old, new))
+    # XDG_CACHE_HOME as the caller has it: the driver's shader cache there (Mesa's
+    # mesa_shader_cache, keyed by the SPIR-V and the driver) already holds every unmutated
+    # pipeline once the test suite ran, so a mutation's tests compile only what it changed
+    # (README "Tests": what that saves).
+    env = dict(os.environ)
+    env.setdefault(ORACLE_CACHE_ENV, str(ROOT / ".cache" / "oracle"))
+    # the real vocabulary files scripts/setup.sh fetched (tests/test_tokenizer.py VOCAB_DIR)
+    env.setdefault("VKRT_VOCAB_DIR", str(ROOT / ".cache" / "vocab"))
+    if file.startswith("vkrt/glsl/"):
+        # gen-spirv's cache is keyed by content (vkrt/gen/cache.py, atomic writes): one
+        # shared by every mutation compiles only the mutated modules.
+        gen_env = dict(env, XDG_CACHE_HOME=str(ROOT / ".cache" / "mutations"))
+        gen = subprocess.run([sys.executable, "-m", "vkrt.gen.cli"], cwd=work, env=gen_env,
+                             capture_output=True, text=True)
+        if gen.returncode:
+            return False, (f"STALE   {name}: the mutated shader does not compile: "
+                           f"{gen.stderr[-200:]}")
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p",
+                            "no:cacheprovider", *tests], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=TIMEOUT_S)
+        lines = r.stdout.strip().splitlines() or [r.stderr[-200:]]
+        tail = lines[-1]
+        # the test that caught it (-rf's summary line), to keep each mutation's list short
+        failed = [ln.split()[1] for ln in lines if ln.startswith("FAILED ")][:1]
+        tail += f" ({failed[0]})" if failed else ""
+        # 1: tests failed; 2: collection failed (the mutated tree does not import). 4
+        # and 5 (a test id not found, nothing selected) say the gate is stale.
+        if r.returncode in (4, 5):
+            return False, f"STALE   {name}: pytest exit {r.returncode}: {tail}"
+        caught = r.returncode != 0
+    except subprocess.TimeoutExpired:   # the mutated tree hangs its tests: they fail
+        tail, caught = f"the tests did not finish within {TIMEOUT_S} s", True
+    line = (f"{'CAUGHT' if caught else 'MISSED'}  {name}: {tail} "
+            f"[{time.monotonic() - t0:.0f} s]")
+    return caught, line
 
 
 def main() -> int:
