@@ -235,17 +235,15 @@ def coop_decode_tiles(spec: str) -> tuple:
 
     tiles = []
     for entry in spec.split(","):
+        most, _, tile = entry.partition(":")
         try:
-            most, tile, groups = entry.split(":")
-            bm, bn = (int(v) for v in tile.split("x"))
-            sg_m, sg_n, sg_k, *more = (int(v) for v in groups.split("x"))
-            if len(more) > 2 or min(sg_m, sg_n, sg_k, *more) < 1 or more[1:] not in ([], [1], [2]):
-                raise ValueError(groups)
+            if tile.rpartition(":")[2].count("x") < 2:    # SG_K given
+                raise ValueError(tile)
+            tiles.append(BatchCoopTile.parse(tile, "bench/batched.py --decode-coop-tiles",
+                                             int(most) if most else None))
         except ValueError:
             raise SystemExit(f"--decode-coop-tiles: {entry!r} is not "
                              "MAX:BMxBN:SG_MxSG_NxSG_K[xDEPTH[xNBUF]] (NBUF 1 or 2)")
-        tiles.append(BatchCoopTile(int(most) if most else None, bm, bn, sg_m, sg_n,
-                                   "bench/batched.py --decode-coop-tiles", sg_k, *more))
     if tiles[-1].max_tokens is not None:
         raise SystemExit("--decode-coop-tiles: the last tile must cover any count (MAX empty)")
     return tuple(tiles)

@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(n) for n in args.tokens.split(",")]
     tiles = [tuple(int(v) for v in c.split("x")) for c in args.tiles.split(",") if c]
     coop_tiles = [c for c in args.coop_tiles.split(",") if c]
+    for option, text in (("--coop-tiles", args.coop_tiles), ("--glu-tiles", args.glu_tiles)):
+        try:
+            [BatchCoopTile.parse(c, "bench") for c in text.split(",") if c]
+        except ValueError as e:
+            ap.error(f"{option}: {e}")
     rng = np.random.default_rng(0)
     report = {"repeat": args.repeat, "rounds": args.rounds, "runs": []}
     with Device() as dev:
@@ -91,11 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         for c in coop_tiles:
-            bm, bn, sg_m, sg_n, *k = (int(v) for v in c.replace(":", "x").split("x"))
             kernels[f"coop:{c}"] = Kernels(cache, tuning=dataclasses.replace(
                 base.tuning, batch_products={"decode": "matmul_coop", "prompt": "matmul_coop"},
-                batch_coop_tiles=(BatchCoopTile(None, bm, bn, sg_m, sg_n, "bench",
-                                                *k),)))
+                batch_coop_tiles=(BatchCoopTile.parse(c, "bench"),)))
         glu_tiles = {}                    # arm -> its GLU tile
         for c in (c for c in args.glu_tiles.split(",") if c):
             if base.coop is None:
@@ -103,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 return 1
             kernels[f"glu:{c}"] = base
-            bm, bn, sg_m, sg_n, sg_k, *more = (int(v) for v in c.replace(":", "x").split("x"))
-            glu_tiles[f"glu:{c}"] = BatchCoopTile(None, bm, bn, sg_m, sg_n, "bench", sg_k,
-                                                  *more).spec_tile()
+            glu_tiles[f"glu:{c}"] = BatchCoopTile.parse(c, "bench").spec_tile()
         split_rows = {}                   # arm -> its split_rows
         for c in coop_tiles:
             for n in (int(v) for v in args.split_rows.split(",") if v):

@@ -216,3 +216,20 @@ def test_batch_glu_by_max_batch():
     assert t.batch_glu_for(16) == (tile, (4096, 8192), (4096, 14336)) == t.batch_glu_for(63)
     assert t.batch_glu_for(64) == (tile, (1, 2), (1, 2))
     assert t.batch_glu_for(128) == none
+
+
+def test_batch_coop_tile_parse():
+    """BatchCoopTile.parse: the benchmarks' "BMxBN:SG_MxSG_N[xSG_K[xDEPTH[xNBUF]]]", the
+    omitted numbers 1; a missing or extra field, a zero, a word or NBUF other than 1 or 2
+    is a ValueError naming the text."""
+    from vkrt.tuning import BatchCoopTile
+
+    t = BatchCoopTile.parse("32x64:2x4x8x3x2", "here", 16)
+    assert (t.max_tokens, t.bm, t.bn, t.sg_m, t.sg_n, t.sg_k, t.depth, t.nbuf, t.source) == (
+        16, 32, 64, 2, 4, 8, 3, 2, "here")
+    t = BatchCoopTile.parse("16x32:1x2", "here")
+    assert (t.max_tokens, t.sg_k, t.depth, t.nbuf) == (None, 1, 1, 1)
+    for bad in ("16x32", "16x32:1", "16x32:1x2x1x1x3", "16x32:1x2x1x1x1x1", "16x0:1x2",
+                "16x32:1x2x0", "16xa:1x2", "16x32x8:1x2", "16x32:1x2:1"):
+        with pytest.raises(ValueError, match=f"'{bad}' is not BMxBN:SG_MxSG_N"):
+            BatchCoopTile.parse(bad, "here")

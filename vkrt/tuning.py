@@ -86,6 +86,22 @@ class BatchCoopTile:
     min_rows: int = 0
     split_rows: int | None = None
 
+    @classmethod
+    def parse(cls, text: str, source: str, max_tokens: int | None = None) -> "BatchCoopTile":
+        """A tile from "BMxBN:SG_MxSG_N[xSG_K[xDEPTH[xNBUF]]]" (the benchmarks' options),
+        every number at least 1 and NBUF 1 or 2. Raises ValueError naming `text` otherwise."""
+        try:
+            tile, groups = text.split(":")
+            bm, bn = (int(v) for v in tile.split("x"))
+            sg_m, sg_n, *more = (int(v) for v in groups.split("x"))
+        except ValueError:
+            more = None
+        if more is None or len(more) > 3 or min(bm, bn, sg_m, sg_n, *more) < 1 \
+                or more[2:] not in ([], [1], [2]):
+            raise ValueError(f"{text!r} is not BMxBN:SG_MxSG_N[xSG_K[xDEPTH[xNBUF]]] "
+                             "(numbers from 1, NBUF 1 or 2)")
+        return cls(max_tokens, bm, bn, sg_m, sg_n, source, *more)
+
     def matches(self, n_tokens: int) -> bool:
         return self.max_tokens is None or n_tokens <= self.max_tokens
 
