@@ -216,7 +216,9 @@ def test_free_is_deferred_until_the_last_use(device, kernels):
 
 def test_a_buffer_two_streams_use_is_freed_after_both(device, kernels):
     """Device.retire: every stream's submitter is asked; the host waits for the uses of all
-    but the last stream, and that one frees the buffer once its use completes."""
+    but the last stream, and that one frees the buffer once its use completes. Both uses are
+    held until the host lets them run, so neither has completed when the buffer is closed,
+    however fast the device: a's is let go from another thread while close() waits for it."""
     a, b = Stream(device, inflight=2), Stream(device, inflight=2)
     try:
         x = make(a, 0, "x")
@@ -224,13 +226,19 @@ def test_a_buffer_two_streams_use_is_freed_after_both(device, kernels):
         y = make(a, 2, "y")
         a.synchronize()
         b.synchronize()
-        a.record([kernels.add(x, y, N)])          # a reads y, in flight
+        a.hold()
+        a.record([kernels.add(x, y, N)])          # a reads y, held
         va = a.submit()
         b.hold()
         b.record([kernels.add(xb, y, N)])        # b reads y, held
         vb = b.submit()
+        assert a.queue.completed < va
+        let_go = threading.Timer(0.2, a.release)
+        let_go.start()
         y.buffer.close()
+        let_go.join()
         assert a.queue.waited >= va               # the first user's read was waited for
+        assert a.queue.completed >= va
         assert y.buffer.handle is not None        # the held one's is pending: deferred
         assert b.queue.completed < vb
         b.release()
