@@ -187,9 +187,11 @@ PROMPTS = {"count": "1, 2, 3, 4, 5,", "alphabet": "a b c d e f g",
 
 
 def test_batch_smollm2_matches_transformers_and_is_batch_invariant(llama, tok, reference):
-    n_new = 4   # the random families run longer (6 tokens); SmolLM2 on lavapipe is slow here
+    # The random families run longer (6 tokens) and in chunks of 3 and 5; SmolLM2 on
+    # lavapipe is slow here, so 4 tokens in chunks of 3 (and recorded).
+    n_new = 4
     prompts = {s: tok.encode(p) for s, p in PROMPTS.items()}
-    tokens = check_invariance(llama, prompts, n_new)
+    tokens = check_invariance(llama, prompts, n_new, chunks=(3,))
     for s, ids in prompts.items():
         assert tokens[s] == reference.greedy(ids, n_new), s
 
