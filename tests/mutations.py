@@ -1879,7 +1879,7 @@ def _run_in(root: Path, t0: float, name: str, file: str, old: str, new: str,
     # XDG_CACHE_HOME as the caller has it: the driver's shader cache there (Mesa's
     # mesa_shader_cache, keyed by the SPIR-V and the driver) already holds every unmutated
     # pipeline once the test suite ran, so a mutation's tests compile only what it changed
-    # (README "Tests": what that saves).
+    # (README "Status and numbers": what that saves).
     env = dict(os.environ)
     env.setdefault(ORACLE_CACHE_ENV, str(ROOT / ".cache" / "oracle"))
     # the real vocabulary files scripts/setup.sh fetched (tests/test_tokenizer.py VOCAB_DIR)
