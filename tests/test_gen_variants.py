@@ -117,11 +117,18 @@ def test_cache_recompiles_only_what_changed(glsl, tmp_path, compiles):
     (glsl / "plain.comp").write_text(PLAIN.replace("16", "8"))
     build.build(glsl, cache_dir=cache)
     assert compiles == ["plain"]
-    # Editing an included file recompiles its includers only.
+    # Editing an included file recompiles its includers only; undoing the edit, nothing.
     compiles.clear()
+    common = (glsl / "common.glsl").read_text()
     (glsl / "common.glsl").write_text("float sq(float x) { return x * x * 1.0; }\n")
-    build.build(glsl, cache_dir=cache)
+    edited = build.build(glsl, cache_dir=cache)
     assert sorted(compiles) == ["kernel", "kernel_w64"]
+    compiles.clear()
+    (glsl / "common.glsl").write_text(common)
+    build.build(glsl, cache_dir=cache)
+    assert compiles == []
+    (glsl / "common.glsl").write_text("float sq(float x) { return x * x * 1.0; }\n")
+    assert build.build(glsl, cache_dir=cache) == edited and compiles == []
     # Changing a variant's defines recompiles that variant only.
     compiles.clear()
     (glsl / "variants.json").write_text(json.dumps({
@@ -135,7 +142,7 @@ def test_cache_recompiles_only_what_changed(glsl, tmp_path, compiles):
 def test_corrupt_cache_entry_is_a_miss(glsl, tmp_path, compiles):
     cache = tmp_path / "cache"
     good = build.build(glsl, cache_dir=cache)
-    for entry in cache.glob("*.json"):
+    for entry in cache.glob("*/*.json"):
         doc = json.loads(entry.read_text())
         doc["spirv"] = doc["spirv"][:-8] + "AAAAAAAA"
         entry.write_text(json.dumps(doc))

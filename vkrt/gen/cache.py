@@ -1,10 +1,13 @@
 """A compile cache so that `gen-spirv` recompiles only the modules whose inputs changed.
 
-An entry is keyed by everything that decides glslang's output except the included files:
-compiler version and path, flags, include directory, source path and bytes, and defines. It
-stores the SPIR-V bytes plus the sha256 of every file glslang read (from its `--depfile`), so
-editing an included `.glsl` invalidates exactly the modules that include it. A hit is
-re-verified (dependency hashes, SPIR-V sha256) before use; anything unreadable is a miss.
+A module's entries are keyed by everything that decides glslang's output except the included
+files: compiler version and path, flags, include directory, source path and bytes, and
+defines. Each stores the SPIR-V bytes plus the sha256 of every file glslang read (from its
+`--depfile`), so editing an included `.glsl` invalidates exactly the modules that include it.
+A module keeps one entry per version of its included files (`<key>/<deps digest>.json`):
+an edit undone hits again (the mutation gate, tests/mutations.py, edits `weights.glsl` and
+undoes it once per mutation). A hit is re-verified (dependency hashes, SPIR-V sha256)
+before use; anything unreadable is a miss.
 
 Default location: `$XDG_CACHE_HOME/vkrt/gen-spirv` (else `~/.cache/vkrt/gen-spirv`), outside any
 checkout; `gen-spirv --cache-dir D` or `--no-cache` override it. Entries are written
@@ -91,11 +94,12 @@ class Cache:
         """
         if self.root is None:
             return glslang.compile_source(compiler, source, include_dir)
-        entry = self.root / f"{_key(compiler, source, include_dir)}.json"
-        hit = self._lookup(entry)
-        if hit is not None:
-            self.hits += 1
-            return hit
+        folder = self.root / _key(compiler, source, include_dir)
+        for entry in sorted(folder.glob("*.json")):
+            hit = self._lookup(entry)
+            if hit is not None:
+                self.hits += 1
+                return hit
         # Hash the include directory before compiling: a file edited during the compile then
         # makes the entry miss next time instead of pairing new bytes with old SPIR-V.
         before = {str(p): _sha256_file(str(p)) for p in Path(include_dir).iterdir()
@@ -108,12 +112,13 @@ class Cache:
         doc = {"deps": {p: before[p] if p in before else _sha256_file(p) for p in paths},
                "sha256": hashlib.sha256(spirv).hexdigest(),
                "spirv": base64.b64encode(spirv).decode()}
+        digest = hashlib.sha256(json.dumps(doc["deps"], sort_keys=True).encode()).hexdigest()
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(dir=self.root, suffix=".tmp")
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(dir=folder, suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 json.dump(doc, f)
-            os.replace(tmp_name, entry)
+            os.replace(tmp_name, folder / f"{digest[:32]}.json")
         except OSError:
             pass  # an unwritable cache only costs speed
         return spirv
