@@ -1730,8 +1730,8 @@ MUTATIONS = [
      "or more[2:] not in ([], [1], [2]):", "or more[2:] not in ([], [1], [2], [3]):",
      ["tests/test_tuning.py::test_batch_coop_tile_parse"]),
     ("gen cache: one entry per module (an undone edit of an include compiles again)",
-     "vkrt/gen/cache.py", 'os.replace(tmp_name, folder / f"{digest[:32]}.json")',
-     'os.replace(tmp_name, folder / "entry.json")',
+     "vkrt/gen/cache.py", """(f"{_digest(doc['deps'])}.json", doc)""",
+     """("entry.json", doc)""",
      ["tests/test_gen_variants.py::test_cache_recompiles_only_what_changed"]),
 ]
 

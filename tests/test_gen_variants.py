@@ -143,6 +143,8 @@ def test_corrupt_cache_entry_is_a_miss(glsl, tmp_path, compiles):
     cache = tmp_path / "cache"
     good = build.build(glsl, cache_dir=cache)
     for entry in cache.glob("*/*.json"):
+        if entry.name == "deps.json":       # the paths an entry's name is computed from
+            continue
         doc = json.loads(entry.read_text())
         doc["spirv"] = doc["spirv"][:-8] + "AAAAAAAA"
         entry.write_text(json.dumps(doc))

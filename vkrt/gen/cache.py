@@ -4,8 +4,9 @@ A module's entries are keyed by everything that decides glslang's output except 
 files: compiler version and path, flags, include directory, source path and bytes, and
 defines. Each stores the SPIR-V bytes plus the sha256 of every file glslang read (from its
 `--depfile`), so editing an included `.glsl` invalidates exactly the modules that include it.
-A module keeps one entry per version of its included files (`<key>/<deps digest>.json`):
-an edit undone hits again (the mutation gate, tests/mutations.py, edits `weights.glsl` and
+A module keeps one entry per version of its included files (`<key>/<digest>.json`, the
+digest of the files' paths and sha256s; `<key>/deps.json` lists the paths): an edit undone
+hits again (the mutation gate, tests/mutations.py, edits `weights.glsl` and
 undoes it once per mutation). A hit is re-verified (dependency hashes, SPIR-V sha256)
 before use; anything unreadable is a miss.
 
@@ -44,6 +45,11 @@ def _key(compiler: glslang.Compiler, source: glslang.Source, include_dir: Path) 
                        "source": str(source.path), "defines": source.defines,
                        "bytes": _sha256_file(str(source.path))})
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _digest(deps: dict[str, str | None]) -> str:
+    """An entry's file name: the sha256 (32 hex digits) of its files' paths and sha256s."""
+    return hashlib.sha256(json.dumps(deps, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def parse_depfile(text: str) -> list[str]:
@@ -95,11 +101,15 @@ class Cache:
         if self.root is None:
             return glslang.compile_source(compiler, source, include_dir)
         folder = self.root / _key(compiler, source, include_dir)
-        for entry in sorted(folder.glob("*.json")):
-            hit = self._lookup(entry)
-            if hit is not None:
-                self.hits += 1
-                return hit
+        try:    # the files the module read last time: today's bytes name the entry to try
+            paths = json.loads((folder / "deps.json").read_text())
+            entry = folder / f"{_digest({p: _sha256_file(p) for p in paths})}.json"
+        except (OSError, ValueError, TypeError):
+            entry = None
+        hit = self._lookup(entry) if entry is not None else None
+        if hit is not None:
+            self.hits += 1
+            return hit
         # Hash the include directory before compiling: a file edited during the compile then
         # makes the entry miss next time instead of pairing new bytes with old SPIR-V.
         before = {str(p): _sha256_file(str(p)) for p in Path(include_dir).iterdir()
@@ -112,13 +122,13 @@ class Cache:
         doc = {"deps": {p: before[p] if p in before else _sha256_file(p) for p in paths},
                "sha256": hashlib.sha256(spirv).hexdigest(),
                "spirv": base64.b64encode(spirv).decode()}
-        digest = hashlib.sha256(json.dumps(doc["deps"], sort_keys=True).encode()).hexdigest()
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(dir=folder, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f)
-            os.replace(tmp_name, folder / f"{digest[:32]}.json")
+            for name, data in ((f"{_digest(doc['deps'])}.json", doc), ("deps.json", paths)):
+                fd, tmp_name = tempfile.mkstemp(dir=folder, suffix=".tmp")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f)
+                os.replace(tmp_name, folder / name)
         except OSError:
             pass  # an unwritable cache only costs speed
         return spirv
