@@ -1200,7 +1200,7 @@ MUTATIONS = [
     ("spec idiom: loader drops defaults", "vkrt/gen/metadata.py",
      'tuple(s.get("defaults", ()))', "()", GEN_FIXTURES),
     ("push pointer: 4 bytes", "vkrt/gen/reflect.py",
-     "        return POINTER_BYTES", "        return 4", GEN_TESTS),
+     "        return POINTER_BYTES", "        return 4", GEN_REFLECT),
     ("push pointer: any storage class accepted", "vkrt/gen/reflect.py",
      "if a[0] != SC_PHYSICAL_STORAGE_BUFFER:", "if False:", GEN_FIXTURES),
     ("refusal: array of arrays not named", "vkrt/gen/reflect.py",
