@@ -72,12 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     counts = [int(n) for n in args.tokens.split(",")]
     tiles = [tuple(int(v) for v in c.split("x")) for c in args.tiles.split(",") if c]
-    coop_tiles = [c for c in args.coop_tiles.split(",") if c]
+    parsed = {}                           # option -> {tile text: BatchCoopTile}
     for option, text in (("--coop-tiles", args.coop_tiles), ("--glu-tiles", args.glu_tiles)):
         try:
-            [BatchCoopTile.parse(c, "bench") for c in text.split(",") if c]
+            parsed[option] = {c: BatchCoopTile.parse(c, "bench") for c in text.split(",") if c}
         except ValueError as e:
             ap.error(f"{option}: {e}")
+    coop_tiles = parsed["--coop-tiles"]
     rng = np.random.default_rng(0)
     report = {"repeat": args.repeat, "rounds": args.rounds, "runs": []}
     with Device() as dev:
@@ -98,15 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         for c in coop_tiles:
             kernels[f"coop:{c}"] = Kernels(cache, tuning=dataclasses.replace(
                 base.tuning, batch_products={"decode": "matmul_coop", "prompt": "matmul_coop"},
-                batch_coop_tiles=(BatchCoopTile.parse(c, "bench"),)))
+                batch_coop_tiles=(coop_tiles[c],)))
         glu_tiles = {}                    # arm -> its GLU tile
-        for c in (c for c in args.glu_tiles.split(",") if c):
+        for c, tile in parsed["--glu-tiles"].items():
             if base.coop is None:
                 print("batched_products: this device has no cooperative-matrix shape",
                       file=sys.stderr)
                 return 1
             kernels[f"glu:{c}"] = base
-            glu_tiles[f"glu:{c}"] = BatchCoopTile.parse(c, "bench").spec_tile()
+            glu_tiles[f"glu:{c}"] = tile.spec_tile()
         split_rows = {}                   # arm -> its split_rows
         for c in coop_tiles:
             for n in (int(v) for v in args.split_rows.split(",") if v):

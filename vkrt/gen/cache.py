@@ -102,8 +102,8 @@ class Cache:
             return glslang.compile_source(compiler, source, include_dir)
         folder = self.root / _key(compiler, source, include_dir)
         try:    # the files the module read last time: today's bytes name the entry to try
-            paths = json.loads((folder / "deps.json").read_text())
-            entry = folder / f"{_digest({p: _sha256_file(p) for p in paths})}.json"
+            last = json.loads((folder / "deps.json").read_text())
+            entry = folder / f"{_digest({p: _sha256_file(p) for p in last})}.json"
         except (OSError, ValueError, TypeError):
             entry = None
         hit = self._lookup(entry) if entry is not None else None
