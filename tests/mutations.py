@@ -2,6 +2,7 @@
 
     python tests/mutations.py            # every mutation (CI runs this after the tests)
     python tests/mutations.py -k barrier # those whose name contains "barrier"
+    python tests/mutations.py --file vkrt/glsl/weights.glsl   # those of one file
     python tests/mutations.py -j 1       # one at a time (default: one per CPU)
 
 Each mutation copies the work tree to a temporary folder, replaces one exact snippet (it must
@@ -20,6 +21,7 @@ import argparse
 import concurrent.futures
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -1206,6 +1208,13 @@ MUTATIONS = [
     ("refusal: array of arrays not named", "vkrt/gen/reflect.py",
      "    if op in (OP_TYPE_ARRAY, OP_TYPE_RUNTIME_ARRAY):\n        # Vulkan binds",
      "    if False:\n        # Vulkan binds", GEN_FIXTURES),
+    ("gen-spirv MODULE: every module compiled whatever the names", "vkrt/gen/build.py",
+     "chosen = sources if only is None else _select(sources, only)",
+     "chosen = sources if only is None else (_select(sources, only), sources)[1]",
+     ["tests/test_gen_cli.py::test_named_modules_are_compiled_and_the_rest_kept"]),
+    ("gen-spirv MODULE: a left-out module's metadata reflected from nothing (dropped)",
+     "vkrt/gen/build.py", "            modules[s.module] = kept[s.module]\n",
+     "", ["tests/test_gen_cli.py::test_named_modules_are_compiled_and_the_rest_kept"]),
     ("refusal: kinds by opcode", "vkrt/gen/reflect.py",
      "        return _TYPE_WORDS[op]", '        return f"type opcode {op}"', GEN_FIXTURES),
     # -- the batched runner over a paged KV cache (vkrt/models/batch.py) ------------------
@@ -1839,6 +1848,24 @@ COOP_MUTATIONS = [
 ]
 
 
+# Weight types as a mutation's name spells them ("Q4_K", "Q5_0/Q5_1", "IQ4", "K-quant",
+# "bf16"), each with the suffix of its modules' names (vkrt/spirv/*_q4_k.spv).
+_TYPE_WORD = re.compile(r"\b(I?Q\d_(?:[01K]|NL|XS)|IQ4|K-quant|bf16)\b")
+_TYPE_MODULES = {"IQ4": ["*_iq4_nl", "*_iq4_xs"], "K-quant": [f"*_q{b}_k" for b in range(2, 7)]}
+
+
+def gen_modules(name: str, file: str) -> list[str]:
+    """gen-spirv's module patterns for a mutation (`gen-spirv MODULE ...`): a mutation of an
+    included file (`.glsl`) whose name names weight types compiles only those types'
+    modules; any other compiles every module whose sources changed. A module left out keeps
+    the unmutated SPIR-V, so a wrong name can only make the gate report MISSED, never CAUGHT.
+    []: every module."""
+    if not file.endswith(".glsl"):
+        return []
+    return [m for w in _TYPE_WORD.findall(name)
+            for m in _TYPE_MODULES.get(w, [f"*_{w.lower()}"])]
+
+
 def _take_slots(n: int) -> list:
     """Put n work folders in _SLOTS: .cache/mutation-slot-I for the first n indices whose lock
     file this process can hold (fcntl.flock), so that two runs of this script in one checkout
@@ -1894,10 +1921,11 @@ def _run_in(root: Path, t0: float, name: str, file: str, old: str, new: str,
     env.setdefault("VKRT_VOCAB_DIR", str(ROOT / ".cache" / "vocab"))
     if file.startswith("vkrt/glsl/"):
         # gen-spirv's cache is keyed by content (vkrt/gen/cache.py, atomic writes): one
-        # shared by every mutation compiles only the mutated modules.
+        # shared by every mutation compiles only the mutated modules; a weight type's
+        # mutation of weights.glsl, only that type's (gen_modules).
         gen_env = dict(env, XDG_CACHE_HOME=str(ROOT / ".cache" / "mutations"))
-        gen = subprocess.run([sys.executable, "-m", "vkrt.gen.cli"], cwd=work, env=gen_env,
-                             capture_output=True, text=True)
+        gen = subprocess.run([sys.executable, "-m", "vkrt.gen.cli", *gen_modules(name, file)],
+                             cwd=work, env=gen_env, capture_output=True, text=True)
         if gen.returncode:
             return False, (f"STALE   {name}: the mutated shader does not compile: "
                            f"{gen.stderr[-200:]}")
@@ -1925,12 +1953,14 @@ def _run_in(root: Path, t0: float, name: str, file: str, old: str, new: str,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-k", default="", help="run the mutations whose name contains this")
+    ap.add_argument("--file", default="",
+                    help="run the mutations of this file (e.g. vkrt/glsl/weights.glsl)")
     ap.add_argument("-j", type=int, default=os.cpu_count() or 1,
                     help="mutations run at once (default: one per CPU)")
     ap.add_argument("--coop", action="store_true",
                     help="also matmul_coop's COOP_MUTATIONS (a device with cooperative matrices)")
     args = ap.parse_args()
-    chosen = [m for m in MUTATIONS + (COOP_MUTATIONS if args.coop else []) if args.k in m[0]]
+    chosen = [m for m in MUTATIONS + (COOP_MUTATIONS if args.coop else []) if args.k in m[0] and args.file in ("", m[1])]
     _HELD_LOCKS.extend(_take_slots(max(1, args.j)))   # held while this run lasts
     t0 = time.monotonic()
     results = []

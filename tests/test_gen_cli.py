@@ -104,6 +104,48 @@ def test_check_names_extra_module_and_write_removes_it(tree):
     assert gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv))[0] == 0
 
 
+def test_named_modules_are_compiled_and_the_rest_kept(tree):
+    """`gen-spirv MODULE ...` compiles only the modules its patterns name: an edited module
+    left out keeps its old SPIR-V and metadata (which --check then calls stale)."""
+    glsl, spirv = tree
+    old_push = (spirv / "push_layout.spv").read_bytes()
+    old_meta = json.loads((spirv / "modules.json").read_text())["modules"]["push_layout"]
+    for name in ("push_layout.comp", "aliased.comp"):
+        src = glsl / name
+        src.write_text(src.read_text().replace("local_size_x = 32", "local_size_x = 64")
+                       .replace("const int N = -3", "const int N = -4"))
+    assert gen("--glsl-dir", str(glsl), "--spirv-dir", str(spirv), "al*") == (0, "")
+    doc = json.loads((spirv / "modules.json").read_text())["modules"]
+    assert doc["push_layout"] == old_meta
+    assert (spirv / "push_layout.spv").read_bytes() == old_push
+    assert doc["aliased"]["spec_ids"][1]["default"] == -4
+    code, err = gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv))
+    assert code == 1 and "push_layout: stale" in err and "aliased" not in err
+
+
+def test_named_modules_refusals_write_nothing(tree, tmp_path):
+    glsl, spirv = tree
+    before = {p.name: p.read_bytes() for p in spirv.iterdir()}
+    code, err = gen("--glsl-dir", str(glsl), "--spirv-dir", str(spirv), "aliased", "matvec_*")
+    assert code == 1 and err == ("gen-spirv: matvec_*: names no module (of 2, each named as "
+                                 "its .spv file)\n")
+    code, err = gen("--glsl-dir", str(glsl), "--spirv-dir", str(tmp_path / "none"), "aliased")
+    assert code == 1 and "none/modules.json is missing: run gen-spirv" in err
+    assert not (tmp_path / "none").exists()
+    # a module the patterns leave out and the tree lacks: nothing to keep
+    partial = tmp_path / "partial"
+    shutil.copytree(spirv, partial)
+    doc = json.loads((partial / "modules.json").read_text())
+    del doc["modules"]["push_layout"]
+    (partial / "modules.json").write_text(json.dumps(doc))
+    code, err = gen("--glsl-dir", str(glsl), "--spirv-dir", str(partial), "aliased")
+    assert code == 1 and err == (f"gen-spirv: push_layout: not in {partial / 'modules.json'}; "
+                                 f"run gen-spirv without module names\n")
+    code, err = gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(spirv), "aliased")
+    assert code == 2 and "give no MODULE names" in err
+    assert {p.name: p.read_bytes() for p in spirv.iterdir()} == before
+
+
 def test_check_without_metadata(tree, tmp_path):
     glsl, _ = tree
     code, err = gen("--check", "--glsl-dir", str(glsl), "--spirv-dir", str(tmp_path / "none"))

@@ -20,3 +20,23 @@ def test_mutation_applies(name, file, old, new, tests):
     assert ids, name
     for t in ids:
         assert (ROOT / t.split("::")[0]).is_file(), t
+
+
+def test_gen_modules_name_real_modules():
+    """Each weight type a mutation's name spells compiles modules that exist (a misspelt
+    type would make gen-spirv refuse the pattern and the gate report STALE), and a name
+    without one compiles every module."""
+    from mutations import gen_modules
+
+    from vkrt.gen import variants
+    from vkrt.gen.build import DEFAULT_GLSL_DIR, _select
+
+    sources = variants.discover(DEFAULT_GLSL_DIR)
+    patterns = {p for name, file, *_ in ALL for p in gen_modules(name, file)}
+    assert len(patterns) >= 10
+    for p in sorted(patterns):
+        assert len(_select(sources, [p])) >= 8, p
+    assert gen_modules("quant: Q5_0/Q5_1 high bits ignored", "vkrt/glsl/weights.glsl") == [
+        "*_q5_0", "*_q5_1"]
+    assert gen_modules("units: the bytes of a word out of order", "vkrt/glsl/weights.glsl") == []
+    assert gen_modules("matvec: Q4_K rows", "vkrt/glsl/matvec.comp") == []

@@ -5,6 +5,7 @@ after everything succeeded; `check` compares a fresh build with what is on disk,
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -12,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vkrt.errors import MetadataError, ReflectionError
+from vkrt.errors import CompileError, MetadataError, ReflectionError
 from vkrt.gen import compile as glslang
 from vkrt.gen import metadata, variants
 from vkrt.gen.cache import Cache
@@ -52,26 +53,54 @@ def compiler_info(compiler: glslang.Compiler) -> dict:
 
 
 def build(glsl_dir: Path = DEFAULT_GLSL_DIR, jobs: int | None = None,
-          cache_dir: Path | None = None) -> Tree:
+          cache_dir: Path | None = None, only: list[str] | None = None,
+          spirv_dir: Path = metadata.DEFAULT_SPIRV_DIR) -> Tree:
     """Compile and reflect every module of `glsl_dir` (see variants.py), in memory.
 
-    `cache_dir`: compile cache (see cache.py); None compiles everything.
+    `cache_dir`: compile cache (see cache.py); None compiles everything. `only`: module-name
+    patterns (fnmatch, e.g. `matvec_q4_k`, `*_q6_k`): only the modules they match are
+    compiled; every other module's SPIR-V and metadata are taken as `spirv_dir` has them.
 
     Raises:
-        CompileError: compiler missing or of another version, bad variants manifest, or a
-            shader failed (every failing module is listed).
+        CompileError: compiler missing or of another version, bad variants manifest, a
+            shader failed (every failing module is listed), or a pattern of `only` names no
+            module.
+        MetadataError: `only` is given and `spirv_dir` lacks a module it does not name.
         ReflectionError: a module has a shape reflect() or the runtime refuses.
     """
     glsl_dir = Path(glsl_dir).resolve()
     sources = variants.discover(glsl_dir)
+    chosen = sources if only is None else _select(sources, only)
     compiler = glslang.find_compiler()
-    spirv = glslang.compile_all(compiler, sources, glsl_dir, jobs, Cache(cache_dir).compile)
+    spirv = glslang.compile_all(compiler, chosen, glsl_dir, jobs, Cache(cache_dir).compile)
+    kept = {} if len(chosen) == len(sources) else metadata.read_document(spirv_dir)["modules"]
     modules = {}
     for s in sources:
+        if s.module not in spirv:
+            if s.module not in kept:
+                raise MetadataError(f"{s.module}: not in {Path(spirv_dir) / metadata.FILENAME}"
+                                    f"; run gen-spirv without module names")
+            spirv[s.module] = metadata.read_spirv(s.module, spirv_dir)
+            modules[s.module] = kept[s.module]
+            continue
         meta = reflect(spirv[s.module], s.module)
         check_runtime_shape(s.module, meta)
         modules[s.module] = {"source": s.path.name, "defines": dict(s.defines), **meta}
     return Tree(spirv, metadata.render(compiler_info(compiler), modules))
+
+
+def _select(sources: list[glslang.Source], patterns: list[str]) -> list[glslang.Source]:
+    """The sources whose module name matches one of `patterns` (fnmatch).
+
+    Raises:
+        CompileError: a pattern matches no module (naming it).
+    """
+    names = [s.module for s in sources]
+    for pattern in patterns:
+        if not fnmatch.filter(names, pattern):
+            raise CompileError(f"{pattern}: names no module (of {len(names)}, each named as its "
+                               f".spv file)")
+    return [s for s in sources if any(fnmatch.fnmatchcase(s.module, p) for p in patterns)]
 
 
 def write(tree: Tree, spirv_dir: Path = metadata.DEFAULT_SPIRV_DIR) -> None:

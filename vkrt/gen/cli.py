@@ -1,6 +1,8 @@
 """`gen-spirv`: compile `vkrt/glsl/*.comp` into `vkrt/spirv/` (`<module>.spv` + `modules.json`).
 
     gen-spirv                 rebuild and write; deletes .spv files of removed modules
+    gen-spirv MODULE ...      compile only these modules (fnmatch patterns, e.g. '*_q4_k');
+                              the others stay as --spirv-dir has them
     gen-spirv --check         rebuild in memory; exit 1 listing stale/missing/extra modules
     gen-spirv --reflect F.spv print one module's metadata as JSON
     --glsl-dir D, --spirv-dir O, -j N, --cache-dir D, --no-cache
@@ -31,6 +33,9 @@ def _reflect_file(path: Path) -> str:
 def run(argv: list[str] | None = None) -> int:
     """Run gen-spirv with `argv`; returns the exit status. Raises VkrtError on failure."""
     p = argparse.ArgumentParser(prog="gen-spirv", description=__doc__.splitlines()[0])
+    p.add_argument("modules", nargs="*", metavar="MODULE",
+                   help="compile only the modules these fnmatch patterns name (e.g. "
+                        "'matvec_q4_k', '*_q6_k'); the others are kept as --spirv-dir has them")
     p.add_argument("--glsl-dir", type=Path, default=build.DEFAULT_GLSL_DIR,
                    help="shader sources (default: %(default)s)")
     p.add_argument("--spirv-dir", type=Path, default=metadata.DEFAULT_SPIRV_DIR,
@@ -47,7 +52,10 @@ def run(argv: list[str] | None = None) -> int:
     if args.reflect:
         print(_reflect_file(args.reflect))
         return 0
-    tree = build.build(args.glsl_dir, args.jobs, None if args.no_cache else args.cache_dir)
+    if args.check and args.modules:
+        p.error("--check compares every module: give no MODULE names with it")
+    tree = build.build(args.glsl_dir, args.jobs, None if args.no_cache else args.cache_dir,
+                       args.modules or None, args.spirv_dir)
     if args.check:
         problems = build.check(tree, args.spirv_dir)
         for line in problems:
