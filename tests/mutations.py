@@ -1854,15 +1854,36 @@ _TYPE_WORD = re.compile(r"\b(I?Q\d_(?:[01K]|NL|XS)|IQ4|K-quant|bf16)\b")
 _TYPE_MODULES = {"IQ4": ["*_iq4_nl", "*_iq4_xs"], "K-quant": [f"*_q{b}_k" for b in range(2, 7)]}
 
 
+# Mutations of the shared readers whose names spell no type: the type of the test case that
+# catches them (the gate's report names it), so they compile that type's modules alone.
+_GEN_TYPE = {
+    "quant: embed reads the first element of each quad": "Q8_0",
+    "quant: words straddling two words read from one (2-byte-aligned blocks)": "Q8_0",
+    "xq: no clamp to 32767 (m / dx rounds to 32768)": "Q8_0",
+    "xq: a unit with an infinity or NaN quantized": "Q8_0",
+    "xq: a unit of tiny values quantized": "Q8_0",
+    "xq: the step one power of two too fine": "Q8_0",
+    "xq: the high byte plane read unsigned": "Q4_1",
+    "xq: a split unit quantized (its invocations hold parts)": "Q8_0",
+    "xq: run y's offset from run x's sum": "Q4_0",
+    "xq: each run's min times the other run's sum": "Q2_K",
+    "units: the bytes of a word out of order": "Q8_0",
+    "units: a 2-byte-aligned word read from one word": "Q8_0",
+    "units: every invocation of a split unit takes part 0": "Q8_0",
+    "units: the x stage read at the wrong stride": "Q8_0",
+    "units: the x stage loads only the chunk's first unit's runs": "Q8_0",
+}
+
+
 def gen_modules(name: str, file: str) -> list[str]:
     """gen-spirv's module patterns for a mutation (`gen-spirv MODULE ...`): a mutation of an
-    included file (`.glsl`) whose name names weight types compiles only those types'
-    modules; any other compiles every module whose sources changed. A module left out keeps
-    the unmutated SPIR-V, so a wrong name can only make the gate report MISSED, never CAUGHT.
-    []: every module."""
+    included file (`.glsl`) whose name names weight types (or that `_GEN_TYPE` gives one)
+    compiles only those types' modules; any other compiles every module whose sources
+    changed. A module left out keeps the unmutated SPIR-V, so a wrong type can only make the
+    gate report MISSED, never CAUGHT. []: every module."""
     if not file.endswith(".glsl"):
         return []
-    return [m for w in _TYPE_WORD.findall(name)
+    return [m for w in _TYPE_WORD.findall(name) or [_GEN_TYPE.get(name)] if w
             for m in _TYPE_MODULES.get(w, [f"*_{w.lower()}"])]
 
 

@@ -26,7 +26,7 @@ def test_gen_modules_name_real_modules():
     """Each weight type a mutation's name spells compiles modules that exist (a misspelt
     type would make gen-spirv refuse the pattern and the gate report STALE), and a name
     without one compiles every module."""
-    from mutations import gen_modules
+    from mutations import _GEN_TYPE, gen_modules
 
     from vkrt.gen import variants
     from vkrt.gen.build import DEFAULT_GLSL_DIR, _select
@@ -38,5 +38,9 @@ def test_gen_modules_name_real_modules():
         assert len(_select(sources, [p])) >= 8, p
     assert gen_modules("quant: Q5_0/Q5_1 high bits ignored", "vkrt/glsl/weights.glsl") == [
         "*_q5_0", "*_q5_1"]
-    assert gen_modules("units: the bytes of a word out of order", "vkrt/glsl/weights.glsl") == []
+    assert gen_modules("units: the bytes of a word out of order",
+                       "vkrt/glsl/weights.glsl") == ["*_q8_0"]
+    assert gen_modules("reduce: one subgroup per workgroup assumed", "vkrt/glsl/reduce.glsl") == []
+    names = {m[0] for m in ALL}
+    assert all(n in names for n in _GEN_TYPE), set(_GEN_TYPE) - names
     assert gen_modules("matvec: Q4_K rows", "vkrt/glsl/matvec.comp") == []
