@@ -287,6 +287,8 @@ _SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A
 _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "
            "--configs, H200)")
 
+_GLU19 = ("bench/README.md, 2026-12-06, nineteenth session (vkrt bench per launch of the "
+          "7B Q4_1 file's matvec_glu, one process each, alternating)")
 _SWEEP = ("bench/README.md, 2026-12-02 second session (bench/matvec_types.py --glu / --qkv "
           "--configs, H200)")
 _AB = ("bench/README.md, 2026-12-02 second session (vkrt bench per-kernel GPU us, A/B, "
@@ -358,8 +360,9 @@ GPU = Table(
         "matvec_glu": (
             Decode(None, "blocks256", 4, 4, _SWEEP + ": glu Q4_K 4x4 321, 1x2s 177 GB/s"),
             Decode(8192, "blocks", 1, 2, _AB + ": glu [1536, 576] 1x2s", stage_x=True),
-            Decode(None, "q4_1", 4, 8, _XQ + ": 7B Q4_1 ffn_glu 1960 us per token (4x4 2224; "
-                   "4x8 with integer x 2071)"),
+            Decode(None, "q4_1", 1, 4, _GLU19 + ": 7B Q4_1 ffn_glu 1919 us per token, 4x8 "
+                   "2321-2336, 2x8 1950-1958, 1x8 2021 (H100); on the H200 4x8 1960, 4x4 "
+                   "2224 (" + _XQ + ")"),
             Decode(None, "blocks", 1, 4, _SWEEP + ": glu Q8_0 1x4s 577, 1x2s 475 GB/s",
                    stage_x=True),
             Decode(None, "any", 4, 1, _SESSION1 + ": 4 subgroups per row"),
