@@ -1981,7 +1981,8 @@ def main() -> int:
     ap.add_argument("--coop", action="store_true",
                     help="also matmul_coop's COOP_MUTATIONS (a device with cooperative matrices)")
     args = ap.parse_args()
-    chosen = [m for m in MUTATIONS + (COOP_MUTATIONS if args.coop else []) if args.k in m[0] and args.file in ("", m[1])]
+    chosen = [m for m in MUTATIONS + (COOP_MUTATIONS if args.coop else [])
+              if args.k in m[0] and args.file in ("", m[1])]
     _HELD_LOCKS.extend(_take_slots(max(1, args.j)))   # held while this run lasts
     t0 = time.monotonic()
     results = []

@@ -353,8 +353,9 @@ GPU = Table(
         # before (1x2s): the K-quants 4x4 (Q4_K 321 against 177, Q6_K 417 against 345; at
         # qwen3's [3072, 1024] 449 against 484 us per token); up to 8192 rows the blocks of 32
         # keep 1 subgroup, 2 rows, x staged (SmolLM2's [1536, 576]: 4x4 380 against 281 us per
-        # token, gemma3's [6912, 1152] 1x4s 721 against 669); past that Q4_1 4 subgroups, 8
-        # rows, x in f32 (a 7B decode step's ffn_glu; integer x was slower there), the other
+        # token, gemma3's [6912, 1152] 1x4s 721 against 669); past that Q4_1 1 subgroup, 4
+        # rows, unstaged, x in f32 (a 7B decode step's ffn_glu, on an H100; 4x8 before, 2x8
+        # and integer x close behind, x staged and 8 subgroups far behind), the other
         # blocks 1x4s (Q8_0 577 against 475, Q5_0 565 against 492); f32/f16/bf16 4
         # subgroups, one row.
         "matvec_glu": (
