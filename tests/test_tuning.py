@@ -41,6 +41,16 @@ def test_rules_apply_in_order():
     assert gpu.decode_rule("matvec_add", 4096, 32, "q4_1", 4096).subgroups == 4
     assert gpu.decode_rule("matvec_add", 4096, 32, "q4_1").subgroups == 4
     assert gpu.decode_rule("matvec_add", 4096, 32, "q8_0", 14336).subgroups == 4
+    # Q4_K of 2048 columns or more (the 1.2B and 7B Q4_K_M files): GLU 2 subgroups x 4 rows,
+    # qkv_rope 4 x 4 pairs, ahead of the rule for 2048 pairs or fewer; fewer columns (Qwen3
+    # 0.6B's [3072, 1024]) and the other K-quants keep 4 x 4 and 1 subgroup.
+    glu = gpu.decode_rule("matvec_glu", 14336, 256, "q4_k", 4096)
+    assert (glu.subgroups, glu.rows) == (2, 4)
+    assert gpu.decode_rule("matvec_glu", 3072, 256, "q4_k", 1024).subgroups == 4
+    assert gpu.decode_rule("matvec_glu", 14336, 256, "q6_k", 4096).subgroups == 4
+    qkv = gpu.decode_rule("qkv_rope", 1536, 256, "q4_k", 2048)
+    assert (qkv.subgroups, qkv.rows, qkv.stage_x) == (4, 4, False)
+    assert gpu.decode_rule("qkv_rope", 3072, 256, "q6_k", 4096).subgroups == 1
     assert tuning.device_class("cpu") == "cpu" and tuning.device_class("discrete") == "gpu"
 
 

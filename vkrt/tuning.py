@@ -289,6 +289,8 @@ _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.p
 
 _GLU19 = ("bench/README.md, 2026-12-06, nineteenth session (vkrt bench per launch of the "
           "7B Q4_1 file's matvec_glu, one process each, alternating)")
+_Q4K20 = ("bench/README.md, 2026-12-06, twentieth session (vkrt bench per launch of the "
+          "7B and 1.2B Q4_K_M-mix files' Q4_K products, one process each, H100)")
 _SWEEP = ("bench/README.md, 2026-12-02 second session (bench/matvec_types.py --glu / --qkv "
           "--configs, H200)")
 _AB = ("bench/README.md, 2026-12-02 second session (vkrt bench per-kernel GPU us, A/B, "
@@ -357,8 +359,11 @@ GPU = Table(
         # rows, unstaged, x in f32 (a 7B decode step's ffn_glu, on an H100; 4x8 before, 2x8
         # and integer x close behind, x staged and 8 subgroups far behind), the other
         # blocks 1x4s (Q8_0 577 against 475, Q5_0 565 against 492); f32/f16/bf16 4
-        # subgroups, one row.
+        # subgroups, one row. Q4_K of 2048 columns or more (the 1.2B and 7B shapes' Q4_K_M
+        # files, whole steps timed on an H100) 2 subgroups, 4 rows.
         "matvec_glu": (
+            Decode(None, "q4_k", 2, 4, _Q4K20 + ": ffn_glu 7B 1876 us per token (4x4 1993, 2x8 "
+                   "1855-1862, 1x4 1889, 2x16 2411), 1.2B 382 (4x4 455, 2x8 402)", min_cols=2048),
             Decode(None, "blocks256", 4, 4, _SWEEP + ": glu Q4_K 4x4 321, 1x2s 177 GB/s"),
             Decode(8192, "blocks", 1, 2, _AB + ": glu [1536, 576] 1x2s", stage_x=True),
             Decode(None, "q4_1", 1, 4, _GLU19 + ": 7B Q4_1 ffn_glu 1919 us per token, 4x8 "
@@ -373,8 +378,11 @@ GPU = Table(
         # step's attn_qkv); the K-quants one subgroup, 4 pairs, x staged (Q4_1 150 against 86
         # GB/s for the launch before, 4 subgroups and one pair; Q4_K 102 against 63); up to
         # 2048 pairs ([2048, 1024] and a quarter each) one pair (Q4_1 200 against 113, Q6_K
-        # 241 against 137).
+        # 241 against 137). Q4_K of 2048 columns or more 4 subgroups, 4 pairs (the 1.2B
+        # and 7B Q4_K_M files' fused layers, whole steps timed on an H100).
         "qkv_rope": (
+            Decode(None, "q4_k", 4, 4, _Q4K20 + ": attn_qkv 7B 338 us per token (1x4s 581, "
+                   "4x8 343, 4x8i 416, 2x8 449, 8x8 497); 1.2B 4x8 145 (1x1s 179)", min_cols=2048),
             Decode(2048, "blocks", 1, 1, _SWEEP + ": qkv [2048, 1024] 1x1s", stage_x=True),
             Decode(None, "blocks32", 4, 8, _XQ + ": 7B Q4_1 attn_qkv 758 us per token (1x4s "
                    "1046; 4x8 f32 x 812)", integer_x=True),
