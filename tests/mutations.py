@@ -75,6 +75,9 @@ UNITS = ["tests/test_kernels.py::test_matvec_units_odd_sizes"]
 # pytest options (`-k EXPR`): they go to pytest as they are.
 QKV_PAIRS = ["tests/test_kernels.py::test_qkv_rope_writes_q_and_the_cache_row",
              "-k", "3-rows or 8-rows"]
+# qkv_rope's mixed variants: the Q4_K / Q6_K cases (V's runs and block size differ from Q's).
+QKV_MIXED = ["tests/test_kernels.py::test_qkv_rope_writes_q_and_the_cache_row",
+             "-k", "q4_k-v-q6_k"]
 # x quantized per unit (glsl/unit_xq.glsl): its edges (the clamp, the float path's units).
 XQ_EDGES = ["tests/test_kernels.py::test_matvec_xq_units_at_the_edges"]
 # ... and its products: every block type at odd sizes, matvec_add, and a family end to end.
@@ -760,10 +763,23 @@ MUTATIONS = [
      "        for (uint i = 0; i < 8; ++i) xv[i] = x_stage[lane * 9 + i];",
      "        for (uint i = 0; i < 8; ++i) xv[i] = x_stage[lane * 8 + i];", UNITS),
     ("units: the x stage loads only the chunk's first unit's runs", "vkrt/glsl/unit_x.glsl",
-     "if (kc < units) x_stage[c / 8 * 9 + c % 8] = x_at(unit_x4(kc, c % 8));",
-     "if (kc < units) x_stage[c / 8 * 9 + c % 8] = x_at(unit_x4(k0, c % 8));", UNITS),
+     "if (kc < units) x_stage[c / 8 * 9 + c % 8] = x_at(unit_x4(kc, c % 8, v));",
+     "if (kc < units) x_stage[c / 8 * 9 + c % 8] = x_at(unit_x4(k0, c % 8, v));", UNITS),
+    # qkv_rope's mixed variants (V of its own type, weight_types.MIXED_QKV): each rule.
+    ("mixed Q/K/V: V's blocks at Q's block size", "vkrt/glsl/qkv_rope.comp",
+     "PAIRS_FN(pairs_v, unit_dot_v, weight4_v, BLOCK_BYTES_V, true)",
+     "PAIRS_FN(pairs_v, unit_dot_v, weight4_v, BLOCK_BYTES_QK, true)", QKV_MIXED),
+    ("mixed Q/K/V: V's x at Q's runs", "vkrt/glsl/qkv_rope.comp",
+     "PAIRS_FN(pairs_v, unit_dot_v, weight4_v, BLOCK_BYTES_V, true)",
+     "PAIRS_FN(pairs_v, unit_dot_v, weight4_v, BLOCK_BYTES_V, false)", QKV_MIXED),
+    ("mixed Q/K/V: a layer whose V has a type of its own runs unfused", "vkrt/models/llama.py",
+     "and (v == q or (q, v) in weight_types.MIXED_QKV))", "and v == q)",
+     ["tests/test_llama_types.py::test_q4_k_m_mix_matches_transformers"]),
+    ("mixed Q/K/V: V bound as Q's dtype", "vkrt/kernels.py",
+     'dtypes = tuple(weight.dtype if d == "W" else (v_dtype or weight.dtype) if d == "V"',
+     'dtypes = tuple(weight.dtype if d in "WV"', QKV_MIXED),
     ("units: qkv_rope's second row of a pair read from the first", "vkrt/glsl/qkv_rope.comp",
-     "DOT(((r + d) * blocks + b) * WEIGHT_BLOCK_BYTES", "DOT(((r) * blocks + b) * WEIGHT_BLOCK_BYTES",
+     "DOT(((r + d) * blocks + b) * BYTES", "DOT(((r) * blocks + b) * BYTES",
      ["tests/test_kernels.py::test_qkv_rope_writes_q_and_the_cache_row"]),
     ("units: qkv_rope's pairs of a workgroup all read the first pair's rows",
      "vkrt/glsl/qkv_rope.comp",

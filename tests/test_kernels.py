@@ -1766,25 +1766,31 @@ QKV_LAYOUTS = {"adjacent": (False, False, False), "halves-biased": (True, True, 
 # after the products, the same for every type), so each layout meets a third of the types
 # (float, legacy and K-quant blocks among them), at every launch. The full cross product
 # doubled the pipelines lavapipe compiles (each type x layout x launch is one).
-QKV_CASES = [(d, layout) for i, d in enumerate(WEIGHT_TYPES)
-             for layout in ("adjacent", list(QKV_LAYOUTS)[1 + i % 3])]
+# V of its own type (the mixed variants, weight_types.MIXED_QKV): every pair with the plain
+# layout, V's units read at their own runs and block size.
+QKV_CASES = [(d, layout, d) for i, d in enumerate(WEIGHT_TYPES)
+             for layout in ("adjacent", list(QKV_LAYOUTS)[1 + i % 3])] \
+    + [(q, "adjacent", v) for q, v in weight_types.MIXED_QKV]
 
 
 @pytest.mark.parametrize("use_pos", [False, True], ids=["pos0", "pos-buffer"])
-@pytest.mark.parametrize("dtype,layout", QKV_CASES, ids=[f"{d}-{lay}" for d, lay in QKV_CASES])
-def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, layout):
+@pytest.mark.parametrize("dtype,layout,v_dtype", QKV_CASES,
+                         ids=[f"{d}-{lay}" if v == d else f"{d}-v-{v}-{lay}"
+                              for d, lay, v in QKV_CASES])
+def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, layout, v_dtype):
     # 3 query heads and 1 KV head of 32: 80 row pairs; position 5 as pos0 = 5, or as pos0 = 3
     # plus 2 from the position buffer (a replayed step). Cache rows other than 5 keep their
     # sentinels. "halves-biased": RoPE on halves (NEOX) and Q/K/V biases added before it
     # (qwen2's layout); "...-qk-norm": each Q and K head RMS-normed before RoPE (QK_NORM:
-    # qwen3, gemma3), a workgroup per head.
+    # qwen3, gemma3), a workgroup per head. V of another type runs the mixed variant, x in
+    # f32 at every launch.
     neox, biased, qk_norm = QKV_LAYOUTS[layout]
     r, n_embd, head_dim, n_heads, n_kv, rows, eps = rng(62), cols(dtype), 32, 3, 1, 8, 1e-5
     pos0, shift = (3, 2) if use_pos else (5, 7)  # the buffer's 7 must be ignored without use_pos
     p = pos0 + (shift if use_pos else 0)
     wq = stored_weight(gpu, dtype, randn(r, n_heads * head_dim, n_embd), seed=63)
     wk = stored_weight(gpu, dtype, randn(r, n_kv * head_dim, n_embd), seed=64)
-    wv = stored_weight(gpu, dtype, randn(r, n_kv * head_dim, n_embd), seed=65)
+    wv = stored_weight(gpu, v_dtype, randn(r, n_kv * head_dim, n_embd), seed=65)
     x, norm_w = randn(r, n_embd), randn(r, n_embd)
     table = rope_table(head_dim, 10000.0, rows)
     tx, tn, tcs = gpu.upload(x), gpu.upload(norm_w), gpu.upload(table)
@@ -1806,9 +1812,11 @@ def test_qkv_rope_writes_q_and_the_cache_row(gpu, row_kernels, dtype, use_pos, l
         "qkv_rope", 1, 1).rows)
     assert ds[0].grid[0] * ds[0].grid[1] == (n_heads + 2 * n_kv) * head_dim // 2 // per_group
     assert len(ds) == (2 if qk_norm else 1)
+    assert ds[0].pipeline.name.endswith(f"_v_{v_dtype}") == (v_dtype != dtype)
     gpu.stream.record(ds)
-    xn = decode_norm_x(row_kernels, dtype, x, norm_w, eps,
-                       (n_heads + 2 * n_kv) * head_dim // 2, "qkv_rope")
+    xn = (decode_norm_x(row_kernels, dtype, x, norm_w, eps,
+                        (n_heads + 2 * n_kv) * head_dim // 2, "qkv_rope")
+          if v_dtype == dtype else rms_reference(x, norm_w, eps))
 
     def rotated(values, b, w=None):
         terms = values * xn

@@ -113,12 +113,13 @@ def test_type_matches_transformers(gguf_type, device, tmp_path):
 
 # llama.cpp's Q4_K_M mix (llama-quant.cpp: Q6_K for output and for attn_v / ffn_down in some
 # layers, Q4_K elsewhere; Q5_0 or Q8_0 where a row is not a multiple of 256, here given to
-# two matrices whose rows are): layer 0's Q/K/V differ in type, so its decode step runs
-# unfused; layer 1's do not, so it runs the fused kernels, its projections' residual adds
-# (matvec_add) reading Q5_0 and Q8_0.
+# two matrices whose rows are): layer 0's V is Q6_K beside Q4_K Q and K, which qkv_rope's
+# mixed variant reads in one dispatch (weight_types.MIXED_QKV); layer 1's K is Q5_K beside
+# a Q4_K Q, no such pair, so its Q/K/V run unfused while its projections' residual adds
+# (matvec_add) run fused, reading Q5_0 and Q8_0.
 Q4_K_M = {"output.weight": "Q6_K", "blk.0.attn_v.weight": "Q6_K",
-          "blk.0.ffn_down.weight": "Q6_K", "blk.1.attn_output.weight": "Q5_0",
-          "blk.1.ffn_down.weight": "Q8_0"}
+          "blk.0.ffn_down.weight": "Q6_K", "blk.1.attn_k.weight": "Q5_K",
+          "blk.1.attn_output.weight": "Q5_0", "blk.1.ffn_down.weight": "Q8_0"}
 
 
 def test_q4_k_m_mix_matches_transformers(device, tmp_path):
@@ -131,14 +132,17 @@ def test_q4_k_m_mix_matches_transformers(device, tmp_path):
     g = load_gguf(path)
     vk = Llama.from_gguf(device, g)
     try:
-        assert {t.dtype for t in vk.w.values()} == {"float32", "q4_k", "q6_k", "q5_0", "q8_0"}
-        assert [vk.fusable(i) for i in range(2)] == [False, True]
+        assert {t.dtype for t in vk.w.values()} == {"float32", "q4_k", "q5_k", "q6_k", "q5_0",
+                                                    "q8_0"}
+        assert [vk.fused_parts(i) for i in range(2)] == [(True,) * 4, (False, True, True, True)]
         got = vk.logits(ids)
         print(f"Q4_K_M: max |dlogit| {np.abs(got - want).max():.2e}")
         assert np.abs(got - want).max() < LOGIT_ATOL
         np.testing.assert_array_equal(got.argmax(1), want.argmax(1))
         prompt = ids[:PROMPT_LEN]
         assert generate(vk, prompt, GREEDY).tokens == ref.greedy(prompt, GREEDY)
+        step = {d.name: d.pipeline.name for d in vk.step(vk.activations(1).token, 1, 3)}
+        assert step["blk.0.attn_qkv"] == "qkv_rope_q4_k_v_q6_k" and "blk.1.attn_qkv" not in step
     finally:
         vk.close()
         g.close()

@@ -62,8 +62,9 @@ def test_raw4_types_are_the_shaders():
 
 def test_variants_json_is_generated_from_the_table():
     """vkrt/glsl/variants.json holds every (weight kernel, type) variant with the table's
-    defines (the `_xq` kernels only for the types with an integer form), and nothing else
-    for those sources (python -m vkrt.weight_types rewrites it)."""
+    defines (the `_xq` kernels only for the types with an integer form), qkv_rope's mixed
+    variants, and nothing else for those sources (python -m vkrt.weight_types rewrites
+    it)."""
     assert weight_types.main(["--check"]) == 0
     doc = json.loads(weight_types.VARIANTS_JSON.read_text())
     want = 0
@@ -74,6 +75,16 @@ def test_variants_json_is_generated_from_the_table():
                 assert name not in doc
                 continue
             assert doc[name] == {"source": source, "defines": {**t.defines(), **extra}}
+            want += 1
+    # qkv_rope's mixed variants: Q's defines and V's type and block size, blocks of one size.
+    for kernel in weight_types.MIXED_QKV_KERNELS:
+        for q, v in weight_types.MIXED_QKV:
+            tq, tv = weight_types.BY_DTYPE[q], weight_types.BY_DTYPE[v]
+            assert tq.block == tv.block == 256 and q != v
+            defines = doc[f"{kernel}_{tq.suffix}_v_{tv.suffix}"]["defines"]
+            assert defines == {**doc[f"{kernel}_{tq.suffix}"]["defines"],
+                               tv.define.replace("WEIGHT_", "WEIGHT_V_"): 1,
+                               "WEIGHT_V_BLOCK_BYTES": tv.block_bytes}
             want += 1
     sources = {s for s, _ in weight_types.KERNEL_SOURCES.values()}
     assert sum(1 for v in doc.values() if v["source"] in sources) == want

@@ -145,6 +145,7 @@ def attention_partials(n_heads: int, head_dim: int) -> int:
 # matmul_*), from the type table (vkrt/weight_types.py); block types need rows of whole
 # blocks (32 elements, 256 for the K-quants and IQ4_XS).
 WEIGHTS = weight_types.WEIGHTS
+MIXED_QKV = weight_types.MIXED_QKV
 
 # A KV cache's element dtype -> the suffix of the variants that write or read it (paged:
 # kv_write, rope_kv_write, attention_paged; one sequence's: qkv_rope, rope, copy_rows,
@@ -157,14 +158,15 @@ KV_DTYPES = {"float32": "", "float16": "_kvf16"}
 # The decode products with `_xq` variants (vkrt/weight_types.py KERNEL_SOURCES).
 XQ_KERNELS = ("matvec", "matvec_add", "matvec_glu", "qkv_rope")
 
-# Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights').
+# Kernels with a variant per weight dtype -> the dtype of each binding ("W": the weights';
+# "V": qkv_rope's V weights, of W's dtype or, in a mixed variant, of its own).
 WEIGHT_KERNELS = {"embed": ("W", U32, F32), "embed_range": ("W", U32, F32),
                   "matvec": ("W", F32, F32),
                   "matvec_add": ("W", F32, F32), "matmul": ("W", F32, F32),
                   "matmul_tiled": ("W", F32, F32), "matmul_coop": ("W", F32, F32),
                   "matmul_coop_glu": ("W", F32, F32, "W"),
                   "matvec_glu": ("W", F32, F32, "W", F32),
-                  "qkv_rope": ("W", F32, F32, "W", "W", F32, F32, F32, F32, U32, F32, F32, F32)}
+                  "qkv_rope": ("W", F32, F32, "W", "V", F32, F32, F32, F32, U32, F32, F32, F32)}
 WEIGHT_KERNELS.update({f"{k}_xq": WEIGHT_KERNELS[k] for k in XQ_KERNELS})
 # qkv_rope writing an f16 KV cache (bindings 7 and 8).
 WEIGHT_KERNELS.update({f"{k}_kvf16": (*WEIGHT_KERNELS[k][:7], F16, F16, *WEIGHT_KERNELS[k][9:])
@@ -391,13 +393,15 @@ class Kernels:
         return kernel
 
     def weight_op(self, kernel: str, weight: Tensor, threads: int | None = None,
-                  spec: dict | None = None) -> Op:
+                  spec: dict | None = None, v_dtype: str | None = None) -> Op:
         """The op of `kernel` (a key of `WEIGHT_KERNELS`) for weights of `weight.dtype`: its
         variant `<kernel>_<WEIGHTS[dtype]>`, built on first use; `threads`: its workgroup size
         (specialization constant 0) instead of the kernel's default; `spec`: more
-        specialization constants. Raises ShaderInterfaceError for a dtype no variant reads,
+        specialization constants; `v_dtype` (qkv_rope): V's weights of another dtype, the
+        mixed variant `<kernel>_<WEIGHTS[dtype]>_v_<WEIGHTS[v_dtype]>` (a pair of
+        weight_types.MIXED_QKV). Raises ShaderInterfaceError for a dtype no variant reads,
         naming the tensor."""
-        key = (kernel, weight.dtype, threads)      # built per dispatch: kept cheap
+        key = (kernel, weight.dtype, threads, v_dtype)      # built per dispatch: kept cheap
         if spec:
             key += tuple(sorted(spec.items()))
         op = self._weight_ops.get(key)
@@ -409,9 +413,12 @@ class Kernels:
             constants = {**self._weight_spec[kernel], **(spec or {})}
             if threads is not None:
                 constants[0] = threads
-            pipeline = self._pipelines.get_pipeline(f"{kernel}_{WEIGHTS[weight.dtype]}",
-                                                    constants)
-            dtypes = tuple(weight.dtype if d == "W" else d for d in WEIGHT_KERNELS[kernel])
+            module = f"{kernel}_{WEIGHTS[weight.dtype]}"
+            if v_dtype is not None:
+                module += f"_v_{WEIGHTS[v_dtype]}"
+            pipeline = self._pipelines.get_pipeline(module, constants)
+            dtypes = tuple(weight.dtype if d == "W" else (v_dtype or weight.dtype) if d == "V"
+                           else d for d in WEIGHT_KERNELS[kernel])
             op = self._weight_ops[key] = Op(pipeline, dtypes)
         return op
 
@@ -700,7 +707,8 @@ class Kernels:
         n(x) + bk, p), v_cache[p] = wv @ n(x) + bv (`qkv_rope`: seven to ten dispatches of
         three or four stages in one).
         wq [n_heads * head_dim, n_embd], wk, wv [n_kv_heads * head_dim, n_embd] of one
-        `WEIGHTS` dtype; x, norm_weight [n_embd]; cos_sin [positions, head_dim / 2, 2];
+        `WEIGHTS` dtype, or wv of the V dtype of a pair of weight_types.MIXED_QKV (llama.cpp's
+        K-quant mixes; f32 x, whatever the table's `integer_x`); x, norm_weight [n_embd]; cos_sin [positions, head_dim / 2, 2];
         caches [rows, n_kv_heads * head_dim]; pos [1] u32 (bound either way); `biases`
         (bq [n_heads * head_dim], bk, bv [n_kv_heads * head_dim] f32) or None; `neox`: RoPE
         on halves (i, i + head_dim / 2) of each head instead of adjacent pairs (rope.comp);
@@ -714,19 +722,22 @@ class Kernels:
         dtypes, or an f16 cache with `qk_norm` (head_norm_rope reads and writes f32)."""
         qw, n_in = wq.shape
         kvw = wk.shape[0]
-        if not (wk.dtype == wv.dtype == wq.dtype and wv.shape == wk.shape
-                and wk.shape[1] == n_in and qw % head_dim == 0 and kvw % head_dim == 0):
+        mixed = wv.dtype != wq.dtype
+        if not (wk.dtype == wq.dtype and (not mixed or (wq.dtype, wv.dtype) in MIXED_QKV)
+                and wv.shape == wk.shape and wk.shape[1] == n_in and qw % head_dim == 0
+                and kvw % head_dim == 0):
             raise ShaderInterfaceError(
                 f"qkv_rope: q {wq.name!r} {wq.dtype} {list(wq.shape)}, k {wk.name!r} {wk.dtype} "
                 f"{list(wk.shape)}, v {wv.name!r} {wv.dtype} {list(wv.shape)} do not stack "
-                f"(one dtype, one n_embd, heads of {head_dim})")
-        module, kv = self._kv_variant(self.decode_module("qkv_rope", wq, (qw + 2 * kvw) // 2),
-                                      k_cache, v_cache)
+                f"(one dtype, or V's of a pair in weight_types.MIXED_QKV; one n_embd; heads "
+                f"of {head_dim})")
+        pairs = (qw + 2 * kvw) // 2
+        module, kv = self._kv_variant(
+            "qkv_rope" if mixed else self.decode_module("qkv_rope", wq, pairs), k_cache, v_cache)
         if kv != F32 and qk_norm is not None:
             raise ShaderInterfaceError(f"qkv_rope: per-head Q/K norms (head_norm_rope) read "
                                        f"and write a float32 KV cache, not {kv} "
                                        f"({k_cache.name!r}): run the unfused path")
-        pairs = (qw + 2 * kvw) // 2
         threads, rows, stage = self.decode_launch("qkv_rope", wq, pairs)
         per_group = max(d for d in range(1, max(1, rows) + 1) if (head_dim // 2) % d == 0)
         spec = {1: int(neox), 2: int(biases is not None), 3: int(qk_norm is not None),
@@ -734,7 +745,7 @@ class Kernels:
         # Without biases (norms) those bindings are not read: norm_weight stands in for them.
         bq, bk, bv = biases if biases is not None else (norm_weight,) * 3
         bias_need = (qw, kvw, kvw) if biases is not None else (None,) * 3
-        out = [self.weight_op(module, wq, threads, spec)(
+        out = [self.weight_op(module, wq, threads, spec, wv.dtype if mixed else None)(
             wq, x, q_out, wk, wv, norm_weight, cos_sin, k_cache, v_cache, pos, bq, bk, bv,
             grid=(*spread(pairs // per_group, self.limit), 1), name=name,
             need=(None, n_in, qw, None, None, n_in, (pos0 + 1) * head_dim,

@@ -123,15 +123,38 @@ KERNEL_SOURCES = {
     "qkv_rope_kvf16": ("qkv_rope.comp", {"KV_F16": 1}),
     "qkv_rope_xq_kvf16": ("qkv_rope.comp", {"XQ": 1, "KV_F16": 1}),
 }
+# (Q and K type, V type) pairs that qkv_rope also reads as one layer (its mixed variants,
+# `qkv_rope[_kvf16]_<q suffix>_v_<v suffix>`, glsl/qkv_rope.comp): the attn_v types
+# llama.cpp's quantizer gives a K-quant file's layers beside their attn_q / attn_k
+# (src/llama-quant.cpp, `attn_v.weight`): Q3_K_M Q5_K in the first layers, else Q4_K; Q3_K_L
+# Q5_K; Q4_K_S Q5_K in the first layers; Q4_K_M and Q5_K_M Q6_K where `use_more_bits`.
+MIXED_QKV = (("q3_k", "q4_k"), ("q3_k", "q5_k"), ("q4_k", "q5_k"), ("q4_k", "q6_k"),
+             ("q5_k", "q6_k"))
+MIXED_QKV_KERNELS = ("qkv_rope", "qkv_rope_kvf16")
 VARIANTS_JSON = Path(__file__).resolve().parent / "glsl" / "variants.json"
+
+
+def mixed_qkv_variants() -> dict[str, dict]:
+    """The variants.json entries of qkv_rope's mixed variants: `<kernel>_<q suffix>_v_<v
+    suffix>` -> {"source", "defines"}: Q's defines, plus WEIGHT_V_<type> and
+    WEIGHT_V_BLOCK_BYTES for V."""
+    out = {}
+    for kernel in MIXED_QKV_KERNELS:
+        source, extra = KERNEL_SOURCES[kernel]
+        for q, v in MIXED_QKV:
+            tq, tv = BY_DTYPE[q], BY_DTYPE[v]
+            out[f"{kernel}_{tq.suffix}_v_{tv.suffix}"] = {"source": source, "defines": {
+                **tq.defines(), **extra, "WEIGHT_V_" + tv.define.removeprefix("WEIGHT_"): 1,
+                "WEIGHT_V_BLOCK_BYTES": tv.block_bytes}}
+    return out
 
 
 def weight_variants() -> dict[str, dict]:
     """The variants.json entries of every (weight kernel, type): `<kernel>_<suffix>` ->
-    {"source", "defines"}."""
-    return {f"{kernel}_{t.suffix}": {"source": source, "defines": {**t.defines(), **extra}}
-            for kernel, (source, extra) in KERNEL_SOURCES.items() for t in TYPES
-            if "XQ" not in extra or t.integer_x}
+    {"source", "defines"}; and qkv_rope's mixed variants (`mixed_qkv_variants`)."""
+    return {**{f"{kernel}_{t.suffix}": {"source": source, "defines": {**t.defines(), **extra}}
+               for kernel, (source, extra) in KERNEL_SOURCES.items() for t in TYPES
+               if "XQ" not in extra or t.integer_x}, **mixed_qkv_variants()}
 
 
 def variants_json(current: dict) -> dict:

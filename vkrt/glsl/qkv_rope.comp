@@ -13,7 +13,10 @@
 // rows per workgroup, default 1; it divides head_dim / 2).
 // Wq (binding 0): [n_heads * head_dim, n_cols], Wk (binding 3), Wv (binding 4):
 // [n_kv_heads * head_dim, n_cols], as the GGUF stores them, one type for all three
-// (weights.glsl); x: [n_cols] f32; norm_w: [n_cols] f32; cos_sin: [positions, head_dim / 2]
+// (weights.glsl), or in the mixed variants (qkv_rope_<type>_v_<type>: WEIGHT_V_<TYPE> and
+// WEIGHT_V_BLOCK_BYTES defined, vkrt/weight_types.py MIXED_QKV) Wv of a K-quant of its own,
+// as llama.cpp's Q4_K_M and Q5_K_M files store attn_v in Q6_K in some layers (its quantizer,
+// src/llama-quant.cpp `use_more_bits`); x: [n_cols] f32; norm_w: [n_cols] f32; cos_sin: [positions, head_dim / 2]
 // vec2 f32 (rope.comp); q_out: [n_heads * head_dim] f32; k_cache, v_cache: [rows,
 // n_kv_heads * head_dim] f32; pos: [1] u32.
 // p = pos0 + pos[0] when use_pos is 1 (a replayed step, which advances pos on the GPU), else
@@ -41,11 +44,42 @@
 #include "weights.glsl"
 #undef WEIGHT_BINDING
 #undef W_
+#ifdef WEIGHT_BLOCK
+const uint BLOCK_BYTES_QK = WEIGHT_BLOCK_BYTES;
+#endif
+#ifdef WEIGHT_V_BLOCK_BYTES
+// V's type replaces Q's and K's for its include (blocks of 256: the same WEIGHT_BLOCK and
+// UNITS, so a unit index means the same columns in all three).
+#undef WEIGHT_Q2_K
+#undef WEIGHT_Q3_K
+#undef WEIGHT_Q4_K
+#undef WEIGHT_Q5_K
+#undef WEIGHT_Q6_K
+#undef WEIGHT_RAW4
+#undef WEIGHT_RAW_T
+#undef WEIGHT_RAW_ZERO
+#undef WEIGHT_QOFF
+#undef WEIGHT_BLOCK_BYTES
+#define WEIGHT_BLOCK_BYTES WEIGHT_V_BLOCK_BYTES
+#if defined(WEIGHT_V_Q4_K)
+#define WEIGHT_Q4_K 1
+#elif defined(WEIGHT_V_Q5_K)
+#define WEIGHT_Q5_K 1
+#elif defined(WEIGHT_V_Q6_K)
+#define WEIGHT_Q6_K 1
+#else
+#error "WEIGHT_V_BLOCK_BYTES without a V type"
+#endif
+#define UNIT_X_V
+#endif
 #define WEIGHT_BINDING 4
 #define W_(name) name##_v
 #include "weights.glsl"
 #undef WEIGHT_BINDING
 #undef W_
+#ifdef WEIGHT_BLOCK
+const uint BLOCK_BYTES_V = WEIGHT_BLOCK_BYTES;
+#endif
 layout(set = 0, binding = 1) readonly buffer X { vec4 x[]; };
 layout(set = 0, binding = 5) readonly buffer NormW { vec4 norm_w[]; };
 layout(set = 0, binding = 6) readonly buffer CosSin { vec2 cos_sin[]; };
@@ -75,25 +109,25 @@ vec2 pair_acc[PAIRS];
 #ifdef WEIGHT_BLOCK
 vec4 x_at(uint i) { return x_weighted(i); }
 #include "unit_x.glsl"
-#define PAIRS_FN(NAME, DOT, W4) \
+#define PAIRS_FN(NAME, DOT, W4, BYTES, V) \
 void NAME(uint i0, uint d, bool adjacent) { \
     uint blocks = pc.n_cols / WEIGHT_BLOCK, units = row_units(pc.n_cols); \
     for (uint j = 0; j < PAIRS; ++j) pair_acc[j] = vec2(0.0); \
     for (uint k0 = 0; k0 < units; k0 += unit_chunk()) { \
         vec4 xv[8]; \
-        load_unit_x(k0, units, xv); \
+        load_unit_x_runs(k0, units, xv, V); \
         uint k = k0 + unit_lane(); \
         if (k >= units) continue; \
         uint b = k / UNITS, un = k % UNITS; \
         for (uint j = 0; j < PAIRS; ++j) { \
             uint r = adjacent ? 2 * (i0 + j) : first_row(i0 + j); \
-            pair_acc[j] += vec2(DOT((r * blocks + b) * WEIGHT_BLOCK_BYTES, un, unit_q0(), SPLIT, xv), \
-                                DOT(((r + d) * blocks + b) * WEIGHT_BLOCK_BYTES, un, unit_q0(), SPLIT, xv)); \
+            pair_acc[j] += vec2(DOT((r * blocks + b) * BYTES, un, unit_q0(), SPLIT, xv), \
+                                DOT(((r + d) * blocks + b) * BYTES, un, unit_q0(), SPLIT, xv)); \
         } \
     } \
 }
 #else
-#define PAIRS_FN(NAME, DOT, W4) \
+#define PAIRS_FN(NAME, DOT, W4, BYTES, V) \
 void NAME(uint i0, uint d, bool adjacent) { \
     for (uint j = 0; j < PAIRS; ++j) pair_acc[j] = vec2(0.0); \
     for (uint k = gl_LocalInvocationID.x; k < pc.n_cols / 4; k += gl_WorkGroupSize.x) { \
@@ -114,9 +148,9 @@ uint first_row(uint i) {
 }
 uint pair_stride() { return NEOX != 0 ? pc.head_dim / 2 : 1; }
 
-PAIRS_FN(pairs_q, unit_dot, weight4)
-PAIRS_FN(pairs_k, unit_dot_k, weight4_k)
-PAIRS_FN(pairs_v, unit_dot_v, weight4_v)
+PAIRS_FN(pairs_q, unit_dot, weight4, BLOCK_BYTES_QK, false)
+PAIRS_FN(pairs_k, unit_dot_k, weight4_k, BLOCK_BYTES_QK, false)
+PAIRS_FN(pairs_v, unit_dot_v, weight4_v, BLOCK_BYTES_V, true)
 
 vec2 rotate(vec2 v, uint p, uint pair) {
     vec2 r = cos_sin[p * (pc.head_dim / 2) + pair % (pc.head_dim / 2)];

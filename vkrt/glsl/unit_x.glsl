@@ -16,6 +16,9 @@
 // two barriers per chunk. The stage is declared only then (its size is 0 vec4 + 1).
 // XQ (the integer variants): load_unit_x also quantizes the unit (unit_xq.glsl) when SPLIT
 // is 1; a split unit takes the float path.
+// UNIT_X_V (qkv_rope.comp's variants whose V matrix has a type of its own, of the same
+// WEIGHT_BLOCK and UNITS): load_unit_x_runs(..., true) gives the x of V's units, whose runs
+// are weights.glsl unit_runs_v; load_unit_x is load_unit_x_runs(..., false).
 layout(constant_id = 6) const uint SPLIT = 1;
 layout(constant_id = 7) const uint STAGE_X = 0;
 shared vec4 x_stage[gl_WorkGroupSize.x * 9 * STAGE_X + 1];
@@ -25,29 +28,37 @@ uint unit_chunk() { return gl_WorkGroupSize.x / SPLIT; }
 uint unit_lane() { return gl_LocalInvocationID.x / SPLIT; }
 uint unit_q0() { return gl_LocalInvocationID.x % SPLIT; }
 
+// The runs of unit u of a block: of V's type when `v` (UNIT_X_V), else of the includer's.
+uvec2 unit_runs_of(uint u, bool v) {
+#ifdef UNIT_X_V
+    if (v) return unit_runs_v(u);
+#endif
+    return unit_runs(u);
+}
+
 // The vec4 index in the row of vec4 i (0..7) of unit k's x.
-uint unit_x4(uint k, uint i) {
-    uvec2 run = ((k / UNITS) * WEIGHT_BLOCK + unit_runs(k % UNITS)) / 4;
+uint unit_x4(uint k, uint i, bool v) {
+    uvec2 run = ((k / UNITS) * WEIGHT_BLOCK + unit_runs_of(k % UNITS, v)) / 4;
     return (i < 4 ? run.x : run.y) + i % 4;
 }
 
 // xv = the x of this invocation's parts of unit k0 + unit_lane() (when it is below `units`;
-// stale otherwise). Every invocation calls it once per chunk, k0 uniform (the barriers of
-// STAGE_X).
-void load_unit_x(uint k0, uint units, out vec4 xv[8]) {
+// stale otherwise), units of V's type when `v`. Every invocation calls it once per chunk, k0
+// and v uniform (the barriers of STAGE_X).
+void load_unit_x_runs(uint k0, uint units, out vec4 xv[8], bool v) {
     uint lane = gl_LocalInvocationID.x, width = gl_WorkGroupSize.x, k = k0 + unit_lane();
     if (STAGE_X != 0 && SPLIT == 1) {
         barrier();                      // the chunk before is read
         for (uint c = lane; c < 8 * width; c += width) {
             uint kc = k0 + c / 8;
-            if (kc < units) x_stage[c / 8 * 9 + c % 8] = x_at(unit_x4(kc, c % 8));
+            if (kc < units) x_stage[c / 8 * 9 + c % 8] = x_at(unit_x4(kc, c % 8, v));
         }
         barrier();
         for (uint i = 0; i < 8; ++i) xv[i] = x_stage[lane * 9 + i];
     } else if (k < units) {
         for (uint q = unit_q0(); q < 4; q += SPLIT) {
-            xv[q] = x_at(unit_x4(k, q));
-            xv[4 + q] = x_at(unit_x4(k, 4 + q));
+            xv[q] = x_at(unit_x4(k, q, v));
+            xv[4 + q] = x_at(unit_x4(k, 4 + q, v));
         }
     }
 #ifdef XQ
@@ -55,3 +66,5 @@ void load_unit_x(uint k0, uint units, out vec4 xv[8]) {
     xq_ok = xq_ok && SPLIT == 1;        // a split unit's invocations hold parts of it
 #endif
 }
+
+void load_unit_x(uint k0, uint units, out vec4 xv[8]) { load_unit_x_runs(k0, units, xv, false); }

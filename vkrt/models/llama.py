@@ -378,7 +378,8 @@ class Llama(LlamaBatch, Decoder):
     def fused_parts(self, i: int) -> tuple[bool, bool, bool, bool]:
         """Which parts of layer i a decode step runs fused (`_layer`), from the family and
         the file: (Q/K/V: `qkv_rope` with the input norm, RoPE on either layout, Q/K/V
-        biases all three or none, per-head Q/K norms, the cache writes; Q/K/V of one dtype),
+        biases all three or none, per-head Q/K norms, the cache writes; Q/K/V of one dtype,
+        or V's of a pair in weight_types.MIXED_QKV),
         (attention output: `matvec_add`, the residual add inside the product; no bias, no
         post-norm), (MLP input: `matvec_glu`, SiLU or GELU-tanh; no gate/up biases, gate/up
         of one dtype), (MLP output: as the attention output)."""
@@ -387,8 +388,9 @@ class Llama(LlamaBatch, Decoder):
         def biased(layer: str) -> bool:
             return f"{blk}{layer}.bias" in w
 
-        qkv = (len({biased(layer) for layer in QKV_LAYERS}) == 1
-               and len({w[f"{blk}attn_{m}.weight"].dtype for m in "qkv"}) == 1)
+        q, k, v = (w[f"{blk}attn_{m}.weight"].dtype for m in "qkv")
+        qkv = (len({biased(layer) for layer in QKV_LAYERS}) == 1 and q == k
+               and (v == q or (q, v) in weight_types.MIXED_QKV))
         glu = (not biased("ffn_gate") and not biased("ffn_up")
                and w[blk + "ffn_gate.weight"].dtype == w[blk + "ffn_up.weight"].dtype)
         return (qkv, not biased("attn_output") and not hp.post_norms, glu,
