@@ -1932,6 +1932,25 @@ def test_qkv_rope_refuses_an_f16_cache_with_per_head_norms(gpu, kernels):
                          gpu.upload(np.zeros(1, np.uint32)), False, qk_norm=qk)
 
 
+@pytest.mark.parametrize("types", [("q4_k", "q5_k", "q4_k"), ("q4_k", "q4_k", "q8_0"),
+                                   ("q6_k", "q6_k", "q4_k")],
+                         ids=["k-of-another-type", "v-not-a-k-quant", "v-pair-not-mixed"])
+def test_qkv_rope_refuses_types_that_do_not_stack(gpu, kernels, types):
+    """Q and K of one type, V of it or of the V type of a pair in weight_types.MIXED_QKV:
+    anything else is one line naming the three tensors and their dtypes (the model runs such
+    layers unfused, Llama.fused_parts)."""
+    assert (types[0], types[2]) not in weight_types.MIXED_QKV
+    r = rng(50)
+    wq, wk, wv = (stored_weight(gpu, t, randn(r, 32, 256))[0] for t in types)
+    x = gpu.upload(randn(r, 256))
+    cache = Tensor.of(gpu.filled(8 * 32).buffer, "float32", (8, 32))
+    with pytest.raises(ShaderInterfaceError, match=rf"qkv_rope: q .* {types[0]} \[32, 256\], "
+                                                   rf"k .* {types[1]} .*, v .* {types[2]} .* "
+                                                   r"do not stack"):
+        kernels.qkv_rope(x, x, wq, wk, wv, x, gpu.filled(32), cache, cache, 16, 0, 1e-5,
+                         gpu.upload(np.zeros(1, np.uint32)), False)
+
+
 # -- the batched runner (vkrt/models/batch.py): positions, slot mapping, block tables -------
 def test_rope_positions_per_token(gpu):
     """rope_positions: token t rotated by the angles of positions[t] (any order, repeats),

@@ -708,7 +708,8 @@ class Kernels:
         three or four stages in one).
         wq [n_heads * head_dim, n_embd], wk, wv [n_kv_heads * head_dim, n_embd] of one
         `WEIGHTS` dtype, or wv of the V dtype of a pair of weight_types.MIXED_QKV (llama.cpp's
-        K-quant mixes; f32 x, whatever the table's `integer_x`); x, norm_weight [n_embd]; cos_sin [positions, head_dim / 2, 2];
+        K-quant mixes; f32 x, whatever the table's `integer_x`); x, norm_weight [n_embd];
+        cos_sin [positions, head_dim / 2, 2];
         caches [rows, n_kv_heads * head_dim]; pos [1] u32 (bound either way); `biases`
         (bq [n_heads * head_dim], bk, bv [n_kv_heads * head_dim] f32) or None; `neox`: RoPE
         on halves (i, i + head_dim / 2) of each head instead of adjacent pairs (rope.comp);

@@ -126,10 +126,11 @@ KERNEL_SOURCES = {
 # (Q and K type, V type) pairs that qkv_rope also reads as one layer (its mixed variants,
 # `qkv_rope[_kvf16]_<q suffix>_v_<v suffix>`, glsl/qkv_rope.comp): the attn_v types
 # llama.cpp's quantizer gives a K-quant file's layers beside their attn_q / attn_k
-# (src/llama-quant.cpp, `attn_v.weight`): Q3_K_M Q5_K in the first layers, else Q4_K; Q3_K_L
-# Q5_K; Q4_K_S Q5_K in the first layers; Q4_K_M and Q5_K_M Q6_K where `use_more_bits`.
-MIXED_QKV = (("q3_k", "q4_k"), ("q3_k", "q5_k"), ("q4_k", "q5_k"), ("q4_k", "q6_k"),
-             ("q5_k", "q6_k"))
+# (src/llama-quant.cpp, `attn_v.weight`): Q2_K Q4_K with 4 or more query heads per KV head,
+# else Q3_K; Q3_K_M Q5_K in the first 2 layers, else Q4_K; Q3_K_L Q5_K; Q4_K_S Q5_K in the
+# first 4 layers; Q4_K_M and Q5_K_M Q6_K where `use_more_bits`.
+MIXED_QKV = (("q2_k", "q3_k"), ("q2_k", "q4_k"), ("q3_k", "q4_k"), ("q3_k", "q5_k"),
+             ("q4_k", "q5_k"), ("q4_k", "q6_k"), ("q5_k", "q6_k"))
 MIXED_QKV_KERNELS = ("qkv_rope", "qkv_rope_kvf16")
 VARIANTS_JSON = Path(__file__).resolve().parent / "glsl" / "variants.json"
 

@@ -16,8 +16,8 @@
 // (weights.glsl), or in the mixed variants (qkv_rope_<type>_v_<type>: WEIGHT_V_<TYPE> and
 // WEIGHT_V_BLOCK_BYTES defined, vkrt/weight_types.py MIXED_QKV) Wv of a K-quant of its own,
 // as llama.cpp's Q4_K_M and Q5_K_M files store attn_v in Q6_K in some layers (its quantizer,
-// src/llama-quant.cpp `use_more_bits`); x: [n_cols] f32; norm_w: [n_cols] f32; cos_sin: [positions, head_dim / 2]
-// vec2 f32 (rope.comp); q_out: [n_heads * head_dim] f32; k_cache, v_cache: [rows,
+// src/llama-quant.cpp `use_more_bits`); x: [n_cols] f32; norm_w: [n_cols] f32; cos_sin:
+// [positions, head_dim / 2] vec2 f32 (rope.comp); q_out: [n_heads * head_dim] f32; k_cache, v_cache: [rows,
 // n_kv_heads * head_dim] f32; pos: [1] u32.
 // p = pos0 + pos[0] when use_pos is 1 (a replayed step, which advances pos on the GPU), else
 // pos0.
@@ -61,7 +61,9 @@ const uint BLOCK_BYTES_QK = WEIGHT_BLOCK_BYTES;
 #undef WEIGHT_QOFF
 #undef WEIGHT_BLOCK_BYTES
 #define WEIGHT_BLOCK_BYTES WEIGHT_V_BLOCK_BYTES
-#if defined(WEIGHT_V_Q4_K)
+#if defined(WEIGHT_V_Q3_K)
+#define WEIGHT_Q3_K 1
+#elif defined(WEIGHT_V_Q4_K)
 #define WEIGHT_Q4_K 1
 #elif defined(WEIGHT_V_Q5_K)
 #define WEIGHT_Q5_K 1
