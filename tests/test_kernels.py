@@ -686,24 +686,32 @@ def run_attention_tiles(gpu, q, k_cache, v_cache, pos0, scale, window=0, tile=TE
     return got[:-3].reshape(q.shape)
 
 
-def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale, window=0, lanes=None):
-    """One query q [H, D] at position pos0: the split kernel over chunks of
-    `attention_chunk(pos0 + 1)` positions (the model's choice), `lanes` invocations scoring
-    each position (the model's choice, `split_score_lanes`, when None), then the combine;
-    [H, D]."""
-    from vkrt.kernels import attention_chunk, split_score_lanes
+def run_attention_decode(gpu, q, k_cache, v_cache, pos0, scale, window=0, lanes=None,
+                         threads=256, pos_buffer=None):
+    """One query q [H, D] at position pos0 (plus `pos_buffer`, the replay variant's u32):
+    the split kernel, one workgroup per KV head and split of `attention_chunk` positions
+    (the model's choice), a workgroup of at most `threads` invocations (kernels.split_shape),
+    `lanes` invocations scoring each position (the model's choice, `split_score_lanes`, when
+    None), then the combine; [H, D]."""
+    from vkrt.kernels import attention_chunk, split_shape
 
     n_heads, head_dim = q.shape
-    chunk = attention_chunk(pos0 + 1, head_dim)
-    splits = -(-(pos0 + 1) // chunk)
+    n_kv_heads = k_cache.shape[1]
+    size, model_lanes, planes = split_shape(head_dim, gpu.sg, threads)
+    lanes = lanes or model_lanes
+    # Replayed: the splits cover every row of the cache, those past the query empty.
+    n_pos = pos0 + 1 if pos_buffer is None else k_cache.shape[0]
+    chunk = attention_chunk(n_pos, size // lanes)
+    splits = -(-n_pos // chunk)
     bq, bk, bv = gpu.upload(q), gpu.upload(k_cache), gpu.upload(v_cache)
     part, bo = gpu.filled(n_heads * splits * (head_dim + 2) + 3), gpu.filled(q.size + 3)
-    if lanes is None:
-        lanes = split_score_lanes(head_dim, gpu.device.subgroup_size)
-    gpu.run("attention_split" + kv_suffix(k_cache), {0: head_dim, 1: window, 2: lanes},
-            (bq, bk, bv, part),
-            (n_heads, splits, 1),
-            push(n_heads, k_cache.shape[1], head_dim, pos0, chunk, float(scale)))
+    name, bound = "attention_split", ()
+    if pos_buffer is not None:
+        name, bound = "attention_split_pos", (gpu.upload(np.array([pos_buffer], np.uint32)),)
+    gpu.run(name + kv_suffix(k_cache),
+            {0: size, 1: window, 2: lanes, 3: planes, 4: n_heads // n_kv_heads, 5: head_dim},
+            (bq, bk, bv, part, *bound), (n_kv_heads, splits, 1),
+            push(n_kv_heads, pos0, chunk, float(scale)))
     gpu.run("attention_combine", {0: head_dim}, (part, bo), (n_heads, 1, 1),
             push(head_dim, splits))
     got, partial = gpu.read(bo), gpu.read(part)
@@ -825,23 +833,29 @@ def test_prefill_attention_follows_the_table(gpu):
     assert d.pipeline.name == "attention" and d.grid[0] == 9 and d.grid[1] * d.grid[2] >= 70
 
 
-# Decode attention split over the cache: one query token, splits of whole head_dim blocks
-# (kernels.attention_chunk: at most ATTENTION_SPLITS = 64 splits), merged. Bound as
-# test_attention_gqa_causal (the merge adds one rescaling per split).
-@pytest.mark.parametrize("head_dim,pos0,q_scale,atol", [
-    (16, 0, 1.0, 1e-6),        # one position, one split
-    (16, 37, 1.0, 1e-6),       # 38 positions: splits of 16, the last partial
-    (32, 70, 1.0, 1e-6),       # 71 positions: 3 splits
-    (16, 1500, 1.0, 1e-6),     # 32 splits of 48 positions (3 blocks each), the last short
-    (16, 40, 30.0, 1e-5),      # large scores: each split's own max, then the merge's
-], ids=["one-position", "partial-split", "hd32", "32-splits-of-3-blocks", "large-scores"])
+# Decode attention split over the cache: one query token, a workgroup per KV head and split
+# of whole passes (kernels.attention_chunk: at most ATTENTION_SPLITS = 64 splits), merged.
+# Groups of 1, 3, 4 and 7 query heads per KV head; workgroups of a few planes (many passes
+# per split) and of many. Bound as test_attention_gqa_causal (the merge adds one rescaling
+# per split).
+@pytest.mark.parametrize("head_dim,pos0,q_scale,atol,n_heads,n_kv_heads,threads", [
+    (16, 0, 1.0, 1e-6, 6, 2, 256),        # one position, one split
+    (16, 37, 1.0, 1e-6, 6, 2, 32),        # 38 positions: passes of 8 or fewer, the last partial
+    (32, 70, 1.0, 1e-6, 7, 1, 256),       # a group of 7
+    (16, 1500, 1.0, 1e-6, 6, 2, 64),      # ~32 splits of several passes each, the last short
+    (16, 40, 30.0, 1e-5, 4, 4, 256),      # large scores, one head per KV head
+    (64, 300, 1.0, 1e-6, 9, 3, 256),      # SmolLM2's heads
+    (128, 200, 1.0, 1e-6, 8, 2, 256),     # head_dim 128, groups of 4
+], ids=["one-position", "partial-pass", "group-of-7", "passes-per-split", "large-scores",
+        "smollm2-heads", "hd128"])
 @pytest.mark.parametrize("lanes", [1, 2, 4, 8], ids=lambda n: f"{n}-lanes")
-def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol, lanes):
+def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol, n_heads, n_kv_heads,
+                                threads, lanes):
     """Each position scored by `lanes` invocations (shuffle-added partial dots), 8 where
     head_dim / 4 allows it and the subgroup holds them, else the model's choice."""
-    from vkrt.kernels import attention_chunk
+    from vkrt.kernels import attention_chunk, split_shape
 
-    r, n_heads, n_kv_heads = rng(23), 6, 2
+    r = rng(23)
     n_ctx = pos0 + 5
     q = randn(r, 1, n_heads, head_dim) * np.float32(q_scale)
     k_cache = randn(r, n_ctx, n_kv_heads, head_dim)
@@ -851,10 +865,44 @@ def test_attention_decode_split(gpu, head_dim, pos0, q_scale, atol, lanes):
     scale = float(np.float32(1.0 / np.sqrt(head_dim)))
     if (head_dim // 4) % lanes or lanes > gpu.sg:
         lanes = None
-    got = run_attention_decode(gpu, q[0], k_cache, v_cache, pos0, scale, lanes=lanes)
+    got = run_attention_decode(gpu, q[0], k_cache, v_cache, pos0, scale, lanes=lanes,
+                               threads=threads)
     want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
-    assert -(-(pos0 + 1) // attention_chunk(pos0 + 1, head_dim)) <= 64
+    size, model_lanes, _ = split_shape(head_dim, gpu.sg, threads)
+    assert -(-(pos0 + 1) // attention_chunk(pos0 + 1, size // (lanes or model_lanes))) <= 64
+
+
+@pytest.mark.parametrize("pos0,shift", [(37, 3), (300, 1), (0, 0)])
+def test_attention_split_replay_position(gpu, pos0, shift):
+    """attention_split_pos: the query at pos0 + the buffer's u32, the grid sized for the
+    whole cache (as a replayed step), the splits past the query empty (the merge weighs
+    them 0); cache rows past the query are NaN."""
+    r, head_dim, n_heads, n_kv_heads = rng(29), 32, 8, 2
+    n_ctx = pos0 + 200
+    q = randn(r, 1, n_heads, head_dim)
+    k_cache = randn(r, n_ctx, n_kv_heads, head_dim)
+    v_cache = randn(r, n_ctx, n_kv_heads, head_dim)
+    k_cache[pos0 + 1:] = np.nan
+    v_cache[pos0 + 1:] = np.nan
+    scale = float(np.float32(1.0 / np.sqrt(head_dim)))
+    got = run_attention_decode(gpu, q[0], k_cache, v_cache, pos0 - shift, scale,
+                               threads=64, pos_buffer=shift)
+    want = attention_reference(q, k_cache, v_cache, pos0, scale)[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_split_shape():
+    """kernels.split_shape: head_dim / 4 x PLANES invocations, PLANES a power of two within
+    the subgroup and the thread cap (one at least), LANES split_score_lanes'."""
+    from vkrt.kernels import split_shape
+
+    assert split_shape(128, 32, 256) == (256, 8, 8)
+    assert split_shape(64, 32, 256) == (256, 8, 16)
+    assert split_shape(64, 8, 256) == (128, 8, 8)
+    assert split_shape(256, 32, 256) == (256, 8, 4)
+    assert split_shape(256, 32, 32) == (64, 8, 1)
+    assert split_shape(16, 4, 64) == (16, 4, 4)
 
 
 def test_split_score_lanes():
@@ -894,22 +942,26 @@ def test_attention_reads_an_f16_cache_exactly(gpu, mode, window):
 
 
 def test_attention_chunk_keeps_16_to_64_splits():
-    """kernels.attention_chunk: whole blocks of head_dim positions; every block a split up to
-    32 blocks, then between 16 and ATTENTION_SPLITS (64) splits, never more, at every
-    context length up to 2^17 positions (head_dim 64 and 128); the H200's measured cases
-    (bench/README.md, 2026-12-04) choose the faster split."""
+    """kernels.attention_chunk: whole passes of `block` positions; every pass a split up to
+    32 passes, then between 16 and ATTENTION_SPLITS (64) splits, never more, at every
+    context length up to 2^17 positions (passes of 8 to 128 positions, splits aimed at 32;
+    aimed at 8 and 64, never past 64); the H200's measured cases (bench/README.md,
+    2026-12-04) choose the faster split."""
     from vkrt.kernels import ATTENTION_SPLITS, attention_chunk
 
     assert ATTENTION_SPLITS == 64
-    for hd in (64, 128):
+    for block in (8, 32, 128):
         for n in range(1, 1 << 17, 7):
-            chunk = attention_chunk(n, hd)
+            chunk = attention_chunk(n, block)
             splits = -(-n // chunk)
-            assert chunk % hd == 0 and splits <= ATTENTION_SPLITS, (hd, n, chunk)
-            if n <= 32 * hd:
-                assert chunk == hd, (hd, n, chunk)
+            assert chunk % block == 0 and splits <= ATTENTION_SPLITS, (block, n, chunk)
+            if n <= 32 * block:
+                assert chunk == block, (block, n, chunk)
             else:
-                assert splits >= 16, (hd, n, chunk)
+                assert splits >= 16, (block, n, chunk)
+            for target in (8, 64):
+                chunk = attention_chunk(n, block, target)
+                assert chunk % block == 0 and -(-n // chunk) <= ATTENTION_SPLITS
     assert attention_chunk(4128, 128) == 128     # 33 splits of one block, not 17 of two
     assert attention_chunk(8160, 128) == 256     # 32 splits of two blocks, not 64 of one
 

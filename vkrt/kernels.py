@@ -33,38 +33,48 @@ TILE_ROWS, TILE_TOKENS = 32, 64
 # class's table's (vkrt/tuning.py prefill_coop_tiles).
 COOP_MIN_TOKENS = 64
 F32, U32, F16 = "float32", "uint32", "float16"
-# Splits of the KV cache per head at decode (attention_split): about ATTENTION_TARGET_SPLITS,
-# at most ATTENTION_SPLITS (`attention_chunk`).
+# Splits of the KV cache per KV head at decode (attention_split): about the table's
+# `attention_splits`, at most ATTENTION_SPLITS (`attention_chunk`).
 ATTENTION_TARGET_SPLITS, ATTENTION_SPLITS = 32, 64
 # Invocations per scored position in attention_split (at most; `split_score_lanes`).
 SPLIT_SCORE_LANES = 8
 # Decode attention in one dispatch (attention_decode: a workgroup per head, its scores in
-# shared memory) while the cache holds at most DECODE_POSITIONS positions (fewer where the
-# device's shared memory is smaller); split attention past that. One workgroup per head
-# reads the whole cache of its head, so its time grows with the context faster than the
-# split's: on the H200 (vkrt bench, prompts of 256 / 768 / 1536 / 3072 tokens + 128) one
-# dispatch decoded 1063 / 947 / 797 / 606 tok/s, split 963 / 945 / 893 / 767: even at a cache
-# of 1024 positions. With the split's 8-lane scores (split_score_lanes) one dispatch still
-# wins at 576 positions (bench/README.md, 2026-12-04 third session: 7B 214.8 against 210.7,
-# 135M 886.3 against 790.5 tok/s). Its workgroup size and workgroups per head (each weighing
-# V for a share of the head's dims) are vkrt/tuning.py's attention_threads and
-# attention_dim_splits.
+# shared memory) while the cache holds at most the table's `attention_decode_positions`
+# (fewer where the device's shared memory is smaller, at most DECODE_POSITIONS); split
+# attention past that. One workgroup per head reads the whole cache of its head, so its time
+# grows with the context faster than the split's. Its workgroup size and workgroups per head
+# (each weighing V for a share of the head's dims) are vkrt/tuning.py's attention_threads
+# and attention_dim_splits.
 DECODE_POSITIONS = 1024
 
 
-def attention_chunk(n_positions: int, head_dim: int) -> int:
-    """Cache positions per split at decode, whole blocks of head_dim positions
-    (attention_split's loop step): ceil(n_positions / ATTENTION_TARGET_SPLITS) rounded up or
-    down to whole blocks (one block at least), whichever leaves a split count nearer 32
-    (rounding up on a tie). Up to 32 blocks of positions every block is a split; past that
-    16 to 64 splits (at most ATTENTION_SPLITS: rounding a split of one block or more down
-    keeps at least half of it). Why not always up or always down: bench/README.md,
-    2026-12-04, "Decode attention's splits at 4k" (H200, 7B shape, 4,128 and 8,160
-    positions)."""
-    per_split = -(-n_positions // ATTENTION_TARGET_SPLITS)
-    up = -(-per_split // head_dim) * head_dim
-    down = max(1, per_split // head_dim) * head_dim
-    return min((up, down), key=lambda c: abs(-(-n_positions // c) - ATTENTION_TARGET_SPLITS))
+def attention_chunk(n_positions: int, block: int,
+                    target: int = ATTENTION_TARGET_SPLITS) -> int:
+    """Cache positions per split at decode, whole passes of `block` positions
+    (attention_split's loop step): ceil(n_positions / target) rounded up or down to whole
+    blocks (one block at least), whichever leaves a split count nearer `target` (rounding up
+    on a tie), never past ATTENTION_SPLITS splits (rounding up then). Why not always up or
+    always down: bench/README.md, 2026-12-04, "Decode attention's splits at 4k" (H200, 7B
+    shape, 4,128 and 8,160 positions)."""
+    per_split = -(-n_positions // target)
+    up = -(-per_split // block) * block
+    down = max(1, per_split // block) * block
+    if -(-n_positions // down) > ATTENTION_SPLITS:
+        return up
+    return min((up, down), key=lambda c: abs(-(-n_positions // c) - target))
+
+
+def split_shape(head_dim: int, subgroup_size: int, threads: int) -> tuple[int, int, int]:
+    """(workgroup size, LANES, PLANES) of attention_split.comp for `head_dim` on a device
+    with `subgroup_size`, at most `threads` invocations (the table's
+    attention_split_threads, fitted down to a power of two of planes, one plane at least):
+    LANES = split_score_lanes, PLANES the largest power of two within the subgroup with
+    head_dim / 4 * PLANES <= threads. A pass covers size / LANES positions."""
+    g = max(1, head_dim // 4)
+    planes = 1
+    while planes * 2 <= subgroup_size and g * planes * 2 <= threads:
+        planes *= 2
+    return g * planes, split_score_lanes(head_dim, subgroup_size), planes
 
 
 def split_score_lanes(head_dim: int, subgroup_size: int) -> int:
@@ -264,18 +274,19 @@ class Kernels:
                           (F32, U32))
         # attention's workgroup is one head: local_size_x = head_dim. Sliding-window layers
         # get their own pipelines (specialization constant WINDOW; `_windowed`).
-        self._attention = self._attention_split = self._attention_combine = None
+        self._attention = self._attention_combine = None
         self._windows: dict[tuple[int, str], tuple] = {}
+        self._splits: dict[tuple[int, str, int, bool], Op] = {}
         self._head_dim = head_dim
         self.decode_threads = self.decode_positions = 0
-        self.decode_dim_splits = self.split_lanes = 1
+        # attention_split's workgroup size, LANES and PLANES (`split_shape`).
+        self.split_threads = self.decode_dim_splits = self.split_lanes = self.split_planes = 1
         # Prefill attention on query tiles (attention_tile.comp): its (QT, LQ, KT), or None
         # for one workgroup per (head, token) (attention.comp); the table's prefill_attention.
         self.attention_tile: tuple[int, int, int] | None = None
         self._attention_tiles: dict[tuple[int, str], Op] = {}
         if head_dim:
             self._attention = Op(p("attention", {0: head_dim}), (F32, F32, F32, F32))
-            self.split_lanes = split_score_lanes(head_dim, sg)
             if self.tuning.prefill_attention is not None and head_dim % 4 == 0:
                 limits = pipelines.device.limits
                 self.attention_tile = attention_tile_shape(
@@ -283,13 +294,15 @@ class Kernels:
                     self.tuning.prefill_attention,
                     min(limits.maxComputeWorkGroupInvocations,
                         limits.maxComputeWorkGroupSize[0]))
-            split_spec = {0: head_dim, 2: self.split_lanes}
-            self._attention_split = Op(p("attention_split", split_spec), (F32, F32, F32, F32))
-            self._attention_split_pos = Op(p("attention_split_pos", split_spec),
-                                           (F32, F32, F32, F32, U32))
+            self.split_threads, self.split_lanes, self.split_planes = split_shape(
+                head_dim, sg, min(self.tuning.attention_split_threads,
+                                  pipelines.device.limits.maxComputeWorkGroupInvocations,
+                                  pipelines.device.limits.maxComputeWorkGroupSize[0]))
             self._attention_combine = Op(p("attention_combine", {0: head_dim}), (F32, F32))
             self.decode_threads, self.decode_positions = _decode_attention_size(
                 pipelines.device.limits, head_dim, self.tuning.attention_threads)
+            self.decode_positions = min(self.decode_positions,
+                                        self.tuning.attention_decode_positions)
             g = max(1, head_dim // 4)
             self.decode_dim_splits = next(d for d in (self.tuning.attention_dim_splits, 2, 1)
                                           if g % d == 0)
@@ -308,13 +321,11 @@ class Kernels:
         self._copy_block = Op(p("copy_block", {0: ELEMENTWISE_BLOCK}), (F32, F32))
 
     def _windowed(self, window: int, kv: str = F32) -> tuple:
-        """(attention, attention_split, attention_split_pos, attention_decode,
-        attention_decode_pos) ops attending to the last `window` positions (0: all) of a KV
-        cache of dtype `kv` (a key of KV_DTYPES), built on first use for a window and
-        dtype."""
+        """(attention, attention_decode, attention_decode_pos) ops attending to the last
+        `window` positions (0: all) of a KV cache of dtype `kv` (a key of KV_DTYPES), built
+        on first use for a window and dtype."""
         if window == 0 and kv == F32:
-            return (self._attention, self._attention_split, self._attention_split_pos,
-                    getattr(self, "_attention_decode", None),
+            return (self._attention, getattr(self, "_attention_decode", None),
                     getattr(self, "_attention_decode_pos", None))
         ops = self._windows.get((window, kv))
         if ops is None:
@@ -326,13 +337,23 @@ class Kernels:
                 decode = Op(p("attention_decode" + x, spec), (F32, kv, kv, F32))
                 decode_pos = Op(p("attention_decode_pos" + x, spec), (F32, kv, kv, F32, U32))
             ops = self._windows[window, kv] = (
-                Op(p("attention" + x, {0: hd, 1: window}), (F32, kv, kv, F32)),
-                Op(p("attention_split" + x, {0: hd, 1: window, 2: self.split_lanes}),
-                   (F32, kv, kv, F32)),
-                Op(p("attention_split_pos" + x, {0: hd, 1: window, 2: self.split_lanes}),
-                   (F32, kv, kv, F32, U32)),
-                decode, decode_pos)
+                Op(p("attention" + x, {0: hd, 1: window}), (F32, kv, kv, F32)), decode,
+                decode_pos)
         return ops
+
+    def _split(self, window: int, kv: str, group: int, replay: bool) -> Op:
+        """attention_split (`replay`: attention_split_pos) for `group` query heads per KV
+        head, attending to the last `window` positions (0: all) of a cache of dtype `kv`,
+        built on first use."""
+        key = (window, kv, group, replay)
+        op = self._splits.get(key)
+        if op is None:
+            name = "attention_split" + ("_pos" if replay else "") + KV_DTYPES[kv]
+            spec = {0: self.split_threads, 1: window, 2: self.split_lanes,
+                    3: self.split_planes, 4: group, 5: self._head_dim}
+            op = self._splits[key] = Op(self._pipelines.get_pipeline(name, spec),
+                                        (F32, kv, kv, F32) + ((U32,) if replay else ()))
+        return op
 
     def _batch_op(self, module: str, spec: dict, dtypes: tuple) -> Op:
         """The op of `module` specialized by `spec`, built on first use (the batched runner's
@@ -905,10 +926,10 @@ class Kernels:
         cache rows 0 .. pos0 + n_tokens - 1; q, out [tokens, n_heads * head_dim].
         One token (decode) runs `decode_dim_splits` workgroups per head (`attention_decode`,
         one dispatch) while the positions it may see fit `decode_positions`; past that it
-        is split over the cache (`attention_split`: heads x splits of
-        `attention_chunk(pos0 + 1)` positions, partial states in `part`, f32 [n_heads *
-        ATTENTION_SPLITS * (head_dim + 2)] at least) and merged (`attention_combine`): two
-        dispatches. More tokens (prefill) run one dispatch: on tiles of query tokens
+        is split over the cache (`attention_split`: KV heads x splits of
+        `attention_chunk(pos0 + 1, ...)` positions, each workgroup serving the query heads
+        that share its KV head, partial states in `part`, f32 [n_heads * ATTENTION_SPLITS *
+        (head_dim + 2)] at least) and merged (`attention_combine`): two dispatches. More tokens (prefill) run one dispatch: on tiles of query tokens
         (`attention_tile`, `attention_tile` (QT, LQ, KT): a workgroup per head and QT
         tokens) where the table names them (`Table.prefill_attention`), else one workgroup
         per head and token (`attention`). `pos` ([1] u32, P at run time; one token):
@@ -916,15 +937,19 @@ class Kernels:
         of the cache (those past the query do nothing). `window` > 0: a query at position p
         attends to positions p - window + 1 ..= p only (a sliding-window layer); 0: all.
         Caches of float32 or float16 (the `_kvf16` variants read each element exactly);
-        ShaderInterfaceError when K and V differ in dtype."""
+        ShaderInterfaceError when K and V differ in dtype, or (one token) when head_dim is
+        not a multiple of 4 or n_heads not a multiple of n_kv_heads."""
         kvn = (pos0 + n_tokens) * n_kv_heads * head_dim
         _, kv = self._kv_variant("attention", k_cache, v_cache)
-        attention, split, split_pos, decode, decode_pos = self._windowed(window, kv)
+        attention, decode, decode_pos = self._windowed(window, kv)
         if n_tokens == 1:
             if head_dim % 4:
                 raise ShaderInterfaceError(f"attention_split: head_dim {head_dim} is not a "
                                            "multiple of 4 (vec4 loads)")
-            assert split.pipeline.local_size[0] == head_dim, "built for head_dim"
+            if n_kv_heads <= 0 or n_heads % n_kv_heads:
+                raise ShaderInterfaceError(f"attention_split: {n_heads} query heads do not "
+                                           f"share {n_kv_heads} KV heads evenly")
+            assert head_dim == self._head_dim, "built for head_dim"
             # Replayed (`pos`): sized for the longest context the caches hold.
             n_pos = pos0 + 1 if pos is None else k_cache.shape[0]
             qn = n_heads * head_dim
@@ -934,14 +959,15 @@ class Kernels:
                            grid=(n_heads, self.decode_dim_splits, 1), name=name,
                            need=(qn, kvn, kvn, qn) + (1,) * len(extra), n_heads=n_heads,
                            n_kv_heads=n_kv_heads, pos0=pos0, scale=scale)]
-            chunk = attention_chunk(n_pos, head_dim)
+            chunk = attention_chunk(n_pos, self.split_threads // self.split_lanes,
+                                    self.tuning.attention_splits)
             splits = _groups(n_pos, chunk)
             pn = n_heads * splits * (head_dim + 2)
-            op, extra = (split, ()) if pos is None else (split_pos, (pos,))
-            return [op(q, k_cache, v_cache, part, *extra, grid=(n_heads, splits, 1),
+            op = self._split(window, kv, n_heads // n_kv_heads, pos is not None)
+            extra = () if pos is None else (pos,)
+            return [op(q, k_cache, v_cache, part, *extra, grid=(n_kv_heads, splits, 1),
                        name=name + "_split", need=(qn, kvn, kvn, pn) + (1,) * len(extra),
-                       n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, pos0=pos0,
-                       chunk=chunk, scale=scale),
+                       n_kv_heads=n_kv_heads, pos0=pos0, chunk=chunk, scale=scale),
                     self._attention_combine(part, out, grid=(n_heads, 1, 1), name=name,
                                             need=(pn, qn), head_dim=head_dim, n_splits=splits)]
         if head_dim % 4:

@@ -172,6 +172,14 @@ class Table:
     attention_dim_splits: int        # attention_decode's workgroups per head
     prefill_tiled: bool              # prefill products: matmul_tiled (else matmul)
     norm_subgroups: int              # rmsnorm, rmsnorm_add, head_norm_rope: subgroups per row
+    # Decode attention: attention_decode (one dispatch, a workgroup per query head) while the
+    # query sees at most `attention_decode_positions` positions (and they fit its shared
+    # memory, kernels.py), else attention_split (a workgroup of at most
+    # `attention_split_threads` invocations per KV head and split of the cache, about
+    # `attention_splits` splits, kernels.attention_chunk) and attention_combine.
+    attention_decode_positions: int = 1024
+    attention_split_threads: int = 256
+    attention_splits: int = 32
     # The batched runner's products per token role (vkrt/models/batch.py): "decode" (generated
     # tokens, and every logit row) and "prompt" -> "matmul", "matmul_tiled" or "matmul_coop"
     # (f16 operands; "matmul" where the device has no cooperative-matrix shape or
