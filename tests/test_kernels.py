@@ -964,6 +964,8 @@ def test_attention_chunk_keeps_16_to_64_splits():
                 assert chunk % block == 0 and -(-n // chunk) <= ATTENTION_SPLITS
     assert attention_chunk(4128, 128) == 128     # 33 splits of one block, not 17 of two
     assert attention_chunk(8160, 128) == 256     # 32 splits of two blocks, not 64 of one
+    assert attention_chunk(640, 32, 8) == 96      # 7 splits for a target of 8, not 20
+    assert attention_chunk(2049, 32, 64) == 64    # 33 splits: 65 would pass the cap
 
 
 # Sliding-window layers (gemma3): each query attends to its last `window` positions. Cache
