@@ -243,3 +243,14 @@ def test_batch_coop_tile_parse():
                 "16x32:1x2x0", "16xa:1x2", "16x32x8:1x2", "16x32:1x2:1"):
         with pytest.raises(ValueError, match=f"'{bad}' is not BMxBN:SG_MxSG_N"):
             BatchCoopTile.parse(bad, "here")
+
+
+@pytest.mark.parametrize("table", list(tuning.TABLES))
+def test_every_scalar_entry_is_cited(table):
+    """Each scalar entry of a table (workgroup sizes, splits, crossovers) names the
+    measurement or reason that chose it in `sources`."""
+    t = tuning.TABLES[table]
+    scalars = [f.name for f in dataclasses.fields(t)
+               if isinstance(getattr(t, f.name), (bool, int))]
+    assert "attention_splits" in scalars and "attention_decode_positions" in scalars
+    assert [n for n in scalars if not t.sources.get(n)] == []

@@ -291,6 +291,11 @@ _REDUCE_ROWS = ("bench/README.md, 2026-12-04, third session (bench/matvec_types.
 _COOP16 = ("bench/README.md, 2026-12-04, fourth session (bench/matmul_coop.py --tiles, H200, "
            "Q4_1 7B and 1.2B shapes, one tile per process, TFLOP/s)")
 _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
+_SPLIT21 = ("bench/README.md, 2026-12-07, twenty-first session: the split per KV head; "
+            "not yet timed on a GPU (no device lent that session)")
+_ONE_DISPATCH = ("vkrt/kernels.py DECODE_POSITIONS; bench/README.md, 2026-12-04 third session "
+                 "(H200: one dispatch 214.8 tok/s at 576 positions of the 7B shape against "
+                 "210.7 split per query head)")
 _SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
 _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "
            "--configs, H200)")
@@ -505,6 +510,9 @@ GPU = Table(
              "argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
              "attention_threads": _SESSION2 + ": 1024 invocations per head (512: 949)",
              "attention_dim_splits": _SESSION2 + ": attention 4 workgroups per head",
+             "attention_decode_positions": _ONE_DISPATCH,
+             "attention_split_threads": _SPLIT21 + ": 256, 8 planes at head_dim 128",
+             "attention_splits": _SPLIT21 + ": 32, the per-query-head split's target",
              "prefill_tiled": _SESSION2 + ": prefill products tiled, 32 rows x 64 tokens",
              "prefill_attention": _TILES},
 )
@@ -533,6 +541,9 @@ CPU = Table(
              "argmax_threads": "lavapipe: 256 (the first session's choice, not timed)",
              "attention_threads": "lavapipe: 64 (the first session's choice, not timed)",
              "attention_dim_splits": "glsl/reduce.glsl: lavapipe barriers",
+             "attention_decode_positions": "vkrt/kernels.py DECODE_POSITIONS: the GPU's",
+             "attention_split_threads": "the GPU's (not timed on lavapipe)",
+             "attention_splits": "the GPU's (not timed on lavapipe)",
              "norm_subgroups": "glsl/reduce.glsl: lavapipe barriers"},
 )
 
