@@ -435,6 +435,10 @@ MUTATIONS = [
      ["tests/test_kernels.py::test_attention_decode_split"]),
     # (No mutation shares one slot of running maxima between passes: a reader then sees the
     # old maximum or the new one, and max(either, the pass's scores) is the new one.)
+    ("kernels: decode attention takes query heads that do not divide among the KV heads",
+     "vkrt/kernels.py", "            if n_kv_heads <= 0 or n_heads % n_kv_heads:",
+     "            if False:",
+     ["tests/test_kernels.py::test_decode_attention_refuses_uneven_query_groups"]),
     ("kernels: split attention's planes past the subgroup", "vkrt/kernels.py",
      "    while planes * 2 <= subgroup_size and g * planes * 2 <= threads:",
      "    while g * planes * 2 <= threads:", ["tests/test_kernels.py::test_split_shape"]),

@@ -809,6 +809,20 @@ def test_attention_decode_chosen_within_its_positions(gpu):
         assert [d.pipeline.name for d in ds] == kernels
 
 
+def test_decode_attention_refuses_uneven_query_groups(gpu):
+    """Kernels.attention at decode: query heads that do not divide among the KV heads
+    (7 over 2) are a one-line ShaderInterfaceError naming both counts, not a split whose
+    workgroups serve a group of 3 and leave a head unwritten."""
+    from vkrt.kernels import attention_partials
+
+    k = Kernels(gpu.cache, head_dim=64)
+    q, out = gpu.filled(7 * 64), gpu.filled(7 * 64)
+    k_cache, v_cache = gpu.filled(40 * 2 * 64), gpu.filled(40 * 2 * 64)
+    part = gpu.filled(attention_partials(7, 64))
+    with pytest.raises(ShaderInterfaceError, match="7 query heads do not share 2 KV heads"):
+        k.attention(q, k_cache, v_cache, out, 1, 7, 2, 64, 30, 0.125, part)
+
+
 def test_prefill_attention_follows_the_table(gpu):
     """Kernels.attention runs a prompt of several tokens on attention_tile.comp, one workgroup
     per head and tile of QT queries, where the table names tiles (both device classes' do),

@@ -929,10 +929,11 @@ class Kernels:
         is split over the cache (`attention_split`: KV heads x splits of
         `attention_chunk(pos0 + 1, ...)` positions, each workgroup serving the query heads
         that share its KV head, partial states in `part`, f32 [n_heads * ATTENTION_SPLITS *
-        (head_dim + 2)] at least) and merged (`attention_combine`): two dispatches. More tokens (prefill) run one dispatch: on tiles of query tokens
-        (`attention_tile`, `attention_tile` (QT, LQ, KT): a workgroup per head and QT
-        tokens) where the table names them (`Table.prefill_attention`), else one workgroup
-        per head and token (`attention`). `pos` ([1] u32, P at run time; one token):
+        (head_dim + 2)] at least) and merged (`attention_combine`): two dispatches. More
+        tokens (prefill) run one dispatch: on tiles of query tokens (`attention_tile`,
+        `attention_tile` (QT, LQ, KT): a workgroup per head and QT tokens) where the table
+        names them (`Table.prefill_attention`), else one workgroup per head and token
+        (`attention`). `pos` ([1] u32, P at run time; one token):
         the query is at position pos0 + P (a replayed step), and the splits cover every row
         of the cache (those past the query do nothing). `window` > 0: a query at position p
         attends to positions p - window + 1 ..= p only (a sliding-window layer); 0: all.

@@ -293,9 +293,10 @@ _COOP16 = ("bench/README.md, 2026-12-04, fourth session (bench/matmul_coop.py --
 _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
 _SPLIT21 = ("bench/README.md, 2026-12-07, twenty-first session: the split per KV head; "
             "not yet timed on a GPU (no device lent that session)")
-_ONE_DISPATCH = ("vkrt/kernels.py DECODE_POSITIONS; bench/README.md, 2026-12-04 third session "
-                 "(H200: one dispatch 214.8 tok/s at 576 positions of the 7B shape against "
-                 "210.7 split per query head)")
+_ONE_DISPATCH = ("H200, vkrt bench, 135M at prompts of 256 / 768 / 1536 / 3072 + 128 tokens: "
+                 "one dispatch 1063 / 947 / 797 / 606 tok/s, split per query head 963 / 945 "
+                 "/ 893 / 767; bench/README.md, 2026-12-04 third session: one dispatch 214.8 "
+                 "tok/s at 576 positions of the 7B shape against 210.7 split per query head")
 _SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
 _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "
            "--configs, H200)")
