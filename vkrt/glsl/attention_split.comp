@@ -29,9 +29,11 @@
 //   after the last pass the planes' sums are added by a shuffle tree over PLANES (a power of
 //   two, at most the subgroup size).
 // Every loop but the passes' runs to specialization constants and is unrolled, so a pass's
-// loads are in flight together. Two barriers per pass: after the scores, after the weights
-// (the next pass writes scores only after every invocation is past the second barrier,
-// having read the weights; the running maxima alternate between two slots by pass).
+// loads are in flight together. Two barriers per pass: after the scores, after the weights.
+// The next pass overwrites the scores only once every invocation is past this pass's second
+// barrier (done reading them), and the weights and c only past its own first barrier (every
+// invocation done with this pass's V); the running maxima alternate between two slots by
+// pass, so none is written while another invocation reads it.
 // Rows past `last` in a pass score -inf and weigh 0; their index is clamped to `last` (a row
 // the cache holds).
 // Specialization constants: 0 = local_size_x (HEAD_DIM / 4 * PLANES), 1 = WINDOW (W > 0:
