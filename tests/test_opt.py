@@ -323,6 +323,21 @@ def test_refused_in_one_line(tmp_path, device, case):
     assert words in msg and str(folder) in msg and "\n" not in msg, msg
 
 
+@pytest.mark.parametrize("case", ["activation", "missing_key"])
+def test_config_refusal_names_the_file_once(tmp_path, case):
+    """Through the registry (vkrt.load, the CLI) a refused config.json is named once, as
+    FOLDER/config.json (it was once FOLDER/config.json/config.json)."""
+    from vkrt.models.registry import open_checkpoint
+
+    kwargs, words = REFUSALS[case]
+    folder = _broken(tmp_path, case, **kwargs)
+    with pytest.raises(ModelFormatError) as e:
+        open_checkpoint(str(folder))
+    msg = str(e.value)
+    assert msg.startswith(f"{folder}/config.json: ") and words in msg, msg
+    assert "config.json/config.json" not in msg, msg
+
+
 def test_truncated_shard_and_missing_files_refused(checkpoints, tmp_path, device):
     import shutil
 

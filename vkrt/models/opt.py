@@ -444,7 +444,7 @@ def checkpoint_from_folder(path: str, config: dict):
     from vkrt.models.hf_folder import load_tokenizer, read_json
     from vkrt.models.registry import Checkpoint
 
-    hp = OPTHParams.from_config(config, os.path.join(path, "config.json"))
+    hp = OPTHParams.from_config(config, path)
     tokenizer = load_tokenizer(path)
     tok_config = os.path.join(path, "tokenizer_config.json")
     template = read_json(tok_config).get("chat_template") if os.path.exists(tok_config) else None
