@@ -116,6 +116,9 @@ def test_bad_generation_flags(tmp_path, flags, words):
     (["--seed", str(2 ** 64)], f"got '{2 ** 64}'"),
     (["--device", "-1"], "argument --device: expected a non-negative integer, got '-1'"),
     (["--max-tokens", "x"], "invalid int value: 'x'"),
+    (["--model", ""], "argument --model: expected a GGUF file or a checkpoint folder, got an "
+                      "empty path"),
+    (["--model", " "], "got an empty path"),
 ])
 def test_malformed_command_line_is_one_line(tmp_path, flags, words):
     p = run_cli("generate", "hi", "--model", str(tmp_path / "x.gguf"), *flags)

