@@ -51,6 +51,7 @@ def run_vkrt(model: str, p: int, n: int, extra: list[str]) -> dict:
             "host_busy_fraction": arm["host_busy_fraction"],
             "gpu_ms_per_token": report.get("gpu", {}).get("gpu_ms_per_token"),
             "gpu_us_per_token_by_kernel": report.get("gpu", {}).get("gpu_us_per_token_by_kernel"),
+            "prefill_gpu_ms_by_kernel": report.get("gpu", {}).get("prefill_gpu_ms_by_kernel"),
             "weight_bytes_per_s": arm["weight_bytes_per_s"],
             "device": report["device"], "driver_version": report["driver_version"],
             "commit": report["commit"], "weight_bytes": report["weight_bytes"]}

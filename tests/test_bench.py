@@ -60,6 +60,10 @@ def test_report_counts_match_the_arms(opt_folder, device):
         g = r["gpu"]
         assert g["gpu_ms_per_token"] > 0 and g["gpu_us_per_stage"] > 0
         assert any(k.startswith("self_attn") for k in g["gpu_us_per_token_by_kernel"])
+        # The prompt's forward alone, by kernel: its products and attention among them.
+        assert g["prefill_gpu_ms"] == pytest.approx(sum(g["prefill_gpu_ms_by_kernel"].values()),
+                                                    abs=0.01 * len(g["prefill_gpu_ms_by_kernel"]))
+        assert {"fc1", "self_attn.attn", "argmax"} <= set(g["prefill_gpu_ms_by_kernel"])
 
 
 def test_a_replayed_arm_counts_the_work_its_replays_run(default_model_path, device):

@@ -11,16 +11,19 @@ ratios are side by side):
 - Each repeat: one greedy generation of `tokens` tokens (no stop token). Prefill tok/s =
   prompt tokens / time to the first token; decode tok/s = (tokens - 1) / time from the first
   token to the last; TPOT = its inverse. Reported as median, min and max over repeats.
-- Per decoded token (last repeat): dispatches, barriers, dependent stages, submits, and host
-  ms by phase (build, record, submit, transfer; `wait` is blocked on the GPU): what the
-  stream counted from the first token to the last, over the decode steps submitted in that
-  window (tokens - N with N slots in flight: steps 2 .. N went out before the first token).
+- Per decoded token (last repeat): dispatches, barriers, dependent stages and submits: what
+  the stream counted from the first token to the last, over the decode steps submitted in
+  that window (tokens - N with N slots in flight: steps 2 .. N went out before the first
+  token); host ms by phase (build, record, submit, transfer; `wait` is blocked on the GPU):
+  the window's host time over its tokens - 1 decoded tokens, as TPOT.
 - GPU time per decoded token, by kernel (timestamp queries around every dispatch, on the
   device's timestamp clock; each span includes any barrier stall before it): one extra
   generation with timestamps on, outside the timed repeats, the same window. Timestamps time
   recorded commands, so that generation records its decode steps (no replay), and a timestamp
-  after every dispatch serializes them: an upper bound on the replayed step's GPU time. Absent
-  where the queue has no timestamps.
+  after every dispatch serializes them: an upper bound on the replayed step's GPU time. Then
+  the prompt's forward alone, by kernel (one more generation of one token with timestamps:
+  the prefill and the first token's argmax), in ms for the whole prompt. Absent where the
+  queue has no timestamps.
 - Per-token `dispatches`, `barriers` and `stages` count what the GPU ran: recorded, plus what
   each replayed recording holds (VKRT_REPLAY, the default: a replayed step runs its stages
   all the same). `recorded_dispatches` is what the host recorded (0 once the step is
@@ -127,9 +130,12 @@ def _repeat(lm, prompt: list[int], tokens: int, batch_size: int) -> dict:
     # Steps recorded in the window: with N slots, steps 2 .. N were submitted before the first
     # token was read, so the window holds tokens - N submissions (one per decode step).
     steps = max(total["submits"], 1)
-    host = {k: (s.profiler.phases_ns.get(k, 0) - phases.get(k, 0)) / steps / 1e6
+    # Host time per decoded token, as TPOT: the window's host phases over its tokens - 1
+    # tokens (a wait per token read; only tokens - N steps were submitted in the window).
+    decoded = max(len(r.tokens) - 1, 1)
+    host = {k: (s.profiler.phases_ns.get(k, 0) - phases.get(k, 0)) / decoded / 1e6
             for k in PHASES}
-    tpot_ms = 1e3 * r.decode_s / max(len(r.tokens) - 1, 1)
+    tpot_ms = 1e3 * r.decode_s / decoded
     return {"prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
             "tpot_ms": tpot_ms, "tokens": r.tokens, "max_inflight": total["max_inflight"],
             "steps": total["submits"],
@@ -181,6 +187,30 @@ def _gpu_per_token(lm, prompt: list[int], tokens: int, batch_size: int) -> dict 
                                            if v > 0}}   # not the prompt's kernels alone
 
 
+def _gpu_prefill(lm, prompt: list[int], batch_size: int) -> dict | None:
+    """GPU ms of the prompt's forward (and its first token's argmax), by kernel, from
+    timestamps (None without them)."""
+    s = lm.stream
+    timing = s.timing
+    if not s.enable_timestamps():
+        return None
+    try:
+        s.synchronize()
+        s.profiler.gpu_ns.clear()
+        generate(lm, prompt, 1, batch_size=batch_size)
+        s.synchronize()
+    finally:
+        s.timing = timing
+    by_kernel: dict[str, float] = {}
+    for name, ns in s.profiler.gpu_ns.items():
+        k = _kernel(name)
+        by_kernel[k] = by_kernel.get(k, 0.0) + ns / 1e6
+    return {"prefill_gpu_ms": round(sum(by_kernel.values()), 3),
+            "prefill_gpu_ms_by_kernel": {k: round(v, 3) for k, v in
+                                         sorted(by_kernel.items(), key=lambda kv: -kv[1])
+                                         if v > 0}}
+
+
 def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
         barriers: list[str], inflights: list[int]) -> dict:
     """Benchmark a loaded `vkrt.models.model.Model` in every arm (barrier policy x in-flight
@@ -208,6 +238,8 @@ def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
                 arm.runs.append(_repeat(lm, prompt, tokens, batch_size))
         _use(lm, arms[0])
         gpu = _gpu_per_token(lm, prompt, tokens, batch_size)
+        if gpu is not None:
+            gpu.update(_gpu_prefill(lm, prompt, batch_size) or {})
     finally:
         lm.stream.synchronize()
         lm.stream = home
@@ -247,7 +279,8 @@ def describe(report: dict) -> str:
     """The report as a few lines of text for a terminal."""
     lines = [f"{report['model']} ({report['family']}) on {report['device']}: prompt "
              f"{report['prompt_tokens']} tokens, {report['tokens']} generated, "
-             f"{report['repeat']} repeats (median [min, max])"
+             f"{report['repeat']} repeat{'' if report['repeat'] == 1 else 's'} "
+             "(median [min, max])"
              + (f", prefill products on {report['prefill_kernel']}"
                 if "prefill_kernel" in report else "")]
     for label, a in report["arms"].items():
@@ -268,6 +301,11 @@ def describe(report: dict) -> str:
                         list(g["gpu_us_per_token_by_kernel"].items())[:6])
         lines.append(f"  GPU {g['gpu_ms_per_token']:.3f} ms per token "
                      f"({g['gpu_us_per_stage']} µs per stage); µs by kernel: {top}")
+        if "prefill_gpu_ms" in g:
+            top = ", ".join(f"{k} {v:.2f}" for k, v in
+                            list(g["prefill_gpu_ms_by_kernel"].items())[:6])
+            lines.append(f"  GPU {g['prefill_gpu_ms']:.2f} ms for the prompt's forward; "
+                         f"ms by kernel: {top}")
     lines.append(f"  weights on device {report['weight_bytes'] / 2**20:.1f} MiB, "
                  f"peak RSS {report['peak_rss_bytes'] / 2**20:.1f} MiB")
     return "\n".join(lines)
