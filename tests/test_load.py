@@ -189,11 +189,17 @@ def test_bad_requests_are_refused_before_any_work(opt_folder, device):
         with pytest.raises(VkrtError, match="empty"):
             model.generate("", max_tokens=2) if not model.tokenizer.add_bos else \
                 model.generate([], max_tokens=2)
-        with pytest.raises(VkrtError, match="exceeds the model's context"):
-            model.generate("hi", max_tokens=10 ** 6)
+        with pytest.raises(VkrtError, match=r"^prompt of \d+ tokens? \+ 1000000 new = \d+ "
+                                            r"exceeds the model's context of \d+ tokens$"):
+            model.generate("hi", max_tokens=10 ** 6)   # (it once named the CLI's --max-tokens)
+        for prompt in (5, [1.5], ["7"], [True], None):   # ids are integers: none rounded
+            with pytest.raises(ConfigError, match="prompt must be text or a sequence of "
+                                                  "integer token ids, got "):
+                model.generate(prompt)
+        assert model.encode(np.array([1, 2])) == [1, 2]
         with pytest.raises(ConfigError, match="temperature"):
             model.generate("hi", temperature=-1.0)
         for bad in (0, -1, 2.5, True):   # as the CLI and the server refuse them
-            with pytest.raises(VkrtError, match=f"max_tokens must be an integer >= 1, got {bad}"):
+            with pytest.raises(ConfigError, match=f"max_tokens must be an integer >= 1, got {bad}"):
                 "".join(model.generate("hi", max_tokens=bad))
         assert model.lm.stream.counters.submits == submits

@@ -235,7 +235,7 @@ def test_stop_checker_holds_back_a_possible_start():
     assert c.add("xab") == ("x", False) and c.add("z", final=True) == ("abz", False)
 
 
-@pytest.mark.parametrize("kw,word", [({"top_p": 0}, "top-p"), ({"seed": -1}, "seed"),
+@pytest.mark.parametrize("kw,word", [({"top_p": 0}, "top_p must"), ({"seed": -1}, "seed"),
                                      ({"temperature": float("nan")}, "temperature"),
                                      ({"stop": [""]}, "stop"), ({"max_tokens": 0}, "max_tokens"),
                                      ({"n": 0}, "n must")])

@@ -97,7 +97,7 @@ def _checked_request(args):
     try:
         sampling = Sampling(args.temperature, args.top_p, args.seed)
     except ConfigError as e:
-        raise VkrtError(f"--{e}") from None
+        raise _flag_error(e) from None
     if getattr(args, "trace", None):
         _check_writable(args.trace, "--trace")
     prompt = _read_prompt(args)
@@ -315,7 +315,7 @@ def _chat(args) -> int:
     try:
         params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.seed)
     except ConfigError as e:
-        raise VkrtError(f"--{e}") from None
+        raise _flag_error(e) from None
     checkpoint = open_checkpoint(args.model or default_model_path())
     if not checkpoint.chat_template:
         raise VkrtError(f"{checkpoint.path}: the model has no chat template")
@@ -412,6 +412,13 @@ def _kv_cache_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="f32",
                    help="the KV cache's elements: f32, or f16 (half the bytes per position; "
                         "K and V rounded to f16 as they are stored)")
+
+
+def _flag_error(e: ConfigError) -> VkrtError:
+    """A sampling value's error (it names the argument, `top_p must be ...`) in the command
+    line's terms (`--top-p must be ...`)."""
+    name, _, rest = str(e).partition(" ")
+    return VkrtError(f"--{name.replace('_', '-')} {rest}")
 
 
 def _model_path(text: str) -> str:

@@ -66,7 +66,7 @@ class Sampling:
         if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
             raise ConfigError(f"temperature must be a finite number >= 0, got {t!r}")
         if not (isinstance(p, (int, float)) and 0 < p <= 1):   # also refuses nan
-            raise ConfigError(f"top-p must be in (0, 1], got {p!r}")
+            raise ConfigError(f"top_p must be in (0, 1], got {p!r}")
         if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool)
                                      and 0 <= seed < 2 ** 64):
             raise ConfigError(f"seed must be an integer from 0 to 2**64 - 1, got {seed!r}")
@@ -176,15 +176,16 @@ def _sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
 
 
 def check_context(n_ctx: int, n_prompt: int, max_tokens: int) -> None:
-    """Raise VkrtError unless max_tokens is an integer >= 1, 1 <= n_prompt and n_prompt +
-    max_tokens <= n_ctx (the model's context length from its metadata)."""
+    """Raise ConfigError unless max_tokens is an integer >= 1; VkrtError unless 1 <= n_prompt
+    and n_prompt + max_tokens <= n_ctx (the model's context length from its metadata)."""
     if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1):
-        raise VkrtError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
     if n_prompt == 0:
         raise VkrtError("the prompt is empty: nothing to condition on")
     if n_prompt + max_tokens > n_ctx:
-        raise VkrtError(f"prompt of {n_prompt} tokens + --max-tokens {max_tokens} = "
-                        f"{n_prompt + max_tokens} exceeds the model's context of {n_ctx} tokens")
+        raise VkrtError(f"prompt of {n_prompt} token{'' if n_prompt == 1 else 's'} + "
+                        f"{max_tokens} new = {n_prompt + max_tokens} exceeds the model's "
+                        f"context of {n_ctx} tokens")
 
 
 def stream_tokens(model: CausalLM, prompt_ids: list[int], max_tokens: int,

@@ -98,7 +98,9 @@ class Model:
         submission. `trace`: write a Chrome trace of the call there. `on_prefill(n)`: called as
         each prefill chunk of n prompt tokens has run (a progress bar).
         Raises (before any GPU work): VkrtError for an empty prompt, a prompt plus max_tokens
-        beyond the context, `chat` without a template; ConfigError for bad sampling values."""
+        beyond the context, `chat` without a template; ConfigError for bad sampling values, a
+        max_tokens that is not an integer >= 1 (on the first token read), or a prompt that is
+        neither text nor a sequence of integer ids."""
         if self.lm is None:
             raise VkrtError("the model is closed")
         sampling = Sampling(temperature, top_p, seed)

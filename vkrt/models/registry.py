@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import operator
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from vkrt.errors import ModelFormatError, VkrtError
+from vkrt.errors import ConfigError, ModelFormatError, VkrtError
 from vkrt.models.arch import FAMILIES as LLAMA_LIKE
 
 # architecture / model_type -> the module of the family that implements it: every Llama-like
@@ -45,9 +46,16 @@ class Checkpoint:
         can be written by hand) or, with `chat`, as one user message through the model's chat
         template (message text stays plain text: `vkrt.models.chat.encode_chat`).
         Raises VkrtError when `chat` is given and the model has no chat template, or an id is
-        outside the vocabulary."""
+        outside the vocabulary; ConfigError for a prompt neither text nor a sequence of
+        integers (a float id is not rounded)."""
         if not isinstance(prompt, str):
-            ids = [int(i) for i in prompt]
+            try:
+                ids = [_token_id(i) for i in prompt]
+            except TypeError:
+                shown = repr(prompt)
+                raise ConfigError("prompt must be text or a sequence of integer token ids, got "
+                                  + (shown if len(shown) <= 60 else type(prompt).__name__)
+                                  ) from None
             bad = [i for i in ids if not 0 <= i < self.hparams.n_vocab]
             if bad:
                 raise VkrtError(f"token id {bad[0]} is outside the model's "
@@ -67,6 +75,13 @@ class Checkpoint:
                            add_generation_prompt=True, bos_token=text(tok.bos_id),
                            eos_token=text(tok.eos_id))
 
+
+
+def _token_id(i) -> int:
+    """An int (numpy's integers too) as a token id; TypeError for a bool, float or text."""
+    if isinstance(i, bool):
+        raise TypeError(i)
+    return operator.index(i)
 
 def _family(name: str, where: str, what: str):
     if not isinstance(name, str) or name not in FAMILIES:

@@ -144,7 +144,8 @@ class Scheduler:
             need = blocks_for(seq.max_kv_tokens, self.kv.block_size)
             if need > self.kv.num_blocks:
                 raise VkrtError(
-                    f"prompt of {seq.num_prompt_tokens} tokens + max_tokens "
+                    f"prompt of {seq.num_prompt_tokens} token"
+                    f"{'' if seq.num_prompt_tokens == 1 else 's'} + max_tokens "
                     f"{request.max_tokens} needs {need} KV blocks of {self.kv.block_size} "
                     f"tokens; the whole cache holds {self.kv.num_blocks} (--kv-blocks)")
         waiting = self.num_waiting_requests()
