@@ -147,11 +147,13 @@ def _folder(path, config) -> str:
 
 
 @pytest.mark.parametrize("make, words", [
+    # Each lists the families that read its format (OPT comes from folders only).
     (lambda p: _gguf(p / "m.gguf", "mamba"), ["m.gguf", "unsupported architecture 'mamba'",
-                                              "llama, opt, qwen2, qwen3"]),
+                                              "(supported: gemma3, llama, qwen2, qwen3)"]),
     (lambda p: _gguf(p / "o.gguf", "opt"), ["o.gguf", "'opt'", "checkpoint folders only"]),
     (lambda p: _folder(p / "gpt2", {"model_type": "gpt2"}), ["config.json",
-                                                            "unsupported model_type 'gpt2'"]),
+                                                            "unsupported model_type 'gpt2' "
+                                                            "(supported: opt)"]),
     (lambda p: _folder(p / "nomt", {"hidden_size": 8}), ["config.json",
                                                         "unsupported model_type None"]),
     (lambda p: _folder(p / "llama", {"model_type": "llama"}), ["'llama'", "GGUF files only"]),

@@ -163,6 +163,7 @@ def _bench(args) -> int:
     from vkrt import bench
     from vkrt.models.model import Model, default_model_path
     from vkrt.models.registry import open_checkpoint
+    from vkrt.models.scratch import KV_CACHE_DTYPES
     from vkrt.runtime.device import Device
 
     for name in ("prompt_tokens", "tokens", "repeat", "batch_size"):
@@ -180,8 +181,9 @@ def _bench(args) -> int:
         report = bench.run(model, args.prompt_tokens, args.tokens, args.repeat,
                            args.batch_size, args.barriers,
                            args.inflight or [config.INFLIGHT.value])
-        # what the runs' KV cache held (f32 or f16), read back from the model
-        report["kv_cache_dtype"] = model.lm.k_cache[0].dtype
+        # what the runs' KV cache held, read back from the model, as --kv-cache-dtype says it
+        held = str(model.lm.k_cache[0].dtype)
+        report["kv_cache_dtype"] = next(k for k, v in KV_CACHE_DTYPES.items() if v == held)
         if args.json:
             report.update(bench.environment(device))
             _write(bench.dumps(report) + "\n")
@@ -461,6 +463,8 @@ class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action):
         if action.default is None or action.default is False:
             return action.help
+        if isinstance(action.default, list):   # a comma-separated option, as it is typed
+            return f"{action.help} (default: {','.join(map(str, action.default))})"
         return super()._get_help_string(action)
 
 
@@ -559,7 +563,7 @@ def _parser() -> argparse.ArgumentParser:
                         "rounded to f16 as stored, every request still batch-invariant; "
                         "see README)")
     p.add_argument("--block-size", type=_positive_int, default=None,
-                   help=f"token slots per KV block (default {DEFAULT_BLOCK_SIZE})")
+                   help=f"token slots per KV block (default: {DEFAULT_BLOCK_SIZE})")
     p.add_argument("--max-batched-tokens", type=_positive_int, default=None,
                    help="tokens one step computes, decodes and prompt chunks together "
                         f"(default: {DEFAULT_MAX_BATCHED_TOKENS}, at least --max-batch)")

@@ -83,10 +83,15 @@ def _token_id(i) -> int:
         raise TypeError(i)
     return operator.index(i)
 
-def _family(name: str, where: str, what: str):
+def _family(name: str, where: str, what: str, reader: str):
+    """The module of family `name`; ModelFormatError naming `where` and listing the families
+    whose module has `reader` (checkpoint_from_gguf or checkpoint_from_folder: those that read
+    this format) when there is none."""
     if not isinstance(name, str) or name not in FAMILIES:
+        supported = sorted(n for n, module in FAMILIES.items()
+                           if hasattr(importlib.import_module(module), reader))
         raise ModelFormatError(f"{where}: unsupported {what} {name!r} "
-                               f"(supported: {', '.join(sorted(FAMILIES))})")
+                               f"(supported: {', '.join(supported)})")
     return importlib.import_module(FAMILIES[name])
 
 
@@ -110,7 +115,8 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
             raise ModelFormatError(f"{config_path}: cannot read: {e}") from None
         if not isinstance(config, dict):
             raise ModelFormatError(f"{config_path}: expected a JSON object")
-        family = _family(config.get("model_type"), config_path, "model_type")
+        family = _family(config.get("model_type"), config_path, "model_type",
+                         "checkpoint_from_folder")
         reader = getattr(family, "checkpoint_from_folder", None)
         if reader is None:
             raise ModelFormatError(f"{path}: vkrt reads {config['model_type']!r} models from "
@@ -119,7 +125,7 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     from vkrt.models.gguf import load_gguf
 
     g = load_gguf(path)
-    family = _family(g.architecture, path, "architecture")
+    family = _family(g.architecture, path, "architecture", "checkpoint_from_gguf")
     reader = getattr(family, "checkpoint_from_gguf", None)
     if reader is None:
         raise ModelFormatError(f"{path}: vkrt reads {g.architecture!r} models from Hugging "
