@@ -35,8 +35,8 @@ class ModelFormatError(VkrtError):
 
 
 class ConfigError(VkrtError, ValueError):
-    """A `VKRT_*` environment variable or a command-line value has a value of the wrong type
-    or range; the message names it, the value, and what is accepted."""
+    """A `VKRT_*` environment variable, a command-line value or an API argument has a value of
+    the wrong type or range; the message names it, the value, and what is accepted."""
 
 
 class DeviceLostError(VkrtError):
