@@ -66,6 +66,30 @@ def test_report_counts_match_the_arms(opt_folder, device):
         assert {"fc1", "self_attn.attn", "argmax"} <= set(g["prefill_gpu_ms_by_kernel"])
 
 
+def test_host_ms_are_per_decoded_token(monkeypatch):
+    """Host ms per token are the window's host time over its tokens - 1 decoded tokens, as
+    TPOT, while the counters are per step submitted in it (tokens - N with N slots): a
+    scripted window of 4 tokens, 2 submits and 3 ms of waiting gives 1 ms of wait per token."""
+    from types import SimpleNamespace
+
+    from vkrt.models.generate import GenerationResult
+    from vkrt.runtime.profiler import Counters, Profiler
+
+    stream = SimpleNamespace(counters=Counters(), profiler=Profiler())
+
+    def window(lm, prompt, tokens, batch_size):
+        yield
+        stream.counters.submits += 2
+        stream.profiler.phases_ns["wait"] = 3_000_000
+        return GenerationResult(len(prompt), tokens=[1, 2, 3, 4], prefill_s=1.0, decode_s=0.003)
+
+    monkeypatch.setattr(bench, "_decode_window", window)
+    r = bench._repeat(SimpleNamespace(stream=stream), [5, 6], 4, 8)
+    assert r["host_ms"]["wait"] == pytest.approx(1.0) and r["tpot_ms"] == pytest.approx(1.0)
+    assert r["per_token"]["submits"] == 1 and r["steps"] == 2
+    assert r["host_busy_fraction"] == 0.0
+
+
 def test_a_replayed_arm_counts_the_work_its_replays_run(default_model_path, device):
     """With decode replay (the default for Llama) the host records nothing per token, yet the
     GPU runs the captured step every token: the report's per-token dispatches, barriers and
