@@ -76,12 +76,12 @@ class Checkpoint:
                            eos_token=text(tok.eos_id))
 
 
-
 def _token_id(i) -> int:
     """An int (numpy's integers too) as a token id; TypeError for a bool, float or text."""
     if isinstance(i, bool):
         raise TypeError(i)
     return operator.index(i)
+
 
 def _family(name: str, where: str, what: str, reader: str):
     """The module of family `name`; ModelFormatError naming `where` and listing the families
