@@ -175,16 +175,23 @@ def _gpu_per_token(lm, prompt: list[int], tokens: int, batch_size: int) -> dict 
         s.timing = timing
     # Steps timed in the window: each step has one argmax dispatch.
     n = max(s.profiler.gpu_count.get("argmax", 0) - count, 1)
-    by_kernel: dict[str, float] = {}
-    for name, ns in s.profiler.gpu_ns.items():
-        k = _kernel(name)
-        by_kernel[k] = by_kernel.get(k, 0.0) + (ns - before.get(name, 0.0)) / n / 1e3
+    by_kernel = _by_kernel(s.profiler.gpu_ns, before, n * 1e3)
     total_us = sum(by_kernel.values())
     return {"gpu_ms_per_token": round(total_us / 1e3, 4),
             "gpu_us_per_stage": round(total_us / (stages / n), 2) if stages else None,
-            "gpu_us_per_token_by_kernel": {k: round(v, 2) for k, v in
-                                           sorted(by_kernel.items(), key=lambda kv: -kv[1])
-                                           if v > 0}}   # not the prompt's kernels alone
+            # not the prompt's kernels alone
+            "gpu_us_per_token_by_kernel": {k: round(v, 2) for k, v in by_kernel.items()}}
+
+
+def _by_kernel(gpu_ns: dict[str, float], before: dict[str, float], per: float
+               ) -> dict[str, float]:
+    """GPU time since `before` grouped by kernel (`_kernel`), each ns sum divided by `per`,
+    largest first, the kernels that took none left out."""
+    out: dict[str, float] = {}
+    for name, ns in gpu_ns.items():
+        k = _kernel(name)
+        out[k] = out.get(k, 0.0) + (ns - before.get(name, 0.0)) / per
+    return {k: v for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
 def _gpu_prefill(lm, prompt: list[int], batch_size: int) -> dict | None:
@@ -201,14 +208,9 @@ def _gpu_prefill(lm, prompt: list[int], batch_size: int) -> dict | None:
         s.synchronize()
     finally:
         s.timing = timing
-    by_kernel: dict[str, float] = {}
-    for name, ns in s.profiler.gpu_ns.items():
-        k = _kernel(name)
-        by_kernel[k] = by_kernel.get(k, 0.0) + ns / 1e6
+    by_kernel = _by_kernel(s.profiler.gpu_ns, {}, 1e6)
     return {"prefill_gpu_ms": round(sum(by_kernel.values()), 3),
-            "prefill_gpu_ms_by_kernel": {k: round(v, 3) for k, v in
-                                         sorted(by_kernel.items(), key=lambda kv: -kv[1])
-                                         if v > 0}}
+            "prefill_gpu_ms_by_kernel": {k: round(v, 3) for k, v in by_kernel.items()}}
 
 
 def run(model, prompt_tokens: int, tokens: int, repeat: int, batch_size: int,
