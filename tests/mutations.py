@@ -616,6 +616,12 @@ MUTATIONS = [
     ("attention decode: chosen past the positions its shared memory holds", "vkrt/kernels.py",
      "if n_pos <= self.decode_positions:", "if True:",
      ["tests/test_kernels.py::test_attention_decode_chosen_within_its_positions"]),
+    ("attention decode: one crossover for every head_dim", "vkrt/kernels.py",
+     "self.tuning.decode_positions(head_dim))", "self.tuning.decode_positions(64))",
+     ["tests/test_kernels.py::test_attention_decode_chosen_within_its_positions"]),
+    ("tuning: the crossover of the widest head_dim for every head_dim", "vkrt/tuning.py",
+     "for h, p in entries if head_dim <= h)", "for h, p in entries[-1:] if head_dim <= h)",
+     ["tests/test_tuning.py::test_decode_positions_by_head_dim"]),
     ("reduce: subgroup 0 skips the last partial (workgroups past REDUCE_SERIAL subgroups)",
      "vkrt/glsl/reduce.glsl",
      "for (uint i = gl_SubgroupInvocationID; i < n; i += gl_SubgroupSize)\n"

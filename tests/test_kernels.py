@@ -790,22 +790,25 @@ def test_attention_decode_size_fits_the_device(gpu):
         assert 4 * positions + 20 * threads + 4 * head_dim <= limits.maxComputeSharedMemorySize
 
 
-def test_attention_decode_chosen_within_its_positions(gpu):
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_attention_decode_chosen_within_its_positions(gpu, head_dim):
     """Kernels.attention runs one query token in one dispatch while its positions fit
-    attention_decode's shared scores (decode_positions), and splits it over the cache past
-    that (the shader would index past its shared array)."""
-    from vkrt.kernels import Kernels, attention_partials
+    attention_decode's shared scores and the table's crossover for its head_dim
+    (decode_positions), and splits it over the cache past that (the shader would index past
+    its shared array)."""
+    from vkrt.kernels import Kernels, _decode_attention_size, attention_partials
 
-    k = Kernels(gpu.cache, head_dim=64)
+    k = Kernels(gpu.cache, head_dim=head_dim)
     limit = k.decode_positions
-    assert limit > 0
+    _, fit = _decode_attention_size(gpu.device.limits, head_dim, k.tuning.attention_threads)
+    assert limit == min(fit, k.tuning.decode_positions(head_dim)) > 0
     n_ctx = limit + 1
-    q, out = gpu.filled(9 * 64), gpu.filled(9 * 64)
-    k_cache, v_cache = gpu.filled(n_ctx * 3 * 64), gpu.filled(n_ctx * 3 * 64)
-    part = gpu.filled(attention_partials(9, 64))
+    q, out = gpu.filled(9 * head_dim), gpu.filled(9 * head_dim)
+    k_cache, v_cache = gpu.filled(n_ctx * 3 * head_dim), gpu.filled(n_ctx * 3 * head_dim)
+    part = gpu.filled(attention_partials(9, head_dim))
     for pos0, kernels in ((limit - 1, ["attention_decode"]),
                           (limit, ["attention_split", "attention_combine"])):
-        ds = k.attention(q, k_cache, v_cache, out, 1, 9, 3, 64, pos0, 0.125, part)
+        ds = k.attention(q, k_cache, v_cache, out, 1, 9, 3, head_dim, pos0, 0.125, part)
         assert [d.pipeline.name for d in ds] == kernels
 
 

@@ -252,5 +252,14 @@ def test_every_scalar_entry_is_cited(table):
     t = tuning.TABLES[table]
     scalars = [f.name for f in dataclasses.fields(t)
                if isinstance(getattr(t, f.name), (bool, int))]
-    assert "attention_splits" in scalars and "attention_decode_positions" in scalars
+    assert "attention_splits" in scalars
     assert [n for n in scalars if not t.sources.get(n)] == []
+    assert t.sources.get("attention_decode_positions")
+
+
+def test_decode_positions_by_head_dim():
+    """The one-dispatch decode attention's crossover is the first entry whose head_dim covers
+    the model's, the last entry past them all, 0 (always split) with none."""
+    t = dataclasses.replace(tuning.GPU, attention_decode_positions=((64, 1024), (128, 256)))
+    assert [t.decode_positions(d) for d in (32, 64, 80, 128, 256)] == [1024, 1024, 256, 256, 256]
+    assert dataclasses.replace(t, attention_decode_positions=()).decode_positions(64) == 0

@@ -39,7 +39,7 @@ ATTENTION_TARGET_SPLITS, ATTENTION_SPLITS = 32, 64
 # Invocations per scored position in attention_split (at most; `split_score_lanes`).
 SPLIT_SCORE_LANES = 8
 # Decode attention in one dispatch (attention_decode: a workgroup per head, its scores in
-# shared memory) while the cache holds at most the table's `attention_decode_positions`
+# shared memory) while the cache holds at most the table's `decode_positions(head_dim)`
 # (fewer where the device's shared memory is smaller, at most DECODE_POSITIONS); split
 # attention past that. One workgroup per head reads the whole cache of its head, so its time
 # grows with the context faster than the split's. Its workgroup size and workgroups per head
@@ -302,7 +302,7 @@ class Kernels:
             self.decode_threads, self.decode_positions = _decode_attention_size(
                 pipelines.device.limits, head_dim, self.tuning.attention_threads)
             self.decode_positions = min(self.decode_positions,
-                                        self.tuning.attention_decode_positions)
+                                        self.tuning.decode_positions(head_dim))
             g = max(1, head_dim // 4)
             self.decode_dim_splits = next(d for d in (self.tuning.attention_dim_splits, 2, 1)
                                           if g % d == 0)

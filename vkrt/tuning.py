@@ -173,11 +173,12 @@ class Table:
     prefill_tiled: bool              # prefill products: matmul_tiled (else matmul)
     norm_subgroups: int              # rmsnorm, rmsnorm_add, head_norm_rope: subgroups per row
     # Decode attention: attention_decode (one dispatch, a workgroup per query head) while the
-    # query sees at most `attention_decode_positions` positions (and they fit its shared
+    # query sees at most `decode_positions(head_dim)` positions (and they fit its shared
     # memory, kernels.py), else attention_split (a workgroup of at most
     # `attention_split_threads` invocations per KV head and split of the cache, about
     # `attention_splits` splits, kernels.attention_chunk) and attention_combine.
-    attention_decode_positions: int = 1024
+    # `attention_decode_positions`: (head_dim at most, positions) by increasing head_dim.
+    attention_decode_positions: tuple[tuple[int, int], ...] = ((64, 1024), (128, 256))
     attention_split_threads: int = 256
     attention_splits: int = 32
     # The batched runner's products per token role (vkrt/models/batch.py): "decode" (generated
@@ -207,6 +208,16 @@ class Table:
         f32, f16, bf16)."""
         rules = self.decode["matvec" if kernel == "matvec_add" else kernel]
         return next(r for r in rules if r.matches(n_rows, block, dtype, n_cols))
+
+    def decode_positions(self, head_dim: int) -> int:
+        """Most cache positions (int) a decode query attends to in one dispatch
+        (attention_decode) for heads of `head_dim` elements: the first entry of
+        `attention_decode_positions` whose head_dim is at least `head_dim`, else the last
+        entry (a wider head than any measured); 0 (always split) when there is none."""
+        entries = self.attention_decode_positions
+        if not entries:
+            return 0
+        return next((p for h, p in entries if head_dim <= h), entries[-1][1])
 
     def prefill_coop_tile(self, n_rows: int, n_tokens: int) -> PrefillCoopTile:
         """The `matmul_coop` tile of a prefill product of `n_rows` rows and `n_tokens`
@@ -297,6 +308,12 @@ _ONE_DISPATCH = ("H200, vkrt bench, 135M at prompts of 256 / 768 / 1536 / 3072 +
                  "one dispatch 1063 / 947 / 797 / 606 tok/s, split per query head 963 / 945 "
                  "/ 893 / 767; bench/README.md, 2026-12-04 third session: one dispatch 214.8 "
                  "tok/s at 576 positions of the 7B shape against 210.7 split per query head")
+_CROSSOVER23 = ("bench/README.md, 2026-12-07, twenty-third session (H100, vkrt bench, decode "
+                "attention us per token, one dispatch against split + combine): head_dim 128 "
+                "(7B shape) at 256 / 384 / 512 + 32..128 positions 489-497 / 570-584 / "
+                "729-733 against 433-437 / 456-461 / 514, at 200 + 64 443 against the split's "
+                "286 before its combine (178-217 in the other arms); "
+                "head_dim 64 (1.2B shape) at 704 / 896 + 32 206 / 228 against 254 / 267")
 _SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
 _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "
            "--configs, H200)")
@@ -511,7 +528,7 @@ GPU = Table(
              "argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
              "attention_threads": _SESSION2 + ": 1024 invocations per head (512: 949)",
              "attention_dim_splits": _SESSION2 + ": attention 4 workgroups per head",
-             "attention_decode_positions": _ONE_DISPATCH,
+             "attention_decode_positions": _ONE_DISPATCH + "; " + _CROSSOVER23,
              "attention_split_threads": _SPLIT21 + ": 256, 8 planes at head_dim 128",
              "attention_splits": _SPLIT21 + ": 32, the per-query-head split's target",
              "prefill_tiled": _SESSION2 + ": prefill products tiled, 32 rows x 64 tokens",
