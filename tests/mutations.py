@@ -443,7 +443,8 @@ MUTATIONS = [
      "    while planes * 2 <= subgroup_size and g * planes * 2 <= threads:",
      "    while g * planes * 2 <= threads:", ["tests/test_kernels.py::test_split_shape"]),
     ("tuning: a scalar entry without its measurement", "vkrt/tuning.py",
-     '             "attention_splits": _SPLIT21 + ": 32, the per-query-head split\'s target",\n',
+     '             "attention_splits": _SPLIT23 + ": 32, the per-query-head split\'s target (16 and "\n'
+     '                                 "64 give the same 20 splits of 32 positions at 640)",\n',
      "", ["tests/test_tuning.py::test_every_scalar_entry_is_cited"]),
     ("tuning: a decode rule's least column count ignored", "vkrt/tuning.py",
      "n_rows <= self.max_rows) and n_cols >= self.min_cols", "n_rows <= self.max_rows)",

@@ -302,8 +302,8 @@ _REDUCE_ROWS = ("bench/README.md, 2026-12-04, third session (bench/matvec_types.
 _COOP16 = ("bench/README.md, 2026-12-04, fourth session (bench/matmul_coop.py --tiles, H200, "
            "Q4_1 7B and 1.2B shapes, one tile per process, TFLOP/s)")
 _SESSION2 = "bench/README.md, 2026-12-01 second session (vkrt bench --repeat 2-3, A/B)"
-_SPLIT21 = ("bench/README.md, 2026-12-07, twenty-first session: the split per KV head; "
-            "not yet timed on a GPU (no device lent that session)")
+_SPLIT23 = ("bench/README.md, 2026-12-07, twenty-third session: the split per KV head "
+            "(twenty-first session) on an H100")
 _ONE_DISPATCH = ("H200, vkrt bench, 135M at prompts of 256 / 768 / 1536 / 3072 + 128 tokens: "
                  "one dispatch 1063 / 947 / 797 / 606 tok/s, split per query head 963 / 945 "
                  "/ 893 / 767; bench/README.md, 2026-12-04 third session: one dispatch 214.8 "
@@ -529,8 +529,14 @@ GPU = Table(
              "attention_threads": _SESSION2 + ": 1024 invocations per head (512: 949)",
              "attention_dim_splits": _SESSION2 + ": attention 4 workgroups per head",
              "attention_decode_positions": _ONE_DISPATCH + "; " + _CROSSOVER23,
-             "attention_split_threads": _SPLIT21 + ": 256, 8 planes at head_dim 128",
-             "attention_splits": _SPLIT21 + ": 32, the per-query-head split's target",
+             "attention_split_threads": _SPLIT23 + ": 256 (8 planes at head_dim 128) against "
+                                        "128, split + combine us per token, 7B shape at 512 "
+                                        "+ 128: 515-521 against 539; at 4032 + 64: 968-973 "
+                                        "against 1016-1028; 1.2B at 1024 + 64: 281-283 against "
+                                        "292-296; 512 at 7B, 512 + 128, beside a slower "
+                                        "combine since reverted: 754 against 641",
+             "attention_splits": _SPLIT23 + ": 32, the per-query-head split's target (16 and "
+                                 "64 give the same 20 splits of 32 positions at 640)",
              "prefill_tiled": _SESSION2 + ": prefill products tiled, 32 rows x 64 tokens",
              "prefill_attention": _TILES},
 )
