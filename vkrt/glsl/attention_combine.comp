@@ -12,6 +12,7 @@ layout(set = 0, binding = 1) writeonly buffer Out { float dst[]; };
 layout(push_constant) uniform Push { uint head_dim; uint n_splits; } pc;
 
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "inf.glsl"
 
 float weight(float s, float mx) {
@@ -19,13 +20,37 @@ float weight(float s, float mx) {
     return s == mx ? 1.0 : exp(s - mx);
 }
 
+// The loops take U splits at a time, their loads first, then the sums in split order (the
+// same order as one split at a time, so the same bits): a load used by the next
+// instruction would wait a memory latency per split.
+const uint U = 4;
+
 void main() {
     uint h = gl_WorkGroupID.x, d = gl_LocalInvocationID.x, stride = pc.head_dim + 2;
-    uint base = h * pc.n_splits * stride;
+    uint base = h * pc.n_splits * stride, n = pc.n_splits, whole = n - n % U;
     float mx = NEG_INF;
-    for (uint s = 0; s < pc.n_splits; ++s) mx = max(mx, part[base + s * stride + pc.head_dim]);
+    for (uint s = 0; s < whole; s += U) {
+        float m[U];
+        [[unroll]] for (uint j = 0; j < U; ++j) m[j] = part[base + (s + j) * stride + pc.head_dim];
+        [[unroll]] for (uint j = 0; j < U; ++j) mx = max(mx, m[j]);
+    }
+    for (uint s = whole; s < n; ++s) mx = max(mx, part[base + s * stride + pc.head_dim]);
     float l = 0.0, acc = 0.0;
-    for (uint s = 0; s < pc.n_splits; ++s) {
+    for (uint s = 0; s < whole; s += U) {
+        float m[U], ls[U], a[U];
+        [[unroll]] for (uint j = 0; j < U; ++j) {
+            uint o = base + (s + j) * stride;
+            m[j] = part[o + pc.head_dim];
+            ls[j] = part[o + pc.head_dim + 1];
+            a[j] = part[o + d];
+        }
+        [[unroll]] for (uint j = 0; j < U; ++j) {
+            float c = weight(m[j], mx);
+            l += c * ls[j];
+            acc += c * a[j];
+        }
+    }
+    for (uint s = whole; s < n; ++s) {
         uint o = base + s * stride;
         float c = weight(part[o + pc.head_dim], mx);
         l += c * part[o + pc.head_dim + 1];
