@@ -129,8 +129,10 @@ def test_cli_json(opt_folder, kv):
 
 
 @pytest.mark.parametrize("flags, code, words", [
-    (["--tokens", "1"], 1, "--tokens must be at least 2"),
-    (["--repeat", "0"], 1, "--repeat must be at least 1"),
+    (["--tokens", "1"], 2, "--tokens must be at least 2"),
+    (["--repeat", "0"], 2, "--repeat must be at least 1"),
+    (["--prompt-tokens", "0"], 2, "--prompt-tokens must be at least 1"),
+    (["--batch-size", "0"], 2, "--batch-size must be at least 1"),
     (["--prompt-tokens", "100000"], 1, "exceeds the model's context"),
     (["--barriers", "sometimes"], 2, "'sometimes' is not one of tracked, always"),
     (["--inflight", "0"], 2, "expected integers >= 1"),

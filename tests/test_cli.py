@@ -17,8 +17,10 @@ def run_cli(*args, env_extra=None, timeout=300):
                           text=True, env=env, timeout=timeout)
 
 
-def assert_one_line_error(proc, *words):
-    assert proc.returncode == 1, proc.stderr
+def assert_one_line_error(proc, *words, code=1):
+    """One line `vkrt: error: ...` holding `words`, exit `code`: 1 for an error, 2 for a usage
+    error (a malformed command line, a flag's value out of its range: cli.UsageError)."""
+    assert proc.returncode == code, proc.stderr
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("vkrt: error: ") and "Traceback" not in proc.stderr
@@ -93,21 +95,24 @@ def test_unsupported_architecture(tmp_path):
                           "unsupported architecture 'mamba'")
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--max-tokens", "0"], "--max-tokens must be at least 1"),
-    (["--batch-size", "0"], "--batch-size must be at least 1"),
-    (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
-    (["--top-p", "nan"], "--top-p must be in (0, 1], got nan"),
-    (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
-    (["--temperature", "-1"], "--temperature must be a finite number >= 0, got -1.0"),
-    (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
-    (["--temperature", "inf"], "--temperature must be a finite number >= 0, got inf"),
-    (["--trace", "/nonexistent/dir/x.json"], "--trace /nonexistent/dir/x.json: cannot write"),
+@pytest.mark.parametrize("flags, words, code", [
+    (["--max-tokens", "0"], "--max-tokens must be at least 1", 2),
+    (["--batch-size", "0"], "--batch-size must be at least 1", 2),
+    (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0", 2),
+    (["--top-p", "nan"], "--top-p must be in (0, 1], got nan", 2),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5", 2),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0, got -1.0", 2),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan", 2),
+    (["--temperature", "inf"], "--temperature must be a finite number >= 0, got inf", 2),
+    (["--trace", "/nonexistent/dir/x.json"], "--trace /nonexistent/dir/x.json: cannot write", 1),
 ])
-def test_bad_generation_flags(tmp_path, flags, words):
-    # Refused before the model loads: the model named here does not exist.
-    assert_one_line_error(run_cli("generate", "hi", "--model", str(tmp_path / "x.gguf"), *flags),
-                          words)
+def test_bad_generation_flags(tmp_path, flags, words, code):
+    """Refused before the model loads (the model named here does not exist), in one line: a
+    value out of its flag's range is a usage error (exit 2, as argparse's refusals, pointing
+    at --help); a file that cannot be written is not (exit 1)."""
+    p = run_cli("generate", "hi", "--model", str(tmp_path / "x.gguf"), *flags)
+    assert_one_line_error(p, words, code=code)
+    assert ("(see vkrt generate --help)" in p.stderr) == (code == 2), p.stderr
 
 
 @pytest.mark.parametrize("flags, words", [
@@ -204,7 +209,8 @@ def test_no_prompt_on_a_terminal_is_one_line(tmp_path):
                         str(tmp_path / "x.gguf")], stdin=follower, capture_output=True, text=True)
     os.close(leader)
     os.close(follower)
-    assert_one_line_error(p, "no prompt: give one as an argument, or `-`")
+    assert_one_line_error(p, "no prompt: give one as an argument, or `-`",
+                          "(see vkrt generate --help)", code=2)
 
 
 def test_unencodable_error_message_is_readable(tmp_path):

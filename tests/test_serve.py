@@ -709,26 +709,40 @@ def test_cli_sigterm_cancels_a_running_stream_and_exits_0(chat_folder):
     assert "Traceback" not in err and "ERROR" not in err, err
 
 
-@pytest.mark.parametrize("flags,words", [
-    (["--port", "70000"], ["--port", "70000"]),
-    (["--model", "/nonexistent/model.gguf"], ["/nonexistent/model.gguf"]),
-    (["--host", "256.1.1.1"], ["256.1.1.1"]),
-    (["--api-key", " "], ["--api-key", "VKRT_API_KEY", "printable ASCII"]),
-    (["--api-key", " k "], ["--api-key", "without spaces around it"]),
-    (["--api-key", "sékret"], ["--api-key", "printable ASCII"]),
-    (["--max-batch", "4", "--max-batched-tokens", "2"], ["--max-batched-tokens", "(4)"]),
+@pytest.mark.parametrize("flags,words,code", [
+    (["--port", "70000"], ["--port", "70000", "(see vkrt serve --help)"], 2),
+    (["--shutdown-timeout", "-1"], ["--shutdown-timeout must be >= 0 seconds, got -1.0"], 2),
+    (["--model", "/nonexistent/model.gguf"], ["/nonexistent/model.gguf"], 1),
+    (["--host", "256.1.1.1"], ["256.1.1.1"], 1),
+    (["--api-key", " "], ["--api-key", "VKRT_API_KEY", "printable ASCII"], 2),
+    (["--api-key", " k "], ["--api-key", "without spaces around it"], 2),
+    (["--api-key", "sékret"], ["--api-key", "printable ASCII"], 2),
+    (["--max-batch", "4", "--max-batched-tokens", "2"], ["--max-batched-tokens", "(4)"], 1),
     (["--kv-blocks", "100000000"], ["100000000 blocks of 16 token slots, f32",
                                     "cannot be allocated: 100000000 blocks",
                                     "maxStorageBufferRange", "of this device's memory",
-                                    "(--kv-blocks)"]),
-    (["--kv-blocks", "1000000000000"], ["cannot be allocated: 1000000000000 blocks"]),
+                                    "(--kv-blocks)"], 1),
+    (["--kv-blocks", "1000000000000"], ["cannot be allocated: 1000000000000 blocks"], 1),
 ])
-def test_cli_bad_options_are_one_line(chat_folder, flags, words):
+def test_cli_bad_options_are_one_line(chat_folder, flags, words, code):
+    """One line each; a flag's value out of its range exits 2 (a usage error), a model,
+    address or memory that does not serve exits 1."""
     p = subprocess.run([sys.executable, "-m", "vkrt.cli", "serve", "--model", chat_folder,
                         "--port", "0", *flags], capture_output=True, text=True, timeout=60)
     lines = [l for l in p.stderr.splitlines() if l.strip()]
-    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert p.returncode == code and len(lines) == 1, p.stderr
     assert lines[0].startswith("vkrt: error: ") and all(w in lines[0] for w in words)
+
+
+def test_cli_api_key_from_the_environment_is_a_configuration_error(chat_folder):
+    """VKRT_API_KEY that no header can carry: the same one line as --api-key's, but exit 1
+    (the environment, not the command line, is wrong)."""
+    p = subprocess.run([sys.executable, "-m", "vkrt.cli", "serve", "--model", chat_folder,
+                        "--port", "0"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, VKRT_API_KEY="sékret"))
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert "VKRT_API_KEY" in lines[0] and "--help" not in lines[0], lines[0]
 
 
 def _sigint_default():
@@ -783,14 +797,15 @@ def test_cli_chat_ctrl_c_stops_a_reply_not_the_program(default_model_path):
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("which,flags,words", [
-    ("chat", ["--top-p", "0"], ["--top-p", "0"]),
-    ("plain", [], ["no chat template"]),
+@pytest.mark.parametrize("which,flags,words,code", [
+    ("chat", ["--top-p", "0"], ["--top-p", "0", "(see vkrt chat --help)"], 2),
+    ("chat", ["--max-tokens", "0"], ["--max-tokens must be at least 1, got 0"], 2),
+    ("plain", [], ["no chat template"], 1),
 ])
-def test_cli_chat_refusals_are_one_line(chat_folder, opt_folder, which, flags, words):
+def test_cli_chat_refusals_are_one_line(chat_folder, opt_folder, which, flags, words, code):
     model = chat_folder if which == "chat" else opt_folder
     p = subprocess.run([sys.executable, "-m", "vkrt.cli", "chat", "--model", model, *flags],
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     lines = [l for l in p.stderr.splitlines() if l.strip()]
-    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert p.returncode == code and len(lines) == 1, p.stderr
     assert lines[0].startswith("vkrt: error: ") and all(w in lines[0] for w in words)

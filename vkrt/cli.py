@@ -1,7 +1,8 @@
 """`vkrt`: the command line. `vkrt generate "PROMPT"` streams a model's text; `vkrt serve`
 runs an OpenAI-compatible HTTP server; `vkrt chat` talks in the terminal; `vkrt bench` measures speed; `vkrt devices` lists the
 Vulkan devices. Errors print one line and exit 1
-(2 for a malformed command line); Ctrl-C prints one line and exits 130; a closed pipe
+(2 for a malformed command line or a flag's value out of its range, `UsageError`); Ctrl-C
+prints one line and exits 130; a closed pipe
 (`| head`) ends the process as SIGPIPE ends other Unix tools."""
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ import threading
 
 from vkrt import __version__, config
 from vkrt.errors import ConfigError, VkrtError
+
+
+class UsageError(VkrtError):
+    """A command-line value refused after parsing (a range argparse's types do not check, a
+    missing prompt): one line naming the flag, exit 2 as argparse's own refusals."""
 
 
 def _devices(args) -> int:
@@ -54,7 +60,7 @@ def _read_prompt(args) -> str:
     not a terminal. Raises VkrtError when there is none or it is not UTF-8."""
     if args.prompt is None or args.prompt == "-":
         if args.prompt is None and (sys.stdin is None or sys.stdin.isatty()):
-            raise VkrtError("no prompt: give one as an argument, or `-` to read it from stdin")
+            raise UsageError("no prompt: give one as an argument, or `-` to read it from stdin")
         data = sys.stdin.buffer.read() if sys.stdin is not None else b""
         try:
             return data.decode("utf-8")
@@ -91,9 +97,9 @@ def _checked_request(args):
     if sys.stdout is None:
         raise VkrtError("cannot write the output: stdout is closed")
     if args.max_tokens < 1:
-        raise VkrtError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+        raise UsageError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.batch_size < 1:
-        raise VkrtError(f"--batch-size must be at least 1, got {args.batch_size}")
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     try:
         sampling = Sampling(args.temperature, args.top_p, args.seed)
     except ConfigError as e:
@@ -169,7 +175,7 @@ def _bench(args) -> int:
     for name in ("prompt_tokens", "tokens", "repeat", "batch_size"):
         least = 2 if name == "tokens" else 1
         if getattr(args, name) < least:
-            raise VkrtError(f"--{name.replace('_', '-')} must be at least {least}, "
+            raise UsageError(f"--{name.replace('_', '-')} must be at least {least}, "
                             f"got {getattr(args, name)}")
     checkpoint = open_checkpoint(args.model or default_model_path())
     if args.prompt_tokens + args.tokens > checkpoint.hparams.n_ctx:
@@ -229,14 +235,16 @@ def _serve(args) -> int:
     from vkrt.serve.engine import Engine
 
     if not 0 <= args.port <= 65535:
-        raise VkrtError(f"--port must be from 0 to 65535, got {args.port}")
+        raise UsageError(f"--port must be from 0 to 65535, got {args.port}")
     if not args.shutdown_timeout >= 0:
-        raise VkrtError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+        raise UsageError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     api_key = args.api_key if args.api_key is not None else config.API_KEY.value
     if api_key is not None and not (api_key.strip() and api_key == api_key.strip()
                                     and api_key.isascii() and api_key.isprintable()):
-        raise VkrtError("--api-key (or VKRT_API_KEY) must be printable ASCII, not empty, "
-                        "without spaces around it (an HTTP header carries it)")
+        # the flag's value is a usage error; the environment's a configuration one (exit 1)
+        raise (UsageError if args.api_key is not None else VkrtError)(
+            "--api-key (or VKRT_API_KEY) must be printable ASCII, not empty, without spaces "
+            "around it (an HTTP header carries it)")
     path = args.model or default_model_path()
     name = args.served_model_name or os.path.splitext(os.path.basename(
         os.path.normpath(path)))[0]
@@ -313,7 +321,7 @@ def _chat(args) -> int:
     from vkrt.serve.request import SamplingParams
 
     if args.max_tokens is not None and args.max_tokens < 1:
-        raise VkrtError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+        raise UsageError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     try:
         params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.seed)
     except ConfigError as e:
@@ -416,11 +424,11 @@ def _kv_cache_option(p: argparse.ArgumentParser) -> None:
                         "K and V rounded to f16 as they are stored)")
 
 
-def _flag_error(e: ConfigError) -> VkrtError:
+def _flag_error(e: ConfigError) -> UsageError:
     """A sampling value's error (it names the argument, `top_p must be ...`) in the command
     line's terms (`--top-p must be ...`)."""
     name, _, rest = str(e).partition(" ")
-    return VkrtError(f"--{name.replace('_', '-')} {rest}")
+    return UsageError(f"--{name.replace('_', '-')} {rest}")
 
 
 def _model_path(text: str) -> str:
@@ -647,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "main_thread", False):   # serve: uvicorn takes the signals itself
             return args.run(args)
         return _in_worker(lambda: args.run(args))
+    except UsageError as e:
+        print(f"vkrt: error: {e} (see vkrt {args.command} --help)", file=sys.stderr)
+        return 2
     except VkrtError as e:
         print(f"vkrt: error: {e}", file=sys.stderr)
         return 1
