@@ -1192,6 +1192,10 @@ MUTATIONS = [
      "        print(f\"vkrt: error: {e} (see vkrt {args.command} --help)\", file=sys.stderr)\n"
      "        return 1",
      ["tests/test_cli.py::test_bad_generation_flags"]),
+    ("cli: --max-batched-tokens below --max-batch left to the engine (after the load, exit 1)",
+     "vkrt/cli.py", "            and args.max_batched_tokens < args.max_batch):",
+     "            and False):",
+     ["tests/test_serve.py::test_cli_bad_options_are_one_line"]),
     ("cli: a malformed VKRT_API_KEY taken for a usage error", "vkrt/cli.py",
      "raise (UsageError if args.api_key is not None else VkrtError)(",
      "raise UsageError(",

@@ -798,7 +798,7 @@ def test_attention_decode_chosen_within_its_positions(gpu, head_dim):
     its shared array)."""
     from vkrt.kernels import Kernels, _decode_attention_size, attention_partials
 
-    k = Kernels(gpu.cache, head_dim=head_dim)
+    k = Kernels(gpu.cache, head_dim=head_dim, tuning=tuning.GPU)   # its crossover by head_dim
     limit = k.decode_positions
     _, fit = _decode_attention_size(gpu.device.limits, head_dim, k.tuning.attention_threads)
     assert limit == min(fit, k.tuning.decode_positions(head_dim)) > 0

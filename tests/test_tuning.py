@@ -257,6 +257,15 @@ def test_every_scalar_entry_is_cited(table):
     assert t.sources.get("attention_decode_positions")
 
 
+@pytest.mark.parametrize("table", list(tuning.TABLES))
+def test_decode_positions_entries_increase(table):
+    """The crossover's entries run by increasing head_dim (decode_positions takes the first
+    that covers the model's), with positive positions."""
+    entries = tuning.TABLES[table].attention_decode_positions
+    dims = [h for h, _ in entries]
+    assert dims == sorted(set(dims)) and all(p > 0 for _, p in entries), entries
+
+
 def test_decode_positions_by_head_dim():
     """The one-dispatch decode attention's crossover is the first entry whose head_dim covers
     the model's, the last entry past them all, 0 (always split) with none."""

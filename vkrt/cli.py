@@ -236,6 +236,12 @@ def _serve(args) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be from 0 to 65535, got {args.port}")
+    if (args.max_batch is not None and args.max_batched_tokens is not None
+            and args.max_batched_tokens < args.max_batch):
+        # (with --max-batch left out the engine checks it against the family's own)
+        raise UsageError(f"--max-batched-tokens must be at least --max-batch "
+                         f"({args.max_batch}), so that every running sequence can decode "
+                         f"each step; got {args.max_batched_tokens}")
     if not args.shutdown_timeout >= 0:
         raise UsageError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     api_key = args.api_key if args.api_key is not None else config.API_KEY.value

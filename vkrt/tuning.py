@@ -177,7 +177,8 @@ class Table:
     # memory, kernels.py), else attention_split (a workgroup of at most
     # `attention_split_threads` invocations per KV head and split of the cache, about
     # `attention_splits` splits, kernels.attention_chunk) and attention_combine.
-    # `attention_decode_positions`: (head_dim at most, positions) by increasing head_dim.
+    # `attention_decode_positions`: (head_dim at most, positions) by increasing head_dim
+    # (tests/test_tuning.py checks the order).
     attention_decode_positions: tuple[tuple[int, int], ...] = ((64, 1024), (128, 256))
     attention_split_threads: int = 256
     attention_splits: int = 32
@@ -551,7 +552,7 @@ CPU = Table(
     decode={k: (Decode(None, "any", 1, 1, _LAVAPIPE_DECODE),)
             for k in ("matvec", "matvec_glu", "qkv_rope")},
     argmax_threads=256, attention_threads=64, attention_dim_splits=1, prefill_tiled=False,
-    norm_subgroups=1, batch_products={"decode": "matmul", "prompt": "matmul_tiled"},
+    attention_decode_positions=((64, 1024),), norm_subgroups=1, batch_products={"decode": "matmul", "prompt": "matmul_tiled"},
     batch_tiles=(BatchTile(None, 1, 8, "lavapipe: matmul's tile of 8 tokens, one row "
                                        "(the first session's choice, not timed)"),),
     prefill_attention=(32, 4, 32),
@@ -565,7 +566,8 @@ CPU = Table(
              "argmax_threads": "lavapipe: 256 (the first session's choice, not timed)",
              "attention_threads": "lavapipe: 64 (the first session's choice, not timed)",
              "attention_dim_splits": "glsl/reduce.glsl: lavapipe barriers",
-             "attention_decode_positions": "vkrt/kernels.py DECODE_POSITIONS: the GPU's",
+             "attention_decode_positions": "vkrt/kernels.py DECODE_POSITIONS at every "
+                                           "head_dim (not timed on lavapipe)",
              "attention_split_threads": "the GPU's (not timed on lavapipe)",
              "attention_splits": "the GPU's (not timed on lavapipe)",
              "norm_subgroups": "glsl/reduce.glsl: lavapipe barriers"},
