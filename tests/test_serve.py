@@ -719,6 +719,8 @@ def test_cli_sigterm_cancels_a_running_stream_and_exits_0(chat_folder):
     (["--api-key", "sékret"], ["--api-key", "printable ASCII"], 2),
     (["--max-batch", "4", "--max-batched-tokens", "2"], ["--max-batched-tokens", "(4)",
                                                          "(see vkrt serve --help)"], 2),
+    # --max-batch left out: the engine checks the family's own (after the load)
+    (["--max-batched-tokens", "2"], ["--max-batched-tokens must be at least --max-batch"], 1),
     (["--kv-blocks", "100000000"], ["100000000 blocks of 16 token slots, f32",
                                     "cannot be allocated: 100000000 blocks",
                                     "maxStorageBufferRange", "of this device's memory",

@@ -18,7 +18,8 @@ from vkrt.errors import ConfigError, VkrtError
 
 class UsageError(VkrtError):
     """A command-line value refused after parsing (a range argparse's types do not check, a
-    missing prompt): one line naming the flag, exit 2 as argparse's own refusals."""
+    missing prompt): one line naming the flag (or the missing prompt) and pointing at the
+    subcommand's --help, exit 2 as argparse's own refusals."""
 
 
 def _devices(args) -> int:
@@ -232,16 +233,16 @@ def _serve(args) -> int:
     from vkrt.models.model import default_model_path
     from vkrt.models.registry import open_checkpoint
     from vkrt.serve.app import build_app, server as draining_server
-    from vkrt.serve.engine import Engine
+    from vkrt.serve.engine import Engine, check_max_batched_tokens
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be from 0 to 65535, got {args.port}")
-    if (args.max_batch is not None and args.max_batched_tokens is not None
-            and args.max_batched_tokens < args.max_batch):
-        # (with --max-batch left out the engine checks it against the family's own)
-        raise UsageError(f"--max-batched-tokens must be at least --max-batch "
-                         f"({args.max_batch}), so that every running sequence can decode "
-                         f"each step; got {args.max_batched_tokens}")
+    if args.max_batch is not None and args.max_batched_tokens is not None:
+        # before the load (with --max-batch left out the engine checks the family's own)
+        try:
+            check_max_batched_tokens(args.max_batched_tokens, args.max_batch)
+        except VkrtError as e:
+            raise UsageError(str(e)) from None
     if not args.shutdown_timeout >= 0:
         raise UsageError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     api_key = args.api_key if args.api_key is not None else config.API_KEY.value

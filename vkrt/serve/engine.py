@@ -69,6 +69,16 @@ __all__ = ["Engine", "EngineStoppedError", "QueueFullError", "SamplingParams", "
 
 
 
+def check_max_batched_tokens(max_batched_tokens, max_batch: int) -> None:
+    """Raises VkrtError (one line, in `vkrt serve`'s flag names) unless max_batched_tokens
+    (tokens one step computes) is an int of at least max_batch (sequences one step
+    decodes), so that every running sequence can decode each step."""
+    if not (isinstance(max_batched_tokens, int) and max_batched_tokens >= max_batch):
+        raise VkrtError(f"--max-batched-tokens must be at least --max-batch ({max_batch}), "
+                        f"so that every running sequence can decode each step; got "
+                        f"{max_batched_tokens!r}")
+
+
 def default_kv_blocks(n_ctx: int, max_batch: int, block_size: int) -> int:
     """KV blocks of the default paged cache: max(n_ctx, max_batch * min(n_ctx,
     DEFAULT_KV_TOKENS_PER_SEQ)) positions, in blocks of block_size (so one sequence can
@@ -196,11 +206,8 @@ class Engine:
             self.kv = KVCacheManager(kv_blocks, block_size, prefix_caching)
             if max_batched_tokens is None:
                 max_batched_tokens = max(DEFAULT_MAX_BATCHED_TOKENS, self.max_batch)
-            elif not (isinstance(max_batched_tokens, int)
-                      and max_batched_tokens >= self.max_batch):
-                raise VkrtError(f"--max-batched-tokens must be at least --max-batch "
-                                f"({self.max_batch}), so that every running sequence can "
-                                f"decode each step; got {max_batched_tokens!r}")
+            else:
+                check_max_batched_tokens(max_batched_tokens, self.max_batch)
             self.scheduler = Scheduler(max_queue, self.max_batch, max_batched_tokens, self.kv)
             self.runner = BatchRunner(lm, self.kv, model.tokenizer.eog_ids, kv_dtype,
                                       self.max_batch)
