@@ -185,6 +185,11 @@ const uint W_(QS) = 16;
 #else
 const uint W_(QS) = 48;
 #endif
+// Both blocks are whole 16-byte units (144 and 176 bytes) and every field the readers
+// take 16 bytes of (the header: d, dmin, scales; a unit's 16 qs and qh bytes) starts at a
+// multiple of 16 of the block, so they read them as one uvec4 of the same binding (one
+// 16-byte load where four words were four).
+layout(set = 0, binding = WEIGHT_BINDING) readonly buffer W_(Wt16) { uvec4 W_(w16)[]; };
 // (scale, min) of sub-block b from the three scale words s (the block's words 1-3), ggml's
 // get_scale_min_k4: bytes 0-3 scales 0-3 (and the top 2 bits of scales 4-7), 4-7 mins 0-3
 // (and the top 2 bits of mins 4-7), 8-11 the low nibbles of scales and mins 4-7.
@@ -209,9 +214,7 @@ struct RawQ4K { uvec4 h; uint q; };
 #define WEIGHT_RAW_T RawQ4K
 #define WEIGHT_RAW_ZERO RawQ4K(uvec4(0u), 0u)
 RawQ4K W_(raw_at)(uint o, uint e) {
-    uint i = o / 4;
-    return RawQ4K(uvec4(W_(w)[i], W_(w)[i + 1], W_(w)[i + 2], W_(w)[i + 3]),
-                  W_(w)[i + 4 + e / 64 * 8 + e % 32 / 4]);
+    return RawQ4K(W_(w16)[o / 16], W_(w)[o / 4 + 4 + e / 64 * 8 + e % 32 / 4]);
 }
 vec4 W_(decode4)(RawQ4K v, uint e) {
     uint b = e / 32;
@@ -451,19 +454,19 @@ uvec2 W_(unit_runs)(uint u) {
 }
 // Header: (d sc, d sc', dmin m, dmin m') of sub-blocks 2 c and 2 c + 1.
 vec4 W_(unit_hdr)(uint o, uint u) {
-    uint c = u / 2, w0 = o / 4;
-    vec2 dd = unpackHalf2x16(W_(w)[w0]);            // (d, dmin)
-    uvec3 s = uvec3(W_(w)[w0 + 1], W_(w)[w0 + 2], W_(w)[w0 + 3]);   // the scale words
-    uvec2 s0 = W_(scale_min)(s, 2 * c), s1 = W_(scale_min)(s, 2 * c + 1);
+    uint c = u / 2;
+    uvec4 h = W_(w16)[o / 16];                      // (d, dmin) and the scale words
+    vec2 dd = unpackHalf2x16(h.x);
+    uvec2 s0 = W_(scale_min)(h.yzw, 2 * c), s1 = W_(scale_min)(h.yzw, 2 * c + 1);
     vec2 a = dd.x * vec2(s0.x, s1.x), m = dd.y * vec2(s0.y, s1.y);
     return vec4(a, m);
 }
 uvec2 W_(unit_ints)(uint o, uint u, uint q) {
     uint c = u / 2, i = u % 2;
-    uint v = W_(w)[(o + W_(QS) + 32 * c + 16 * i) / 4 + q];
+    uint v = W_(w16)[(o + W_(QS) + 32 * c + 16 * i) / 16][q];
     uvec2 n = uvec2(v, v >> 4) & 0x0F0F0F0Fu;
 #if defined(WEIGHT_Q5_K)
-    uint qh = W_(w)[(o + 16 + 16 * i) / 4 + q];
+    uint qh = W_(w16)[(o + 16 + 16 * i) / 16][q];
     n |= uvec2(W_(bits_at)(qh, 2 * c, 4), W_(bits_at)(qh, 2 * c + 1, 4));
 #endif
     return n;
@@ -471,10 +474,10 @@ uvec2 W_(unit_ints)(uint o, uint u, uint q) {
 vec4 W_(unit_scales)(uint o, uint u) { return W_(unit_hdr)(o, u); }
 float W_(unit_part)(uint o, uint u, uint q, vec4 hd, vec4 xa, vec4 xb) {
     uint c = u / 2, i = u % 2;
-    uint v = W_(w)[(o + W_(QS) + 32 * c + 16 * i) / 4 + q];
+    uint v = W_(w16)[(o + W_(QS) + 32 * c + 16 * i) / 16][q];
     uint lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
 #if defined(WEIGHT_Q5_K)
-    uint qh = W_(w)[(o + 16 + 16 * i) / 4 + q];
+    uint qh = W_(w16)[(o + 16 + 16 * i) / 16][q];
     lo |= W_(bits_at)(qh, 2 * c, 4);
     hi |= W_(bits_at)(qh, 2 * c + 1, 4);
 #endif
