@@ -15,8 +15,9 @@
 // (block layouts: ggml-common.h, as gguf-py's quants.py dequantizes them). Rows of a block
 // type hold n_cols / WEIGHT_BLOCK blocks back to back (n_cols % WEIGHT_BLOCK == 0); rows
 // follow each other. Blocks are bound as uint32 words (little-endian) and fields extracted by
-// byte offset: most blocks are 2-byte aligned only, so no wider load fits them; this needs
-// no 8- or 16-bit storage feature. Values are dequantized as gguf-py does, in f32.
+// byte offset: most blocks are 2-byte aligned only, so no wider load fits them (Q4_K's and
+// Q5_K's are whole 16-byte units and also read 16 bytes at a time); this needs no 8- or
+// 16-bit storage feature. Values are dequantized as gguf-py does, in f32.
 // weight4(row, q, n_cols): elements 4q .. 4q + 3 of `row` (n_cols % 4 == 0).
 // weight1(row, k, n_cols): element k of `row`.
 // Where the type defines WEIGHT_RAW4 (Q4_1, Q4_K): raw4(row, q, n_cols), the words weight4
