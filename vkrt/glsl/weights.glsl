@@ -189,7 +189,7 @@ const uint W_(QS) = 48;
 // Both blocks are whole 16-byte units (144 and 176 bytes) and every field the readers
 // take 16 bytes of (the header: d, dmin, scales; a unit's 16 qs and qh bytes) starts at a
 // multiple of 16 of the block, so they read them as one uvec4 of the same binding (one
-// 16-byte load where four words were four).
+// 16-byte load in place of four word loads; bench/README.md, twenty-fourth session).
 layout(set = 0, binding = WEIGHT_BINDING) readonly buffer W_(Wt16) { uvec4 W_(w16)[]; };
 // (scale, min) of sub-block b from the three scale words s (the block's words 1-3), ggml's
 // get_scale_min_k4: bytes 0-3 scales 0-3 (and the top 2 bits of scales 4-7), 4-7 mins 0-3
