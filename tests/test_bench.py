@@ -173,6 +173,50 @@ def test_shape_model_q4_k_m_has_the_real_qwen_files_type_counts():
     assert [t for n, _, t, _ in ts if n in ("token_embd.weight", "output.weight")] == ["Q8_0"] * 2
 
 
+def _fake_tree(root, decode: float) -> str:
+    """A directory whose `vkrt` package is a stand-in `python -m vkrt bench --json`: it appends
+    its tree's name to $AB_LOG and prints a report with this decode tok/s."""
+    pkg = root / "vkrt"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    arm = {"decode_tok_s": {"median": decode}, "prefill_tok_s": {"median": 10 * decode},
+           "tpot_ms": {"median": 1000 / decode}, "weight_bytes_per_s": 1}
+    report = {"arms": {"tracked/inflight2": arm}, "device": "fake", "commit": root.name}
+    (pkg / "__main__.py").write_text(
+        "import os, sys\n"
+        "assert sys.argv[1:3] == ['bench', '--model'] and '--json' in sys.argv, sys.argv\n"
+        f"open(os.environ['AB_LOG'], 'a').write({root.name!r} + ' ')\n"
+        f"print({json.dumps(report)!r})\n")
+    return f"{root.name}={root}"
+
+
+def test_ab_trees_alternates_the_trees_and_rates_them_against_the_first(tmp_path, monkeypatch):
+    """bench/ab_trees.py: each run imports its own tree's package (run from the tree, even
+    with this checkout on PYTHONPATH and as the caller's directory), the trees alternate
+    round by round, and the ratios are of medians against the first tree."""
+    ab = _bench_script("ab_trees")
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(__file__)))
+    log = tmp_path / "order"
+    monkeypatch.setenv("AB_LOG", str(log))
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.dirname(__file__)))
+    trees = [_fake_tree(tmp_path / "before", 200.0), _fake_tree(tmp_path / "after", 250.0)]
+    out = tmp_path / "ab.json"
+    assert ab.main(["--model", "m.gguf", "--tree", trees[0], "--tree", trees[1],
+                    "--rounds", "2", "--out", str(out)]) == 0
+    assert log.read_text().split() == ["before", "after", "before", "after"]
+    report = json.loads(out.read_text())
+    assert [r["commit"] for r in report["rounds"]["after"]] == ["after", "after"]
+    assert report["medians"]["after"]["decode_tok_s"] == 250.0
+    assert report["ratios"] == {"before": {"decode_tok_s": 1.0, "prefill_tok_s": 1.0,
+                                           "tpot_ms": 1.0},
+                                "after": {"decode_tok_s": 1.25, "prefill_tok_s": 1.25,
+                                          "tpot_ms": 0.8}}
+    with pytest.raises(SystemExit):          # one tree, or a directory without vkrt
+        ab.main(["--model", "m.gguf", "--tree", trees[0]])
+    with pytest.raises(SystemExit):
+        ab.main(["--model", "m.gguf", "--tree", trees[0], "--tree", f"x={tmp_path}"])
+
+
 @pytest.mark.parametrize("depth", [0, 300])
 def test_side_by_side_takes_llama_cpp_decode_at_the_asked_depth(tmp_path, depth):
     """bench/side_by_side.py `run_llama_bench`: prefill from pp at depth 0 and decode from tg
