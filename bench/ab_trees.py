@@ -25,28 +25,21 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from side_by_side import bench_figures  # noqa: E402  (a sibling script, not a package)
+
 FIELDS = ("decode_tok_s", "prefill_tok_s", "tpot_ms")
 
 
 def run_tree(tree: str, model: str, bench_args: list[str]) -> dict:
-    """One `vkrt bench --json` of the package in `tree`: its first arm's medians and the GPU
-    timings. Raises SystemExit naming the tree when the run fails."""
+    """One `vkrt bench --json` of the package in `tree`, as `side_by_side.bench_figures` keeps
+    it. Raises SystemExit naming the tree when the run fails."""
     out = subprocess.run([sys.executable, "-m", "vkrt", "bench", "--model",
                           os.path.abspath(model), "--json", *bench_args],
                          capture_output=True, text=True, cwd=tree)
     if out.returncode:
         raise SystemExit(f"vkrt bench in {tree} failed: {out.stderr.strip()[-2000:]}")
-    report = json.loads(out.stdout)
-    label, arm = next(iter(report["arms"].items()))
-    gpu = report.get("gpu", {})
-    return {"arm": label, **{k: arm[k]["median"] for k in FIELDS},
-            "weight_bytes_per_s": arm.get("weight_bytes_per_s"),
-            "same_tokens_as_first_arm": arm.get("same_tokens_as_first_arm"),
-            "gpu_ms_per_token": gpu.get("gpu_ms_per_token"),
-            "gpu_us_per_token_by_kernel": gpu.get("gpu_us_per_token_by_kernel"),
-            "prefill_gpu_ms": gpu.get("prefill_gpu_ms"),
-            "prefill_gpu_ms_by_kernel": gpu.get("prefill_gpu_ms_by_kernel"),
-            "device": report.get("device"), "commit": report.get("commit")}
+    return bench_figures(json.loads(out.stdout))
 
 
 def summarize(rounds: dict[str, list[dict]]) -> dict:

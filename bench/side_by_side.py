@@ -43,15 +43,25 @@ def run_vkrt(model: str, p: int, n: int, extra: list[str]) -> dict:
                           "--json", *extra], capture_output=True, text=True, cwd=ROOT)
     if out.returncode:
         raise SystemExit(f"vkrt bench failed: {out.stderr.strip()}")
-    report = json.loads(out.stdout)
+    return bench_figures(json.loads(out.stdout))
+
+
+def bench_figures(report: dict) -> dict:
+    """The figures of one `vkrt bench --json` report (vkrt/bench.py) kept per round: its first
+    arm's medians (decode and prefill tok/s, TPOT ms), stages per token, host busy fraction,
+    weight bytes per second, GPU ms per token and per prompt and by kernel (None where the
+    device has no timestamps), and the device, driver and commit."""
     label, arm = next(iter(report["arms"].items()))
+    gpu = report.get("gpu", {})
     return {"arm": label, "decode_tok_s": arm["decode_tok_s"]["median"],
             "prefill_tok_s": arm["prefill_tok_s"]["median"], "tpot_ms": arm["tpot_ms"]["median"],
             "stages_per_token": arm["per_decoded_token"]["stages"],
             "host_busy_fraction": arm["host_busy_fraction"],
-            "gpu_ms_per_token": report.get("gpu", {}).get("gpu_ms_per_token"),
-            "gpu_us_per_token_by_kernel": report.get("gpu", {}).get("gpu_us_per_token_by_kernel"),
-            "prefill_gpu_ms_by_kernel": report.get("gpu", {}).get("prefill_gpu_ms_by_kernel"),
+            "same_tokens_as_first_arm": arm.get("same_tokens_as_first_arm"),
+            "gpu_ms_per_token": gpu.get("gpu_ms_per_token"),
+            "gpu_us_per_token_by_kernel": gpu.get("gpu_us_per_token_by_kernel"),
+            "prefill_gpu_ms": gpu.get("prefill_gpu_ms"),
+            "prefill_gpu_ms_by_kernel": gpu.get("prefill_gpu_ms_by_kernel"),
             "weight_bytes_per_s": arm["weight_bytes_per_s"],
             "device": report["device"], "driver_version": report["driver_version"],
             "commit": report["commit"], "weight_bytes": report["weight_bytes"]}

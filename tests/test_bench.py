@@ -180,8 +180,10 @@ def _fake_tree(root, decode: float) -> str:
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     arm = {"decode_tok_s": {"median": decode}, "prefill_tok_s": {"median": 10 * decode},
-           "tpot_ms": {"median": 1000 / decode}, "weight_bytes_per_s": 1}
-    report = {"arms": {"tracked/inflight2": arm}, "device": "fake", "commit": root.name}
+           "tpot_ms": {"median": 1000 / decode}, "weight_bytes_per_s": 1,
+           "per_decoded_token": {"stages": 1.0}, "host_busy_fraction": 0.1}
+    report = {"arms": {"tracked/inflight2": arm}, "device": "fake", "commit": root.name,
+              "driver_version": "0", "weight_bytes": 1}
     (pkg / "__main__.py").write_text(
         "import os, sys\n"
         "assert sys.argv[1:3] == ['bench', '--model'] and '--json' in sys.argv, sys.argv\n"
