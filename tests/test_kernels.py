@@ -1549,6 +1549,32 @@ def test_prefill_kernel_choice(gpu, kernels):
         kernels.coop_spec(4096, 512, (256, 128, 4, 2, 2))
 
 
+def test_prefill_glu_tile(gpu, kernels):
+    # A prompt's gate, up and activation as one glu_coop dispatch: the table's tile, fitted
+    # to the device's shared memory for two W tiles, only where the products run on
+    # matmul_coop (vkrt/tuning.py prefill_glu_tile: 256 x 64 over 4 x 4 subgroups, 256 + 2 x
+    # 64 rows of 80 bytes and 16 staging tiles: 47104 bytes, which an H100 has (49152) and
+    # lavapipe not (32768): there BM is halved twice, to 64: 31744 bytes).
+    r = kernels.tuning.prefill_glu_tile
+    assert (r.bm, r.bn, r.sg_m, r.sg_n, r.sg_k, r.nbuf) == (256, 64, 4, 4, 1, 1) and r.source
+    assert coop_shared_bytes(256, 64, 4, 4, 1, 1, FAKE_SHAPE, products=2) == 30720 + 16384
+    limit = gpu.device.limits.maxComputeSharedMemorySize
+    kernels.coop = None
+    assert kernels.prefill_glu_tile(512) is None
+    kernels.coop = FAKE_SHAPE
+    with config.COOPMAT.override("auto"):
+        assert kernels.prefill_glu_tile(COOP_MIN_TOKENS - 1) is None
+        assert kernels.prefill_glu_tile(COOP_MIN_TOKENS) == (
+            *fit_coop_tile((256, 64, 4, 4, 1, 1), FAKE_SHAPE, limit, products=2), 1)
+        assert kernels.prefill_glu_tile(512)[0] == (256 if limit >= 47104 else
+                                                     128 if limit >= 36864 else 64)
+    with config.COOPMAT.override("0"):
+        assert kernels.prefill_glu_tile(512) is None
+    kernels.tuning = dataclasses.replace(kernels.tuning, prefill_glu_tile=None)
+    with config.COOPMAT.override("1"):
+        assert kernels.prefill_glu_tile(512) is None
+
+
 def test_fit_coop_tile():
     """fit_coop_tile: a tile that fits stays; else the second buffer goes, then the column
     split, then BM and BN are halved, then the subgroups; the Vulkan minimum of 16 KB still
@@ -1563,6 +1589,13 @@ def test_fit_coop_tile():
         bm, bn, sg_m, sg_n, sg_k, nbuf = fit_coop_tile((128, 64, 4, 4, 2, 1), FAKE_SHAPE, limit)
         assert coop_shared_bytes(bm, bn, sg_m, sg_n, sg_k, nbuf, FAKE_SHAPE) <= limit
         assert bm % (sg_m * 16) == 0 and bn % (sg_n * 16) == 0
+    # The GLU build's two W tiles count twice: the same tile fits 48 KB alone, not with two.
+    glu = (256, 128, 4, 4, 1, 1)
+    assert fit_coop_tile(glu, FAKE_SHAPE, 49152) == glu
+    assert fit_coop_tile(glu, FAKE_SHAPE, 49152, products=2) == (128, 128, 4, 4, 1, 1)
+    for limit in (16384, 32768, 49152):
+        bm, bn, sg_m, sg_n, sg_k, nbuf = fit_coop_tile(glu, FAKE_SHAPE, limit, products=2)
+        assert coop_shared_bytes(bm, bn, sg_m, sg_n, sg_k, nbuf, FAKE_SHAPE, 2) <= limit
 
 
 def test_coop_shape_choice():

@@ -11,6 +11,7 @@ sits 9.2e-5 from transformers. 1e-3 is the issue's fp32 figure, 10x above what w
 100x below the smallest top-2 gap that decides a greedy token in these prompts.
 """
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -412,6 +413,46 @@ def test_fused_decode_step_plan(llama):
     assert a.attn.range in by_name["blk.4.attn"].writes              # the attention
     assert a.attn.range in by_name["blk.4.attn_output"].reads
     assert a.act.range in by_name["blk.4.ffn_glu"].writes
+
+
+def test_prompt_gate_up_on_the_prefill_glu_tile(llama, monkeypatch):
+    """A prompt's MLP input (`Llama._layer`): where `Kernels.prefill_glu_tile` gives a tile
+    (products on cooperative matrices), ffn_norm then one `glu_coop` dispatch on that tile
+    reading the normed x and writing act; without one, or where the layer's gate and up may
+    not fuse (`fused_parts`), ffn_norm, gate, up and silu_mul. A decode token's fused
+    `matvec_glu` is unchanged. glu_coop itself is tested against numpy in
+    tests/test_kernels.py (it needs cooperative matrices, which lavapipe lacks)."""
+    tile = (256, 64, 4, 4, 1, 1, 1)
+    calls = []
+
+    def glu_coop(x, gate, up, y, n_tokens, tile_, token0=0, gelu=False, name=""):
+        calls.append((x, gate.name, up.name, y, n_tokens, tile_, gelu))
+        return SimpleNamespace(name=name)
+
+    monkeypatch.setattr(llama.k, "glu_coop", glu_coop)
+    monkeypatch.setattr(llama.k, "prefill_glu_tile", lambda n: tile if n > 1 else None)
+    llama.setup_caches(max(llama.max_seq, 64))
+    a = llama.activations(8)
+
+    def mlp(T, fuse=False):
+        names = [d.name for d in llama._layer(3, a, T, 0, None, fuse)]
+        return [n for n in names if "ffn" in n and "residual" not in n]
+
+    assert mlp(8) == ["blk.3.ffn_norm", "blk.3.ffn_glu", "blk.3.ffn_down"]
+    assert calls == [(a.xn, "blk.3.ffn_gate.weight", "blk.3.ffn_up.weight", a.act, 8, tile,
+                      llama.hp.gelu)]
+    unfused = ["blk.3.ffn_norm", "blk.3.ffn_gate", "blk.3.ffn_up", "blk.3.ffn_silu_mul",
+               "blk.3.ffn_down"]
+    assert mlp(1) == unfused                         # no tile for one token
+    assert mlp(1, fuse=True) == ["blk.3.ffn_glu", "blk.3.ffn_down"]   # matvec_glu
+    assert len(calls) == 1
+    fused = list(llama._fused)
+    fused[3] = (True, True, False, True)
+    monkeypatch.setattr(llama, "_fused", fused)
+    assert mlp(8) == unfused and len(calls) == 1
+    monkeypatch.setattr(llama.k, "prefill_glu_tile", lambda n: None)
+    fused[3] = (True,) * 4
+    assert mlp(8) == unfused and len(calls) == 1
 
 
 def test_decode_step_counters_through_staging(default_gguf, tok):

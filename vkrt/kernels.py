@@ -123,14 +123,15 @@ def coop_shared_bytes(bm: int, bn: int, sg_m: int, sg_n: int, sg_k: int, nbuf: i
 
 
 def fit_coop_tile(tile: tuple[int, int, int, int, int, int], shape,
-                  limit: int) -> tuple[int, int, int, int, int, int]:
+                  limit: int, products: int = 1) -> tuple[int, int, int, int, int, int]:
     """A table's matmul_coop tile (BM, BN, SG_M, SG_N, SG_K, NBUF) made to fit `limit` bytes
-    of shared memory (maxComputeSharedMemorySize; `coop_shared_bytes`), giving up in this
+    of shared memory (maxComputeSharedMemorySize; `coop_shared_bytes` of `products` W
+    tiles: 2 for the GLU build), giving up in this
     order: the second buffer, the column split, then halving BM, BN, and the subgroups
     along both (their staging tiles). The tile unchanged when it fits; every tile ends at
     one 16 x 16 matrix per subgroup of one subgroup at worst (3,584 bytes)."""
     bm, bn, sg_m, sg_n, sg_k, nbuf = tile
-    while coop_shared_bytes(bm, bn, sg_m, sg_n, sg_k, nbuf, shape) > limit:
+    while coop_shared_bytes(bm, bn, sg_m, sg_n, sg_k, nbuf, shape, products) > limit:
         if nbuf > 1:
             nbuf = 1
         elif sg_k > 1:
@@ -511,6 +512,20 @@ class Kernels:
                             "(maxComputeSharedMemorySize)")
         return {0: sg_m * sg_n * sg_k * self._pipelines.device.subgroup_size, 1: c.m, 2: c.n,
                 3: c.k, 4: bm, 5: bn, 6: sg_m, 7: sg_n, 8: sg_k, 9: nbuf, 10: depth}
+
+    def prefill_glu_tile(self, n_tokens: int) -> tuple | None:
+        """The tile (BM, BN, SG_M, SG_N, SG_K, NBUF, DEPTH) on which a prefill of `n_tokens`
+        tokens runs a layer's gate and up products and the activation as one `glu_coop`
+        dispatch: the table's `prefill_glu_tile` fitted to the device's shared memory for two
+        W tiles (`fit_coop_tile`), where `prefill_kernel` picks matmul_coop; None otherwise
+        (the table has none, or the products run on another kernel)."""
+        r = self.tuning.prefill_glu_tile
+        if r is None or self.prefill_kernel(n_tokens) != "matmul_coop":
+            return None
+        limit = self._pipelines.device.limits.maxComputeSharedMemorySize
+        tile = fit_coop_tile((r.bm, r.bn, r.sg_m, r.sg_n, r.sg_k, r.nbuf), self.coop, limit,
+                             products=2)
+        return (*tile, r.depth)
 
     def batch_products(self, max_batch: int | None = None) -> dict[str, str]:
         """The kernel of the batched runner's products per token role ("decode", "prompt") in

@@ -200,6 +200,11 @@ class Table:
     # Prefill products on matmul_coop (where the device has cooperative matrices): the first
     # rule that matches the product's rows and tokens; the last matches any.
     prefill_coop_tiles: tuple[PrefillCoopTile, ...] = ()
+    # Prefill's gate and up products and SiLU (GELU) times up as one dispatch (matmul_coop's
+    # GLU build, `Kernels.prefill_glu_tile` and `glu_coop`) on this tile where the products
+    # run on matmul_coop and the layer's gate and up share a type and have no biases; None:
+    # the two products and silu_mul. Its min_rows and min_tokens are not read.
+    prefill_glu_tile: PrefillCoopTile | None = None
     sources: dict[str, str] = field(default_factory=dict)   # the scalar entries' measurements
 
     def decode_rule(self, kernel: str, n_rows: int, block: int, dtype: str = "",
@@ -316,6 +321,11 @@ _CROSSOVER23 = ("bench/README.md, 2026-12-07, twenty-third session (H100, vkrt b
                 "286 before its combine (178-217 in the other arms); "
                 "head_dim 64 (1.2B shape) at 704 / 896 + 32 206 / 228 against 254 / 267")
 _SESSION1 = "bench/README.md, 2026-12-01 first session (vkrt bench --repeat 1, A/B)"
+_PREFILL_GLU = ("bench/README.md, 2026-12-07, twenty-fifth session (bench/ab_trees.py, H100, "
+                "512 + 128 tokens, Q4_K_M shape files, prefill tok/s and GPU ms of gate + up + "
+                "silu_mul against ffn_glu): 256x64:4x4 7B 5,776 -> 5,859 tok/s, 34.4 -> 32.2 ms; "
+                "1.2B 28,785 -> 31,154 tok/s, 5.11 -> 3.93 ms; 128x64:4x4 7B 5,252 tok/s "
+                "(42.3 ms), 1.2B 28,386; as landed 7B 5,815 -> 5,932, 1.2B 29,542 -> 31,250")
 _BLOCKS = ("bench/README.md, 2026-12-02 block-level reader (bench/matvec_types.py "
            "--configs, H200)")
 
@@ -524,6 +534,9 @@ GPU = Table(
         PrefillCoopTile(0, 0, 64, 64, 4, 4, _COOP16 + ": at 512 tokens [1024, 4096] 64x64:4x4 "
                         "63.2, 128x128:4x4 32.8, 128x64:4x4x2 50.1; [512, 2048] 29.9, 14.6, "
                         "21.7")),
+    # Gate and up as one product of 2 x 64 rows per workgroup: the x tile loaded once for
+    # both, no silu_mul pass (256 x 128 x 2 rows is past 48 KB of shared memory).
+    prefill_glu_tile=PrefillCoopTile(0, 0, 256, 64, 4, 4, _PREFILL_GLU),
     sources={"batch_products": _BATCHED,
              "norm_subgroups": _NORMS,
              "argmax_threads": _SESSION2 + ": argmax 1024 wide (17.0 -> 9.4 us per token)",
@@ -558,6 +571,7 @@ CPU = Table(
     prefill_attention=(32, 4, 32),
     # lavapipe lists no cooperative matrices; the GPU's tiles, for a pretend shape in tests.
     prefill_coop_tiles=GPU.prefill_coop_tiles,
+    prefill_glu_tile=GPU.prefill_glu_tile,
     sources={"batch_products": "the GPU's, so the roles' kernels differ where CI runs too "
                                "(the tiled matmul no slower here: prefill_tiled's source)",
              "prefill_attention": _TILES_CPU,

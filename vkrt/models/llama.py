@@ -475,7 +475,10 @@ class Llama(LlamaBatch, Decoder):
         `_qkv_fused`, then attention over the cache, windowed on sliding layers) and the
         gated MLP, each added into the residual stream x (`_projection`). With `fuse` (one
         token, VKRT_FUSE) the parts `fused_parts` allows run fused; a wholly fused layer is 5
-        dispatches, each depending on the one before."""
+        dispatches, each depending on the one before. Without it, where the products run on
+        cooperative matrices (a prompt on a GPU), gate, up and the activation are one
+        `glu_coop` dispatch on `Kernels.prefill_glu_tile`'s tile when `fused_parts` allows
+        the MLP input to fuse."""
         hp, k, w, blk = self.hp, self.k, self.w, f"blk.{i}."
         qkv_f, out_f, glu_f, down_f = self._fused[i] if fuse else (False,) * 4
         # head_norm_rope (the fused path's per-head norms) reads and writes K in f32: an f16
@@ -487,10 +490,18 @@ class Llama(LlamaBatch, Decoder):
                            name=blk + "attn", pos=pos, window=hp.layer_window(i))
         out += self._projection(i, a, a.attn, T, "attn_output", "post_attention_norm",
                                 "attn_residual", out_f)
+        # A prompt's gate, up and activation as one product where the table has a tile
+        # for them and the layer's gate and up may fuse (`fused_parts`).
+        glu_tile = None if glu_f or not self._fused[i][2] else k.prefill_glu_tile(T)
         if glu_f:
             out.append(k.glu(a.x, w[blk + "ffn_norm.weight"], w[blk + "ffn_gate.weight"],
                              w[blk + "ffn_up.weight"], a.act, hp.rms_eps, name=blk + "ffn_glu",
                              gelu=hp.gelu))
+        elif glu_tile is not None:
+            out += [k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps,
+                              blk + "ffn_norm"),
+                    k.glu_coop(a.xn, w[blk + "ffn_gate.weight"], w[blk + "ffn_up.weight"],
+                               a.act, T, glu_tile, gelu=hp.gelu, name=blk + "ffn_glu")]
         else:
             out += [
                 k.rmsnorm(a.x, w[blk + "ffn_norm.weight"], a.xn, T, hp.rms_eps,
