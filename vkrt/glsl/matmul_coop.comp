@@ -68,8 +68,9 @@
 // the same type and shape) at binding 3; act is SiLU, or GELU-tanh where specialization
 // constant 11 (GELU) is 1. A step's W tile is gate's BN rows then up's (WN = 2 * BN rows in
 // shared memory), every subgroup multiplies the one x tile by both, and the activation is
-// applied to the f32 accumulators before the store: the batched decode's gate, up and
-// silu_mul in one dispatch (vkrt/models/batch.py). n_splits must be 1.
+// applied to the f32 accumulators before the store: gate, up and silu_mul in one dispatch,
+// for the batched decode (vkrt/models/batch.py) and a prompt (vkrt/models/llama.py). n_splits
+// must be 1.
 // An output's sum is the same chains of coopMatMulAdd over the k steps in order (one chain
 // per k group, the chains added in group order) whatever BM, BN, SG_M and SG_N are, so its
 // bits depend on SG_K but not on the rest of the tile (the batched runner's batch
