@@ -1575,6 +1575,47 @@ def test_prefill_glu_tile(gpu, kernels):
         assert kernels.prefill_glu_tile(512) is None
 
 
+def test_prefill_splits(kernels):
+    """A prompt product's column split across workgroups: the rule's `splits` for its rows,
+    at most one workgroup per step of sg_k * 32 columns, only where the products run on
+    matmul_coop; `prefill_partials` sizes one buffer for every product of the model up to
+    n_tokens tokens (the rule a smaller prompt would match included)."""
+    rules = (tuning.PrefillCoopTile(4096, 0, 128, 128, 4, 4, "t", splits=2),
+             tuning.PrefillCoopTile(2048, 0, 128, 64, 4, 4, "t", sg_k=2, splits=3),
+             tuning.PrefillCoopTile(0, 1024, 64, 64, 4, 4, "t"),
+             tuning.PrefillCoopTile(0, 0, 64, 64, 4, 4, "t", splits=4))
+    kernels.tuning = dataclasses.replace(kernels.tuning, prefill_coop_tiles=rules)
+
+    def w(rows, cols):
+        return SimpleNamespace(shape=(rows, cols))
+
+    kernels.coop = FAKE_SHAPE
+    with config.COOPMAT.override("auto"):
+        assert kernels.prefill_splits(w(4096, 4096), 512) == 2
+        assert kernels.prefill_splits(w(2048, 8192), 512) == 3
+        assert kernels.prefill_splits(w(2048, 64), 512) == 1       # one step of 64 columns
+        assert kernels.prefill_splits(w(2048, 128), 512) == 2      # two steps
+        assert kernels.prefill_splits(w(1024, 4096), 512) == 4
+        assert kernels.prefill_splits(w(1024, 4096), 1024) == 1    # the unsplit rule
+        assert kernels.prefill_splits(w(1024, 4096), COOP_MIN_TOKENS - 1) == 1
+        assert kernels.prefill_splits(w(1024, 4096), 1) == 1
+        ws = [w(4096, 4096), w(1024, 4096), w(14336, 4096)]
+        # 14336 rows x 2 splits at 2048 tokens; 1023 tokens x 1024 rows x 4 (the rule below
+        # 1024 tokens) is less
+        assert kernels.prefill_partials(ws, 2048) == 2048 * 14336 * 2
+        assert kernels.prefill_partials([w(1024, 4096)], 2048) == 1023 * 1024 * 4
+        assert kernels.prefill_partials([w(1024, 4096)], 512) == 512 * 1024 * 4
+        assert kernels.prefill_partials(ws, COOP_MIN_TOKENS - 1) == 0
+    with config.COOPMAT.override("0"):
+        assert kernels.prefill_splits(w(1024, 4096), 512) == 1
+        assert kernels.prefill_partials(ws, 512) == 0
+    kernels.tuning = dataclasses.replace(
+        kernels.tuning, prefill_coop_tiles=(tuning.PrefillCoopTile(0, 0, 64, 64, 4, 4, "t"),))
+    with config.COOPMAT.override("1"):
+        assert kernels.prefill_splits(w(1024, 4096), 2048) == 1
+        assert kernels.prefill_partials(ws, 2048) == 0
+
+
 def test_fit_coop_tile():
     """fit_coop_tile: a tile that fits stays; else the second buffer goes, then the column
     split, then BM and BN are halved, then the subgroups; the Vulkan minimum of 16 KB still

@@ -455,6 +455,48 @@ def test_prompt_gate_up_on_the_prefill_glu_tile(llama, monkeypatch):
     assert mlp(8) == unfused and len(calls) == 1
 
 
+def test_prompt_products_split_across_workgroups(llama, monkeypatch):
+    """A prompt's product whose columns `Kernels.prefill_splits` splits (the table's rule for
+    its rows, on matmul_coop) is two dispatches: the product writing its partial sums to
+    the activations' `part`, then `sum_splits` adding them into its output; unsplit
+    products are one. The activations' `part` holds every split product's partials
+    (`Kernels.prefill_partials`). The kernels themselves are tested in tests/test_kernels.py
+    (matmul_coop needs cooperative matrices, which lavapipe lacks)."""
+    kv_rows = llama.hp.n_head_kv * llama.hp.head_dim
+    calls = []
+
+    def linear(x, weight, y, n_tokens, name="", k_splits=1, partials=None, **kw):
+        calls.append(("linear", name, y, k_splits, partials))
+        return SimpleNamespace(name=name)
+
+    def sum_splits(partials, y, n_tokens, n_rows, k_splits, token0=0, name=""):
+        calls.append(("sum", name, y, k_splits, partials, n_tokens, n_rows))
+        return SimpleNamespace(name=name)
+
+    def splits(weight, n_tokens):
+        return 3 if n_tokens > 1 and weight.shape[0] == kv_rows else 1
+
+    monkeypatch.setattr(llama.k, "linear", linear)
+    monkeypatch.setattr(llama.k, "sum_splits", sum_splits)
+    monkeypatch.setattr(llama.k, "prefill_splits", splits)
+    monkeypatch.setattr(llama.k, "prefill_partials",
+                        lambda ws, n: max(n * w.shape[0] * splits(w, n) for w in ws))
+    llama.setup_caches(max(llama.max_seq, 64))
+    n = max(8, llama.acts.n_tokens + 1 if llama.acts else 0)   # grown: sized by the stub
+    a = llama.activations(n)
+    assert a.part.shape == (n * max(3 * kv_rows, llama.hp.n_ff),)
+    names = [d.name for d in llama._qkv(2, a, 8, 0, None)]
+    assert names[:6] == ["blk.2.attn_norm", "blk.2.attn_q", "blk.2.attn_k", "blk.2.attn_k.sum",
+                         "blk.2.attn_v", "blk.2.attn_v.sum"]
+    assert calls[:5] == [("linear", "blk.2.attn_q", a.q, 1, None),
+                         ("linear", "blk.2.attn_k", a.k, 3, a.part),
+                         ("sum", "blk.2.attn_k.sum", a.k, 3, a.part, 8, kv_rows),
+                         ("linear", "blk.2.attn_v", a.v, 3, a.part),
+                         ("sum", "blk.2.attn_v.sum", a.v, 3, a.part, 8, kv_rows)]
+    calls.clear()
+    assert "blk.2.attn_k.sum" not in [d.name for d in llama._qkv(2, a, 1, 0, None)]
+
+
 def test_decode_step_counters_through_staging(default_gguf, tok):
     """The same with device memory the host cannot map (a discrete GPU's path, forced): the
     readback copy rides in the step's one submission."""

@@ -527,6 +527,33 @@ class Kernels:
                              products=2)
         return (*tile, r.depth)
 
+    def prefill_splits(self, weight: Tensor, n_tokens: int) -> int:
+        """How many workgroups split the columns of a prefill product of `n_tokens` tokens by
+        `weight` [n_rows, n_cols] (`linear(..., k_splits=, partials=)` then `sum_splits`):
+        the table's `prefill_coop_tile(n_rows, n_tokens).splits`, at most one per step of
+        sg_k * 32 columns, where `prefill_kernel` picks matmul_coop; else 1."""
+        if n_tokens < 2 or self.prefill_kernel(n_tokens) != "matmul_coop":
+            return 1
+        n_rows, n_cols = weight.shape
+        r = self.tuning.prefill_coop_tile(n_rows, n_tokens)
+        return max(1, min(r.splits, -(-n_cols // (32 * r.sg_k))))
+
+    def prefill_partials(self, weights: list[Tensor], n_tokens: int) -> int:
+        """f32 elements of partial sums that the split prefill products of `weights` need for
+        any prompt of 2 .. n_tokens tokens (`prefill_splits`), so that one buffer serves them
+        all: the most of splits x tokens x rows, taken at n_tokens and just below each
+        rule's min_tokens (a rule holds over a range of token counts, and its need grows
+        with them); 0 where no product splits."""
+        counts = {n_tokens, *(r.min_tokens - 1 for r in self.tuning.prefill_coop_tiles
+                              if 2 <= r.min_tokens - 1 < n_tokens)}
+        most = 0
+        for w in weights:
+            for t in counts:
+                splits = self.prefill_splits(w, t)
+                if splits > 1:
+                    most = max(most, t * w.shape[0] * splits)
+        return most
+
     def batch_products(self, max_batch: int | None = None) -> dict[str, str]:
         """The kernel of the batched runner's products per token role ("decode", "prompt") in
         an engine of `max_batch` sequences per step (None: the table's `batch_products`;

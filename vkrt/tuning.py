@@ -146,7 +146,9 @@ class PrefillCoopTile:
     at least `min_rows` rows and `min_tokens` tokens: a workgroup tile of `bm` tokens x `bn`
     rows over `sg_m` x `sg_n` subgroups, `sg_k` groups of them splitting the columns, `nbuf`
     shared buffers (2: double-buffered), `depth` steps of columns fetched ahead into
-    registers. `kernels.fit_coop_tile` shrinks it on a device whose
+    registers, `splits` workgroups splitting the columns (matmul_coop.comp's n_splits: each
+    writes its partial sums, `sum_splits` adds them in order; for products of too few
+    tiles to fill the GPU). `kernels.fit_coop_tile` shrinks it on a device whose
     shared memory it does not fit. Prefill promises no batch invariance, so the tile may
     change with the shape."""
     min_rows: int
@@ -159,6 +161,7 @@ class PrefillCoopTile:
     sg_k: int = 1
     nbuf: int = 1
     depth: int = 1
+    splits: int = 1
 
     def matches(self, n_rows: int, n_tokens: int) -> bool:
         return n_rows >= self.min_rows and n_tokens >= self.min_tokens

@@ -149,6 +149,8 @@ class Activations:
     attn: Tensor     # [tokens, n_head * head_dim]
     attn_part: Tensor  # decode attention's partial states (kernels.attention_partials)
     proj: Tensor     # [tokens, n_embd] attention or MLP output before the residual add
+    part: Tensor     # [splits x tokens x rows] f32: a prompt product's partial sums, its
+                     # columns split across workgroups (Kernels.prefill_splits)
     gate: Tensor     # [tokens, n_ff]
     up: Tensor       # [tokens, n_ff]
     act: Tensor      # [tokens, n_ff]
@@ -160,10 +162,12 @@ class Activations:
 
     @classmethod
     def allocate(cls, device: Device, hp: Arch, n_tokens: int,
-                 logit_rows: int, ring: int = 1, head_rows: int = 0) -> "Activations":
+                 logit_rows: int, ring: int = 1, head_rows: int = 0,
+                 partials: int = 0) -> "Activations":
         """One buffer holding every view, each at an offset aligned to the device's
         minStorageBufferOffsetAlignment; `ring` token slots; `head` when the output matrix
-        is split in slices of `head_rows` rows and several rows of logits are kept."""
+        is split in slices of `head_rows` rows and several rows of logits are kept; `part`
+        of `partials` f32 elements (at least 1)."""
         qw, kvw, T = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, n_tokens
         layout = {"ids": ("uint32", (T,)), "x": ("float32", (T, hp.n_embd)),
                   "xn": ("float32", (T, hp.n_embd)), "q": ("float32", (T, qw)),
@@ -171,7 +175,8 @@ class Activations:
                   "q_rope": ("float32", (T, qw)), "kn": ("float32", (T, kvw)),
                   "attn": ("float32", (T, qw)),
                   "attn_part": ("float32", (attention_partials(hp.n_head, hp.head_dim),)),
-                  "proj": ("float32", (T, hp.n_embd)), "gate": ("float32", (T, hp.n_ff)),
+                  "proj": ("float32", (T, hp.n_embd)),
+                  "part": ("float32", (max(1, partials),)), "gate": ("float32", (T, hp.n_ff)),
                   "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
                   "logits": ("float32", (logit_rows, hp.n_vocab))}
         if head_rows and logit_rows > 1:
@@ -361,16 +366,29 @@ class Llama(LlamaBatch, Decoder):
         current ones are too small (the old buffer is freed once in-flight steps are done)."""
         head = self.slices.get(self._output_name())
         head_rows = head[0][1].shape[0] if head else 0
+        products = [t for name, t in self.w.items()
+                    if name.startswith("blk.") and name.endswith(".weight") and len(t.shape) == 2]
         self.acts = grow(self.acts, n_tokens, logit_rows, self.stream.inflight,
-                         lambda n, rows, ring: Activations.allocate(self.device, self.hp, n,
-                                                                    rows, ring, head_rows))
+                         lambda n, rows, ring: Activations.allocate(
+                             self.device, self.hp, n, rows, ring, head_rows,
+                             self.k.prefill_partials(products, n)))
         return self.acts
 
     # -- the forward -----------------------------------------------------------------------
     def _linear(self, x: Tensor, name: str, y: Tensor, T: int) -> list[Dispatch]:
-        """y = x W^T (+ b when the file has `name.bias`) for T tokens: the GGUF tensor `name`."""
+        """y = x W^T (+ b when the file has `name.bias`) for T tokens: the GGUF tensor `name`;
+        a prompt's product whose columns the table splits across workgroups
+        (`Kernels.prefill_splits`) writes its partial sums to the activations' `part` and
+        `sum_splits` adds them into y."""
         k, w = self.k, self.w
-        out = [k.linear(x, w[name + ".weight"], y, T, name=name)]
+        weight = w[name + ".weight"]
+        splits = k.prefill_splits(weight, T)
+        if splits > 1:
+            part = self.acts.part
+            out = [k.linear(x, weight, y, T, name=name, k_splits=splits, partials=part),
+                   k.sum_splits(part, y, T, weight.shape[0], splits, name=name + ".sum")]
+        else:
+            out = [k.linear(x, weight, y, T, name=name)]
         if name + ".bias" in w:
             out.append(k.bias_add(y, w[name + ".bias"], T, name=name + ".bias"))
         return out
