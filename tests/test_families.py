@@ -167,6 +167,32 @@ def test_family_coop_matches_transformers(case, device, tmp_path):
         run_case(case, device, tmp_path, rel=COOP_LOGIT_REL)
 
 
+@pytest.mark.parametrize("case", ["qwen2_q8_0", "gemma3"])
+def test_family_coop_split_matches_transformers(case, device, tmp_path, monkeypatch):
+    """The same with every prompt product's columns split across 3 workgroups (each
+    rule of the device's table with splits=3; `Kernels.prefill_splits` caps it at one
+    workgroup per step): the partial sums written by matmul_coop and added by sum_splits
+    (`Llama._linear`) agree with transformers as the unsplit products do."""
+    import dataclasses
+
+    from vkrt import tuning
+    from vkrt.kernels import Kernels
+
+    if device.coop_shape() is None:
+        pytest.skip(f"{device.name} lists no f16 cooperative-matrix shape")
+    table = tuning.for_kind(device.info.kind)
+    forced = dataclasses.replace(table, prefill_coop_tiles=tuple(
+        dataclasses.replace(r, splits=3) for r in table.prefill_coop_tiles))
+    monkeypatch.setattr(tuning, "for_kind", lambda kind: forced)
+    summed, sum_splits = [], Kernels.sum_splits
+    monkeypatch.setattr(Kernels, "sum_splits",
+                        lambda self, *a, **kw: summed.append(kw.get("name")) or sum_splits(
+                            self, *a, **kw))
+    with config.COOPMAT.override("1"):
+        run_case(case, device, tmp_path, rel=COOP_LOGIT_REL)
+    assert any(n.endswith("attn_k.sum") for n in summed), summed   # the split path ran
+
+
 FUSED = ["blk.0.attn_qkv", "blk.0.attn", "blk.0.attn_output", "blk.0.ffn_glu", "blk.0.ffn_down"]
 # qwen3's and gemma3's per-head Q/K norms and RoPE: head_norm_rope after qkv_rope
 QK_NORMED = ["blk.0.attn_qkv", "blk.0.attn_qkv_norm", *FUSED[1:]]
