@@ -458,9 +458,10 @@ def test_prompt_gate_up_on_the_prefill_glu_tile(llama, monkeypatch):
 def test_prompt_products_split_across_workgroups(llama, monkeypatch):
     """A prompt's product whose columns `Kernels.prefill_splits` splits (the table's rule for
     its rows, on matmul_coop) is two dispatches: the product writing its partial sums to
-    the activations' `part`, then `sum_splits` adding them into its output; unsplit
-    products are one. The activations' `part` holds every split product's partials
-    (`Kernels.prefill_partials`). The kernels themselves are tested in tests/test_kernels.py
+    the activations' `parts` of that product, then `sum_splits` adding them into its output;
+    unsplit products are one. Each split product has partials of its own, sized by
+    `Kernels.prefill_partials` for its weights, so that K's and V's products stay
+    independent. The kernels themselves are tested in tests/test_kernels.py
     (matmul_coop needs cooperative matrices, which lavapipe lacks)."""
     kv_rows = llama.hp.n_head_kv * llama.hp.head_dim
     calls = []
@@ -480,19 +481,23 @@ def test_prompt_products_split_across_workgroups(llama, monkeypatch):
     monkeypatch.setattr(llama.k, "sum_splits", sum_splits)
     monkeypatch.setattr(llama.k, "prefill_splits", splits)
     monkeypatch.setattr(llama.k, "prefill_partials",
-                        lambda ws, n: max(n * w.shape[0] * splits(w, n) for w in ws))
+                        lambda ws, n: max(n * w.shape[0] * (s > 1) * s
+                                          for w in ws for s in [splits(w, n)]))
     llama.setup_caches(max(llama.max_seq, 64))
     n = max(8, llama.acts.n_tokens + 1 if llama.acts else 0)   # grown: sized by the stub
     a = llama.activations(n)
-    assert a.part.shape == (n * max(3 * kv_rows, llama.hp.n_ff),)
+    assert {p: t.shape for p, t in a.parts.items()} == {
+        p: (n * 3 * kv_rows,) for p in ("attn_k", "attn_v")}
+    assert a.parts["attn_k"].offset != a.parts["attn_v"].offset
     names = [d.name for d in llama._qkv(2, a, 8, 0, None)]
     assert names[:6] == ["blk.2.attn_norm", "blk.2.attn_q", "blk.2.attn_k", "blk.2.attn_k.sum",
                          "blk.2.attn_v", "blk.2.attn_v.sum"]
+    pk, pv = a.parts["attn_k"], a.parts["attn_v"]
     assert calls[:5] == [("linear", "blk.2.attn_q", a.q, 1, None),
-                         ("linear", "blk.2.attn_k", a.k, 3, a.part),
-                         ("sum", "blk.2.attn_k.sum", a.k, 3, a.part, 8, kv_rows),
-                         ("linear", "blk.2.attn_v", a.v, 3, a.part),
-                         ("sum", "blk.2.attn_v.sum", a.v, 3, a.part, 8, kv_rows)]
+                         ("linear", "blk.2.attn_k", a.k, 3, pk),
+                         ("sum", "blk.2.attn_k.sum", a.k, 3, pk, 8, kv_rows),
+                         ("linear", "blk.2.attn_v", a.v, 3, pv),
+                         ("sum", "blk.2.attn_v.sum", a.v, 3, pv, 8, kv_rows)]
     calls.clear()
     assert "blk.2.attn_k.sum" not in [d.name for d in llama._qkv(2, a, 1, 0, None)]
 

@@ -198,13 +198,16 @@ def test_every_prefill_product_has_a_cited_coop_tile(table):
 def test_prefill_coop_tiles_by_shape():
     """The GPU table's prefill tiles (bench/README.md, 2026-12-04 fourth session): 256 tokens x
     128 rows from 8192 rows and 256 tokens, or from 4096 rows and 2048 tokens; 128 x 128
-    from 4096 rows; 128 x 64 split in two from 2048 rows; 64 x 64 below."""
-    tiles = {(n, t): (lambda r: (r.bm, r.bn, r.sg_k))(tuning.GPU.prefill_coop_tile(n, t))
-             for n, t in itertools.product((2047, 2048, 4095, 4096, 8191, 8192),
+    from 4096 rows; 128 x 64 split in two from 2048 rows; 128 x 128 with the columns split
+    across 4 workgroups from 1024 (twenty-sixth session); 64 x 64 below."""
+    tiles = {(n, t): (lambda r: (r.bm, r.bn, r.sg_k, r.splits))(tuning.GPU.prefill_coop_tile(n, t))
+             for n, t in itertools.product((1023, 1024, 2047, 2048, 4095, 4096, 8191, 8192),
                                            (255, 256, 2047, 2048))}
-    large, square, split, small = (256, 128, 1), (128, 128, 1), (128, 64, 2), (64, 64, 1)
+    large, square, split = (256, 128, 1, 1), (128, 128, 1, 1), (128, 64, 2, 1)
+    wide, small = (128, 128, 1, 4), (64, 64, 1, 1)
     assert tiles == {
-        **{(2047, t): small for t in (255, 256, 2047, 2048)},
+        **{(1023, t): small for t in (255, 256, 2047, 2048)},
+        **{(n, t): wide for n in (1024, 2047) for t in (255, 256, 2047, 2048)},
         **{(n, t): split for n in (2048, 4095) for t in (255, 256, 2047, 2048)},
         **{(n, t): square for n in (4096, 8191) for t in (255, 256, 2047)},
         (4096, 2048): large, (8191, 2048): large, (8192, 255): square,

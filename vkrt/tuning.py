@@ -368,6 +368,9 @@ _RAW = ("bench/README.md, 2026-12-06, fifteenth session (bench/batched.py --glu-
         "its [14336, 4096] pair 213.2 us fused against 2 x 163.3, a 7B Q4_K_M file at 32 "
         "sequences 1,635.3 / 1,634.8 -> 1,837.3 / 1,837.5")
 
+_SPLIT26 = ("bench/README.md, 2026-12-07, twenty-sixth session (the prompt's products split "
+            "across workgroups, H100)")
+
 GPU = Table(
     decode={
         # f32/f16/bf16: up to 8192 rows 4 subgroups, one row per workgroup (f16 [4096,
@@ -534,6 +537,14 @@ GPU = Table(
         PrefillCoopTile(2048, 0, 128, 64, 4, 4, _COOP16 + ": at 512 tokens [2048, 2048] "
                         "128x64:4x4x2 91.6, 128x128:4x4 62.5, 64x128:4x4x2 83.8; [2048, 8192] "
                         "92.0, 60.2, 94.3", sg_k=2),
+        # [1024, 4096] (a 7B's K and V) on 128 x 128 tiles, the columns split 4 ways: 8 x 4
+        # tiles x 4 splits, where unsplit 64 x 64 tiles gave 16 x 8 workgroups of one
+        # accumulator per subgroup.
+        PrefillCoopTile(1024, 0, 128, 128, 4, 4, _SPLIT26 + ": 7B Q4_K_M prompt attn_k + "
+                        "attn_v 3.78 + 3.39 -> 1.64 + 1.76 ms (+ 0.59 sum_splits), prefill "
+                        "5,926 / 5,941 -> 6,134 / 6,141 tok/s; 128x64:4x4 split 4 5,994 / "
+                        "6,102, split 8 6,001 / 6,104, 64x64:4x4 split 2 5,778 / 5,878, split "
+                        "4 5,902 / 5,758", splits=4),
         PrefillCoopTile(0, 0, 64, 64, 4, 4, _COOP16 + ": at 512 tokens [1024, 4096] 64x64:4x4 "
                         "63.2, 128x128:4x4 32.8, 128x64:4x4x2 50.1; [512, 2048] 29.9, 14.6, "
                         "21.7")),

@@ -18,7 +18,7 @@ buffer) and the KV cache (views of another) are f32.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -149,8 +149,6 @@ class Activations:
     attn: Tensor     # [tokens, n_head * head_dim]
     attn_part: Tensor  # decode attention's partial states (kernels.attention_partials)
     proj: Tensor     # [tokens, n_embd] attention or MLP output before the residual add
-    part: Tensor     # [splits x tokens x rows] f32: a prompt product's partial sums, its
-                     # columns split across workgroups (Kernels.prefill_splits)
     gate: Tensor     # [tokens, n_ff]
     up: Tensor       # [tokens, n_ff]
     act: Tensor      # [tokens, n_ff]
@@ -159,15 +157,19 @@ class Activations:
     tokens: list     # ring of [1] u32 tensors: the argmax of the last logits row, per step
     token: Tensor    # tokens[0]
     head: Tensor | None = None  # [logit_rows, slice rows]: one slice's logits (split output)
+    # A prompt product's partial sums by the layer's product ("attn_k"), [splits x tokens x
+    # rows] f32, its columns split across workgroups (Kernels.prefill_splits); one tensor
+    # per product, so that a layer's products stay independent of each other.
+    parts: dict[str, Tensor] = field(default_factory=dict)
 
     @classmethod
     def allocate(cls, device: Device, hp: Arch, n_tokens: int,
                  logit_rows: int, ring: int = 1, head_rows: int = 0,
-                 partials: int = 0) -> "Activations":
+                 partials: dict[str, int] | None = None) -> "Activations":
         """One buffer holding every view, each at an offset aligned to the device's
         minStorageBufferOffsetAlignment; `ring` token slots; `head` when the output matrix
-        is split in slices of `head_rows` rows and several rows of logits are kept; `part`
-        of `partials` f32 elements (at least 1)."""
+        is split in slices of `head_rows` rows and several rows of logits are kept; `parts`
+        of `partials` (a layer's product -> f32 elements)."""
         qw, kvw, T = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, n_tokens
         layout = {"ids": ("uint32", (T,)), "x": ("float32", (T, hp.n_embd)),
                   "xn": ("float32", (T, hp.n_embd)), "q": ("float32", (T, qw)),
@@ -175,17 +177,18 @@ class Activations:
                   "q_rope": ("float32", (T, qw)), "kn": ("float32", (T, kvw)),
                   "attn": ("float32", (T, qw)),
                   "attn_part": ("float32", (attention_partials(hp.n_head, hp.head_dim),)),
-                  "proj": ("float32", (T, hp.n_embd)),
-                  "part": ("float32", (max(1, partials),)), "gate": ("float32", (T, hp.n_ff)),
+                  "proj": ("float32", (T, hp.n_embd)), "gate": ("float32", (T, hp.n_ff)),
                   "up": ("float32", (T, hp.n_ff)), "act": ("float32", (T, hp.n_ff)),
                   "logits": ("float32", (logit_rows, hp.n_vocab))}
         if head_rows and logit_rows > 1:
             layout["head"] = ("float32", (logit_rows, head_rows))
         layout["pos"] = ("uint32", (1,))
         layout.update({f"token{j}": ("uint32", (1,)) for j in range(max(1, ring))})
+        layout.update({f"part.{p}": ("float32", (n,)) for p, n in (partials or {}).items()})
         buffer, views = arena(device, layout)
         tokens = [views.pop(f"token{j}") for j in range(max(1, ring))]
-        return cls(T, logit_rows, buffer, tokens=tokens, token=tokens[0], **views)
+        parts = {p: views.pop(f"part.{p}") for p in partials or {}}
+        return cls(T, logit_rows, buffer, tokens=tokens, token=tokens[0], parts=parts, **views)
 
     def close(self) -> None:
         self.arena.close()
@@ -366,25 +369,30 @@ class Llama(LlamaBatch, Decoder):
         current ones are too small (the old buffer is freed once in-flight steps are done)."""
         head = self.slices.get(self._output_name())
         head_rows = head[0][1].shape[0] if head else 0
-        products = [t for name, t in self.w.items()
-                    if name.startswith("blk.") and name.endswith(".weight") and len(t.shape) == 2]
-        self.acts = grow(self.acts, n_tokens, logit_rows, self.stream.inflight,
-                         lambda n, rows, ring: Activations.allocate(
-                             self.device, self.hp, n, rows, ring, head_rows,
-                             self.k.prefill_partials(products, n)))
+        products: dict[str, list[Tensor]] = {}   # a layer's product -> its weights
+        for name, t in self.w.items():
+            if name.startswith("blk.") and name.endswith(".weight") and len(t.shape) == 2:
+                products.setdefault(name.split(".")[2], []).append(t)
+
+        def allocate(n: int, rows: int, ring: int) -> Activations:
+            sizes = {p: self.k.prefill_partials(ws, n) for p, ws in products.items()}
+            return Activations.allocate(self.device, self.hp, n, rows, ring, head_rows,
+                                        {p: size for p, size in sizes.items() if size})
+
+        self.acts = grow(self.acts, n_tokens, logit_rows, self.stream.inflight, allocate)
         return self.acts
 
     # -- the forward -----------------------------------------------------------------------
     def _linear(self, x: Tensor, name: str, y: Tensor, T: int) -> list[Dispatch]:
         """y = x W^T (+ b when the file has `name.bias`) for T tokens: the GGUF tensor `name`;
         a prompt's product whose columns the table splits across workgroups
-        (`Kernels.prefill_splits`) writes its partial sums to the activations' `part` and
-        `sum_splits` adds them into y."""
+        (`Kernels.prefill_splits`) writes its partial sums to the activations' `parts` of
+        its product and `sum_splits` adds them into y."""
         k, w = self.k, self.w
         weight = w[name + ".weight"]
         splits = k.prefill_splits(weight, T)
         if splits > 1:
-            part = self.acts.part
+            part = self.acts.parts[name.split(".")[2]]
             out = [k.linear(x, weight, y, T, name=name, k_splits=splits, partials=part),
                    k.sum_splits(part, y, T, weight.shape[0], splits, name=name + ".sum")]
         else:
