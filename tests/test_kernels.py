@@ -1578,8 +1578,9 @@ def test_prefill_glu_tile(gpu, kernels):
 def test_prefill_splits(kernels):
     """A prompt product's column split across workgroups: the rule's `splits` for its rows,
     at most one workgroup per step of sg_k * 32 columns, only where the products run on
-    matmul_coop; `prefill_partials` sizes one buffer for every product of the model up to
-    n_tokens tokens (the rule a smaller prompt would match included)."""
+    matmul_coop; `prefill_partials` sizes the partials of a layer's product (its weights
+    in every layer) for any prompt up to n_tokens tokens (the rule a smaller prompt would
+    match included)."""
     rules = (tuning.PrefillCoopTile(4096, 0, 128, 128, 4, 4, "t", splits=2),
              tuning.PrefillCoopTile(2048, 0, 128, 64, 4, 4, "t", sg_k=2, splits=3),
              tuning.PrefillCoopTile(0, 1024, 64, 64, 4, 4, "t"),
