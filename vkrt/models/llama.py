@@ -369,12 +369,14 @@ class Llama(LlamaBatch, Decoder):
         current ones are too small (the old buffer is freed once in-flight steps are done)."""
         head = self.slices.get(self._output_name())
         head_rows = head[0][1].shape[0] if head else 0
-        products: dict[str, list[Tensor]] = {}   # a layer's product -> its weights
-        for name, t in self.w.items():
-            if name.startswith("blk.") and name.endswith(".weight") and len(t.shape) == 2:
-                products.setdefault(name.split(".")[2], []).append(t)
 
         def allocate(n: int, rows: int, ring: int) -> Activations:
+            # Only when the activations grow: the partials of a layer's product ("attn_k")
+            # sized for its weights in every layer.
+            products: dict[str, list[Tensor]] = {}
+            for name, t in self.w.items():
+                if name.startswith("blk.") and name.endswith(".weight") and len(t.shape) == 2:
+                    products.setdefault(name.split(".")[2], []).append(t)
             sizes = {p: self.k.prefill_partials(ws, n) for p, ws in products.items()}
             return Activations.allocate(self.device, self.hp, n, rows, ring, head_rows,
                                         {p: size for p, size in sizes.items() if size})
