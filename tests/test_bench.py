@@ -385,6 +385,24 @@ def test_coop_ablation_variants_apply_and_compile(tmp_path):
         coop_ablation.variant_source("void main() {}", "no-products")
 
 
+def test_decode_ablation_variants_apply_and_compile(tmp_path):
+    """bench/decode_ablation.py's builds: "base" is the committed matvec_q4_k and
+    matvec_glu_q4_k byte for byte, and each variant's change applies (once) and compiles to
+    other bytes of both."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import decode_ablation
+    from vkrt.gen.metadata import DEFAULT_SPIRV_DIR
+
+    names = ["base", *decode_ablation.VARIANTS]
+    dirs = decode_ablation.compile_variants(tmp_path / "spv", names)
+    for module in decode_ablation.MODULES:
+        built = {n: (d / f"{module}.spv").read_bytes() for n, d in dirs.items()}
+        assert built["base"] == (DEFAULT_SPIRV_DIR / f"{module}.spv").read_bytes()
+        assert len(set(built.values())) == len(names), module
+    with pytest.raises(ValueError, match="no-dequant.*0 times"):
+        decode_ablation.variant_source("void main() {}", "no-dequant")
+
+
 def test_q4_1_layout_builds_read_the_grouped_blocks(monkeypatch):
     """bench/q4_1_layout.py: each build's Q4_1 readers on the grouped layout give the shipped
     products bit for bit on repacked blocks (--verify), and not on blocks left in the GGUF
