@@ -403,6 +403,25 @@ def test_decode_ablation_variants_apply_and_compile(tmp_path):
         decode_ablation.variant_source("void main() {}", "no-dequant")
 
 
+def test_decode_ablation_times_each_build(tmp_path, capsys):
+    """bench/decode_ablation.py --built DIR: each build's modules directory timed by
+    bench/matvec_types.py in a process of its own, both kernels under each launch, in one
+    JSON report."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import decode_ablation
+
+    decode_ablation.compile_variants(tmp_path, ["base", "no-dequant"])
+    assert decode_ablation.main(["--built", str(tmp_path), "--variants", "base,no-dequant",
+                                 "--glu-shape", "16x256", "--glu-configs", "1x1,1x2",
+                                 "--shape", "8x512", "--configs", "1x1", "--rounds", "1",
+                                 "--repeat", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["variants"]) == ["base", "no-dequant"]
+    for v in report["variants"].values():
+        assert list(v["matvec_glu_gb_s"]) == ["1x1", "1x2"] and list(v["matvec_gb_s"]) == ["1x1"]
+        assert all(g >= 0 for g in (*v["matvec_glu_gb_s"].values(), *v["matvec_gb_s"].values()))
+
+
 def test_q4_1_layout_builds_read_the_grouped_blocks(monkeypatch):
     """bench/q4_1_layout.py: each build's Q4_1 readers on the grouped layout give the shipped
     products bit for bit on repacked blocks (--verify), and not on blocks left in the GGUF
