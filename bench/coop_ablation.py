@@ -59,18 +59,38 @@ VARIANTS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def changed_text(text: str, name: str, variants: dict, source: str, script: str) -> str:
+    """`text` (the file `source`) with variant `name`'s change from `variants` (name -> (what
+    is taken out, old text, new text)); "base": unchanged. `script` names the caller in the
+    error.
+
+    Raises:
+        ValueError: the variant's text is not in `text` exactly once (the file changed)."""
+    if name == "base":
+        return text
+    _, old, new = variants[name]
+    if text.count(old) != 1:
+        raise ValueError(f"{script}: variant {name}: its text occurs {text.count(old)} "
+                         f"times in {source}, not once: update VARIANTS to it")
+    return text.replace(old, new)
+
+
 def variant_source(text: str, name: str) -> str:
     """matmul_coop.comp's `text` with variant `name`'s change ("base": unchanged).
 
     Raises:
         ValueError: the variant's text is not in `text` exactly once (the kernel changed)."""
-    if name == "base":
-        return text
-    _, old, new = VARIANTS[name]
-    if text.count(old) != 1:
-        raise ValueError(f"coop_ablation: variant {name}: its text occurs {text.count(old)} "
-                         f"times in {SOURCE}, not once: update VARIANTS to the kernel")
-    return text.replace(old, new)
+    return changed_text(text, name, VARIANTS, SOURCE, "coop_ablation")
+
+
+def add_build_args(ap: argparse.ArgumentParser) -> None:
+    """The options that build the variants on one machine and time them on another:
+    `--build-only DIR` and `--built DIR`."""
+    ap.add_argument("--build-only", default="", metavar="DIR",
+                    help="compile the variants into DIR/<variant>/ and stop")
+    ap.add_argument("--built", default="", metavar="DIR",
+                    help="time the variants --build-only compiled into DIR (a machine "
+                         "without the pinned glslang, e.g. a lent GPU)")
 
 
 def compile_changed(files: dict[str, str], modules: list[str]) -> dict[str, bytes]:
@@ -151,11 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-shapes", default="4096x4096,14336x4096")
     ap.add_argument("--variants", default=",".join(["base", *VARIANTS]))
     ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--build-only", default="", metavar="DIR",
-                    help="compile the variants into DIR/<variant>/ and stop")
-    ap.add_argument("--built", default="", metavar="DIR",
-                    help="time the variants --build-only compiled into DIR (a machine "
-                         "without the pinned glslang, e.g. a lent GPU)")
+    add_build_args(ap)
     args = ap.parse_args(argv)
     names = args.variants.split(",")
     if args.build_only:

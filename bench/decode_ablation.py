@@ -54,13 +54,10 @@ def variant_source(text: str, name: str) -> str:
 
     Raises:
         ValueError: the variant's text is not in `text` exactly once (the reader changed)."""
-    if name == "base":
-        return text
-    _, old, new = VARIANTS[name]
-    if text.count(old) != 1:
-        raise ValueError(f"decode_ablation: variant {name}: its text occurs {text.count(old)} "
-                         f"times in {SOURCE}, not once: update VARIANTS to the reader")
-    return text.replace(old, new)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from coop_ablation import changed_text
+
+    return changed_text(text, name, VARIANTS, SOURCE, "decode_ablation")
 
 
 def compile_variants(out: Path, names: list[str]) -> dict[str, Path]:
@@ -101,7 +98,7 @@ def time_variant(modules: Path, args, glu: bool, out: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "bench"))
-    from coop_ablation import modules_dir
+    from coop_ablation import add_build_args, modules_dir
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(["base", *VARIANTS]))
@@ -111,11 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default="4x4", help="SxR,...: matvec's launches")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--build-only", default="", metavar="DIR",
-                    help="compile the variants into DIR/<variant>/ and stop")
-    ap.add_argument("--built", default="", metavar="DIR",
-                    help="time the variants --build-only compiled into DIR (a machine "
-                         "without the pinned glslang, e.g. a lent GPU)")
+    add_build_args(ap)
     args = ap.parse_args(argv)
     names = args.variants.split(",")
     if args.build_only:
