@@ -28,6 +28,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from coop_ablation import add_build_args, changed_text, compile_changed, modules_dir  # noqa: E402
+
 SOURCE = "weights.glsl"
 MODULES = ("matvec_q4_k", "matvec_glu_q4_k")
 _PART = ("    return dot(hd.x * W_(bytes_f)(lo, 31u, 0.0) - hd.z, xa) + dot(hd.y * W_(bytes_f)(hi, "
@@ -54,9 +57,6 @@ def variant_source(text: str, name: str) -> str:
 
     Raises:
         ValueError: the variant's text is not in `text` exactly once (the reader changed)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from coop_ablation import changed_text
-
     return changed_text(text, name, VARIANTS, SOURCE, "decode_ablation")
 
 
@@ -67,9 +67,6 @@ def compile_variants(out: Path, names: list[str]) -> dict[str, Path]:
     Raises:
         ValueError: a variant does not apply; vkrt.errors.CompileError: no pinned glslang, or
         it refused a variant."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from coop_ablation import compile_changed
-
     text = (ROOT / "vkrt" / "glsl" / SOURCE).read_text()
     dirs = {}
     for name in names:
@@ -97,9 +94,6 @@ def time_variant(modules: Path, args, glu: bool, out: Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(ROOT / "bench"))
-    from coop_ablation import add_build_args, modules_dir
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(["base", *VARIANTS]))
     ap.add_argument("--glu-shape", default="14336x4096", help="RxC of matvec_glu's gate and up")
