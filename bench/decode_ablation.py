@@ -78,9 +78,15 @@ def compile_variants(out: Path, names: list[str]) -> dict[str, Path]:
     return dirs
 
 
-def time_variant(modules: Path, args, glu: bool, out: Path) -> dict[str, float]:
-    """GB/s of the Q4_K product per launch: bench/matvec_types.py in a process of its own on
-    the modules directory `modules`."""
+def time_variant(modules: Path, args: argparse.Namespace, glu: bool,
+                 out: Path) -> dict[str, float]:
+    """GB/s of the matrices the Q4_K product reads, per launch ("SxR" -> GB/s): matvec_glu
+    (`glu`) at args.glu_shape under args.glu_configs, else matvec at args.shape under
+    args.configs, timed by bench/matvec_types.py in a process of its own on the modules
+    directory `modules`; its JSON report is written to `out`.
+
+    Raises:
+        SystemExit: matvec_types.py failed (its command and the end of its stderr)."""
     shape, configs = (args.glu_shape, args.glu_configs) if glu else (args.shape, args.configs)
     cmd = [sys.executable, str(ROOT / "bench" / "matvec_types.py"), "--types", "q4_k",
            "--shapes", shape, "--configs", configs, "--rounds", str(args.rounds),

@@ -419,7 +419,6 @@ def test_decode_ablation_times_each_build(tmp_path, capsys):
     assert list(report["variants"]) == ["base", "no-dequant"]
     for v in report["variants"].values():
         assert list(v["matvec_glu_gb_s"]) == ["1x1", "1x2"] and list(v["matvec_gb_s"]) == ["1x1"]
-        assert all(g >= 0 for g in (*v["matvec_glu_gb_s"].values(), *v["matvec_gb_s"].values()))
 
 
 def test_q4_1_layout_builds_read_the_grouped_blocks(monkeypatch):
