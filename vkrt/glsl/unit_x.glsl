@@ -3,15 +3,13 @@
 // `vec4 x_at(uint i)`: vec4 i of the input row. A workgroup walks a row's units in chunks
 // of unit_chunk() units: invocation `lane` takes unit k0 + unit_lane() and its parts
 // unit_q0(), unit_q0() + SPLIT, ... (weights.glsl unit_dot(o, u, unit_q0(), SPLIT, xv));
-// load_unit_x gives it their x (xv[j] and xv[4 + j] for its part q = unit_q0() + j SPLIT:
-// indices the same in every invocation, so xv stays in registers).
+// load_unit_x gives it their x (xv[q] and xv[4 + q] for its parts q).
 // SPLIT (specialization constant 6, 1, 2 or 4; it divides the workgroup size): invocations
 // per unit. 1: a unit per invocation (its header decoded once for 32 weights, but
 // consecutive invocations read words and x 1 unit apart); 4: a word per invocation
 // (consecutive invocations read consecutive words and vec4 of x).
-// On the H200 (bench/README.md, 2026-12-02) 2 and 4 were 2-8x slower than 1 when the parts
-// indexed xv per invocation; indexed as now, on an H100 (2026-12-08) 2 and 4 still lose
-// 13-37% against 1: vkrt/tuning.py uses 1.
+// On the H200 (bench/README.md, 2026-12-02) 2 and 4 were 2-8x slower than 1 as written (the
+// parts index xv per invocation): vkrt/tuning.py uses 1.
 // STAGE_X (specialization constant 7, with SPLIT 1 only): 1 stages each chunk's x through
 // shared memory, loaded by consecutive invocations in order (coalesced), read back from a
 // stride of 9 vec4 (144 bytes: each 8 invocations of a 16-byte load hit distinct banks);
@@ -58,10 +56,9 @@ void load_unit_x_runs(uint k0, uint units, out vec4 xv[8], bool v) {
         barrier();
         for (uint i = 0; i < 8; ++i) xv[i] = x_stage[lane * 9 + i];
     } else if (k < units) {
-        for (uint j = 0; j < 4 / SPLIT; ++j) {
-            uint q = unit_q0() + j * SPLIT;
-            xv[j] = x_at(unit_x4(k, q, v));
-            xv[4 + j] = x_at(unit_x4(k, 4 + q, v));
+        for (uint q = unit_q0(); q < 4; q += SPLIT) {
+            xv[q] = x_at(unit_x4(k, q, v));
+            xv[4 + q] = x_at(unit_x4(k, 4 + q, v));
         }
     }
 #ifdef XQ

@@ -268,9 +268,8 @@ vec4 W_(block4)(uint o, uint e) {
 // (run x's elements 4q .. 4q + 3 with xa, run y's with xb), reading each word with one plain
 // uint load when the type is 4-byte aligned (every field it reads sits at a multiple of 4),
 // or the two covering words shifted when it is only 2-byte aligned (no unaligned access
-// assumed). unit_dot(o, u, q0, step, xv) sums the parts q = q0 + j step < 4 with
-// xv[j], xv[4 + j] (an invocation holds only its parts' x, indexed by the loop's j, so
-// that no index into xv depends on the invocation): step 1 is the whole unit in one invocation (its header decoded once
+// assumed). unit_dot(o, u, q0, step, xv) sums the parts q0, q0 + step, ... < 4 with
+// xv[q], xv[4 + q]: step 1 is the whole unit in one invocation (its header decoded once
 // for 32 weights), step 4 a quarter per invocation (4 invocations per unit: consecutive
 // invocations read consecutive words and x; vkrt/tuning.py picks).
 // Integers become floats as halves: 0x6400 | q is the f16 1024 + q, exact for q < 1024, and
@@ -582,8 +581,7 @@ float W_(unit_dot)(uint o, uint u, uint q0, uint step, vec4 xv[8]) {
 #endif
     vec4 hd = W_(unit_hdr)(o, u);
     float s = 0.0;
-    for (uint j = 0; j < 4 / step; ++j)    // part q0 + j step: xv[j], xv[4 + j] (unit_x.glsl)
-        s += W_(unit_part)(o, u, q0 + j * step, hd, xv[j], xv[4 + j]);
+    for (uint q = q0; q < 4; q += step) s += W_(unit_part)(o, u, q, hd, xv[q], xv[4 + q]);
     return s;
 }
 // A row holds n_cols / WEIGHT_BLOCK blocks back to back; rows follow each other.
