@@ -18,7 +18,9 @@ variants;
 vkrt/tuning.py's `Decode`, for every row count) instead
 of the device's table, and reports each config's figures and the best per type; `--glu` times
 matvec_glu (gate and up), `--qkv` qkv_rope (Q of the shape, K and V a quarter of it); `--shapes
-RxC,...` repeats the whole run per matrix shape; `--spirv-dir DIR` loads the modules from DIR (a
+RxC,...` repeats the whole run per matrix shape; `--pipeline-stats` adds what the driver
+compiled for each product's pipelines (`vkrt.runtime.pipeline.Pipeline.statistics`: NVIDIA's
+register count and others; not on lavapipe); `--spirv-dir DIR` loads the modules from DIR (a
 build of another kernel text: bench/coop_ablation.py's `modules_dir`). A copy of a buffer of the largest matrix's size (vkCmdCopyBuffer: reads and writes
 it) is timed beside them. Absolute figures only from a real GPU; compare within one run.
 """
@@ -33,6 +35,7 @@ import numpy as np
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vkrt.errors import VkrtError
     from vkrt.kernels import Kernels
     from vkrt.runtime.device import Device
     from vkrt.runtime.dispatch import Copy
@@ -56,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qkv", action="store_true", help="time qkv_rope (RMSNorm, Q, K, V, RoPE "
                     "and the cache rows: Q of the shape, K and V of a quarter of its rows, "
                     "heads of 128) instead of matvec; R of a config is pairs of rows")
+    ap.add_argument("--pipeline-stats", action="store_true", help="also report what the "
+                    "driver compiled for each product's pipelines (VK_KHR_pipeline_"
+                    "executable_properties statistics, e.g. NVIDIA's register count); a "
+                    "device without them stops the run with its error")
     ap.add_argument("--spirv-dir", default="", help="the modules to load (default: vkrt/spirv; "
                     "a build of bench/coop_ablation.py's modules_dir shape)")
     ap.add_argument("--json", action="store_true")
@@ -67,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     configs = [c for c in args.configs.split(",") if c]
     rng = np.random.default_rng(0)
     reports = []
-    with Device() as dev:
+    try:
+        dev = Device(pipeline_statistics=args.pipeline_stats)
+    except VkrtError as e:     # one line: the device lacks what --pipeline-stats needs
+        print(f"matvec_types: {e}", file=sys.stderr)
+        return 1
+    with dev:
         stream = Stream(dev, timestamps=True)
         if not stream.timing:
             print("matvec_types: this device has no timestamps", file=sys.stderr)
@@ -126,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             stream.synchronize()
             arms = [(name, c) for name in weights for c in kernels] + [("copy", "")]
             times: dict[tuple[str, str], list[float]] = {a: [] for a in arms}
+            stats: dict[tuple[str, str], dict] = {}
             for _ in range(args.rounds):
                 for name, c in arms:
                     stream.profiler.gpu_ns.clear()
@@ -144,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                             * args.repeat
                     stream.record(records)
                     stream.synchronize()
+                    if args.pipeline_stats and name != "copy":
+                        stats[name, c] = {d.pipeline.name: d.pipeline.statistics()
+                                          for d in records}
                     times[name, c].append(stream.profiler.gpu_ns[name]
                                           / stream.profiler.gpu_count[name])
             report = {"device": dev.name, "driver": f"{dev.driver_name} {dev.driver_info}",
@@ -156,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 us = statistics.median(ts) / 1e3
                 # A copy reads and writes its bytes; a product reads the matrix (x, y small).
                 moved = 2 * nbytes if name == "copy" else nbytes
-                r = {"bytes": nbytes, "us": round(us, 2), "gb_s": round(moved / us / 1e3, 1)}
+                r = {"bytes": nbytes, "us": round(us, 2), "gb_s": round(moved / us / 1e3, 1),
+                     **({"pipelines": stats[name, c]} if (name, c) in stats else {})}
                 report["configs"].setdefault(name, {})[c] = r
             for name, by_c in report["configs"].items():
                 best = max(by_c, key=lambda c: by_c[c]["gb_s"])
@@ -182,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
                             if len(report["configs"][name]) > 1)
             print(f"  {name:<8} {r['bytes'] / 2**20:8.1f} MiB  {r['us']:9.2f} us  "
                   f"{r['gb_s']:8.1f} GB/s  ({r['gb_s'] / base:.2f}x q4_1) {r['config']} {each}")
+            for c, v in report["configs"][name].items():
+                for module, st in v.get("pipelines", {}).items():
+                    print(f"    {c or 'table'} {module}: "
+                          + ", ".join(f"{k} {val}" for k, val in st.items()))
     return 0
 
 

@@ -418,6 +418,32 @@ def test_device_close_releases_every_child():
     device.close()  # a second close is harmless
 
 
+def test_pipeline_statistics_are_opt_in_and_refused_where_not_offered():
+    """Device(pipeline_statistics=True) enables VK_KHR_pipeline_executable_properties (every
+    pipeline then captures its statistics) or raises naming it, half-made device released;
+    Pipeline.statistics() of a device opened without it raises. (The statistics themselves
+    come from a driver that offers them: bench/matvec_types.py --pipeline-stats on a GPU.)"""
+    with Device() as device:
+        assert device.features["pipelineExecutableInfo"] is False
+        pipeline = PipelineCache(device).get_pipeline("matvec_q4_k", {})
+        with pytest.raises(VkrtError, match=r"^matvec_q4_k: pipeline statistics need "
+                                            r"Device\(pipeline_statistics=True\)$"):
+            pipeline.statistics()
+        offered = "VK_KHR_pipeline_executable_properties" in {
+            e.extensionName for e in vulkan.vkEnumerateDeviceExtensionProperties(device.physical, None)}
+    if offered:
+        with Device(pipeline_statistics=True) as device:
+            assert device.features["pipelineExecutableInfo"] is True
+            stats = PipelineCache(device).get_pipeline("matvec_q4_k", {}).statistics()
+            assert stats and all(isinstance(k, str) for k in stats)
+        return
+    with pytest.raises(VkrtError, match=r": pipeline statistics need "
+                                        r"VK_KHR_pipeline_executable_properties with its "
+                                        r"pipelineExecutableInfo feature, which this device "
+                                        r"does not offer$"):
+        Device(pipeline_statistics=True)
+
+
 @needs_validation
 def test_validation_reports_nothing_for_ordinary_work():
     with config.VALIDATION.override("1"):

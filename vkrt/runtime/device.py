@@ -78,6 +78,7 @@ _SCOPE_NAMES = {vk.VK_SCOPE_DEVICE_KHR: "device", vk.VK_SCOPE_WORKGROUP_KHR: "wo
                 vk.VK_SCOPE_SUBGROUP_KHR: "subgroup", vk.VK_SCOPE_QUEUE_FAMILY_KHR: "queue_family"}
 COOPERATIVE_MATRIX = "VK_KHR_cooperative_matrix"
 INTEGER_DOT_PRODUCT = "VK_KHR_shader_integer_dot_product"
+PIPELINE_STATISTICS = "VK_KHR_pipeline_executable_properties"
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,11 @@ class Device:
         direct_host_access: map device-local buffers when their memory is host-visible, so
             host reads and writes are a memcpy; default True on CPU and integrated devices.
             False forces the staging-copy path a discrete GPU takes (tests use it on lavapipe).
+        pipeline_statistics: enable VK_KHR_pipeline_executable_properties so that every
+            pipeline is created with VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR and
+            `Pipeline.statistics()` reports what the driver compiled (registers, spills, ...);
+            a tuning aid (bench/pipeline_stats.py), off by default. Raises VkrtError where the
+            device does not offer the extension or its pipelineExecutableInfo feature.
     Attributes beside the handles: `features` (the optional features enabled, by Vulkan
     name: shaderFloat16, vulkanMemoryModel, cooperativeMatrix, ...), `coop_shapes` (every
     cooperative-matrix shape the device lists, `CoopShape`; () without
@@ -232,9 +238,10 @@ class Device:
     """
 
     def __init__(self, index: int | None = None, validation: bool | None = None,
-                 direct_host_access: bool | None = None):
+                 direct_host_access: bool | None = None, pipeline_statistics: bool = False):
         self.validation = config.VALIDATION.value if validation is None else validation
         self.direct_host_access = direct_host_access
+        self.pipeline_statistics = pipeline_statistics
         self.validation_errors: list[str] = []
         self._closers: list = []
         self._children: dict[int, object] = {}  # buffers, pipelines, streams: closed first
@@ -366,7 +373,8 @@ class Device:
                          "storageBuffer8BitAccess": bool(f12.storageBuffer8BitAccess),
                          "shaderInt8": bool(f12.shaderInt8),
                          "vulkanMemoryModel": bool(f12.vulkanMemoryModel),
-                         "cooperativeMatrix": False, "shaderIntegerDotProduct": False}
+                         "cooperativeMatrix": False, "shaderIntegerDotProduct": False,
+                         "pipelineExecutableInfo": False}
         extensions = self._calibration_extension()
         # VK_KHR_cooperative_matrix (tensor cores), enabled only when the device offers the
         # extension and its cooperativeMatrix feature (VkPhysicalDeviceCooperativeMatrix-
@@ -382,6 +390,10 @@ class Device:
         if dot is not None:
             dot.pNext, chain = chain, dot
             extensions.append(INTEGER_DOT_PRODUCT)
+        stats = self._pipeline_executable_info() if self.pipeline_statistics else None
+        if stats is not None:
+            stats.pNext, chain = chain, stats
+            extensions.append(PIPELINE_STATISTICS)
         ext_names = [new("char[]", e.encode()) for e in extensions]
         ext_ptr = new("char*[]", ext_names) if ext_names else NULL
         priority = new("float[1]", [1.0])
@@ -476,6 +488,27 @@ class Device:
         self.features["shaderIntegerDotProduct"] = True
         return new("VkPhysicalDeviceShaderIntegerDotProductFeatures*",
                    {"sType": stype, "shaderIntegerDotProduct": 1})
+
+    def _pipeline_executable_info(self):
+        """The VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR to chain into device
+        creation (pipeline_statistics=True).
+
+        Raises:
+            VkrtError: the device does not offer VK_KHR_pipeline_executable_properties or its
+            pipelineExecutableInfo feature (lavapipe offers neither)."""
+        stype = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR
+        feat = new("VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR*", {"sType": stype})
+        if self._offers(PIPELINE_STATISTICS):
+            f2 = new("VkPhysicalDeviceFeatures2*",
+                     {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, "pNext": feat})
+            lib.vkGetPhysicalDeviceFeatures2(self.physical, f2)
+        if not feat.pipelineExecutableInfo:
+            raise VkrtError(f"{self.info.name}: pipeline statistics need "
+                            f"{PIPELINE_STATISTICS} with its pipelineExecutableInfo feature, "
+                            f"which this device does not offer")
+        self.features["pipelineExecutableInfo"] = True
+        return new("VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR*",
+                   {"sType": stype, "pipelineExecutableInfo": 1})
 
     def coop_shape(self, a: str = "float16", c: str = "float32") -> CoopShape | None:
         """The subgroup-scope shape with A and B of type `a`, C and Result of type `c` that

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from vkrt.errors import ShaderInterfaceError
+from vkrt.errors import ShaderInterfaceError, VkrtError
 from vkrt.gen.metadata import DEFAULT_SPIRV_DIR, ModuleMeta, load_modules, read_spirv
 from vkrt.runtime.device import Device
 from vkrt.runtime.vk import NULL, check, ffi, lib, new, vk
@@ -22,6 +22,8 @@ _SPEC_FORMAT = {"bool": "<I", "int8": "<b", "uint8": "<B", "int16": "<h", "uint1
                 "float16": "<e", "int32": "<i", "uint32": "<I", "float32": "<f",
                 "int64": "<q", "uint64": "<Q", "float64": "<d"}
 SETS_PER_POOL = 256
+# VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR (VK_KHR_pipeline_executable_properties).
+CAPTURE_STATISTICS = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR
 # SPIR-V capabilities a module may declare (reflected into `ModuleMeta.capabilities`) -> the
 # `Device.features` entry without which the device cannot run it (Vulkan spec, appendix
 # "SPIR-V Environment", "Capabilities": e.g. CooperativeMatrixKHR needs
@@ -132,6 +134,7 @@ class Pipeline:
         main = new("char[]", b"main")
         info = new("VkComputePipelineCreateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+            "flags": CAPTURE_STATISTICS if dev.features.get("pipelineExecutableInfo") else 0,
             "stage": {"sType": vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
                       "stage": vk.VK_SHADER_STAGE_COMPUTE_BIT, "module": self.module,
                       "pName": main, "pSpecializationInfo": spec_info},
@@ -217,6 +220,29 @@ class Pipeline:
             self.spec.get(sid, size) if sid is not None else size
             for size, sid in zip(self.meta.local_size, self.meta.local_size_spec_ids))
         return sorted(chosen.values(), key=lambda p: p[0].id)
+
+    def statistics(self) -> dict[str, int | float | bool]:
+        """What the driver reports of the code it compiled for this pipeline
+        (vkGetPipelineExecutableStatisticsKHR of its one executable; names and meanings are
+        the driver's, e.g. NVIDIA's "Register Count"), by statistic name.
+
+        Raises:
+            VkrtError: the device was not opened with `Device(pipeline_statistics=True)`."""
+        dev = self.device
+        if not dev.features.get("pipelineExecutableInfo"):
+            raise VkrtError(f"{self.name}: pipeline statistics need "
+                            f"Device(pipeline_statistics=True)")
+        get = vk.vkGetDeviceProcAddr(dev.handle, "vkGetPipelineExecutableStatisticsKHR")
+        info = new("VkPipelineExecutableInfoKHR*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR,
+            "pipeline": self.handle, "executableIndex": 0})
+        stats = get(dev.handle, info)
+        fmt = {vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: lambda v: bool(v.b32),
+               vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: lambda v: int(v.i64),
+               vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: lambda v: int(v.u64),
+               vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: lambda v: float(v.f64)}
+        # The binding's wrapper runs the two-call idiom and gives each name as a str.
+        return {str(st.name): fmt[st.format](st.value) for st in stats}
 
     def bind(self, tensors, counters=None):
         """The descriptor set (a `VkDescriptorSet[1]`) binding each view of `tensors` (its
