@@ -222,8 +222,9 @@ class Device:
         pipeline_statistics: enable VK_KHR_pipeline_executable_properties so that every
             pipeline is created with VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR and
             `Pipeline.statistics()` reports what the driver compiled (registers, spills, ...);
-            a tuning aid (bench/pipeline_stats.py), off by default. Raises VkrtError where the
-            device does not offer the extension or its pipelineExecutableInfo feature.
+            a tuning aid (bench/matvec_types.py --pipeline-stats), off by default. Raises
+            VkrtError where the device does not offer the extension or its
+            pipelineExecutableInfo feature.
     Attributes beside the handles: `features` (the optional features enabled, by Vulkan
     name: shaderFloat16, vulkanMemoryModel, cooperativeMatrix, ...), `coop_shapes` (every
     cooperative-matrix shape the device lists, `CoopShape`; () without
