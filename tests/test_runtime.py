@@ -420,8 +420,8 @@ def test_device_close_releases_every_child():
 
 def test_pipeline_statistics_are_opt_in_and_refused_where_not_offered():
     """Device(pipeline_statistics=True) enables VK_KHR_pipeline_executable_properties (every
-    pipeline then captures its statistics) or raises naming it, half-made device released;
-    Pipeline.statistics() of a device opened without it raises. (The statistics themselves
+    pipeline then captures its statistics) or, where the device does not offer it, raises
+    naming it; Pipeline.statistics() of a device opened without it raises. (The statistics themselves
     come from a driver that offers them: bench/matvec_types.py --pipeline-stats on a GPU.)"""
     with Device() as device:
         assert device.features["pipelineExecutableInfo"] is False
