@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                             * args.repeat
                     stream.record(records)
                     stream.synchronize()
-                    if args.pipeline_stats and name != "copy":
+                    if args.pipeline_stats and name != "copy" and (name, c) not in stats:
                         stats[name, c] = {d.pipeline.name: d.pipeline.statistics()
                                           for d in records}
                     times[name, c].append(stream.profiler.gpu_ns[name]

@@ -21,7 +21,7 @@ import vulkan
 from vkrt import config
 from vkrt.errors import DeviceMemoryError, ShaderInterfaceError, VkrtError
 from vkrt.kernels import Kernels
-from vkrt.runtime.device import (VALIDATION_LAYER, Device, list_devices,
+from vkrt.runtime.device import (PIPELINE_STATISTICS, VALIDATION_LAYER, Device, list_devices,
                                  validation_layer_available)
 from vkrt.runtime.memory import Buffer
 from vkrt.runtime.op import Op
@@ -429,16 +429,15 @@ def test_pipeline_statistics_are_opt_in_and_refused_where_not_offered():
         with pytest.raises(VkrtError, match=r"^matvec_q4_k: pipeline statistics need "
                                             r"Device\(pipeline_statistics=True\)$"):
             pipeline.statistics()
-        offered = "VK_KHR_pipeline_executable_properties" in {
-            e.extensionName for e in vulkan.vkEnumerateDeviceExtensionProperties(device.physical, None)}
+        offered = device._offers(PIPELINE_STATISTICS)
     if offered:
         with Device(pipeline_statistics=True) as device:
             assert device.features["pipelineExecutableInfo"] is True
             stats = PipelineCache(device).get_pipeline("matvec_q4_k", {}).statistics()
             assert stats and all(isinstance(k, str) for k in stats)
         return
-    with pytest.raises(VkrtError, match=r": pipeline statistics need "
-                                        r"VK_KHR_pipeline_executable_properties with its "
+    with pytest.raises(VkrtError, match=rf": pipeline statistics need "
+                                        rf"{PIPELINE_STATISTICS} with its "
                                         r"pipelineExecutableInfo feature, which this device "
                                         r"does not offer$"):
         Device(pipeline_statistics=True)

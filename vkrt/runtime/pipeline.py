@@ -24,6 +24,12 @@ _SPEC_FORMAT = {"bool": "<I", "int8": "<b", "uint8": "<B", "int16": "<h", "uint1
 SETS_PER_POOL = 256
 # VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR (VK_KHR_pipeline_executable_properties).
 CAPTURE_STATISTICS = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR
+# VkPipelineExecutableStatisticFormatKHR -> the VkPipelineExecutableStatisticValueKHR member.
+_STATISTIC_VALUE = {
+    vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: lambda v: bool(v.b32),
+    vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: lambda v: int(v.i64),
+    vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: lambda v: int(v.u64),
+    vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: lambda v: float(v.f64)}
 # SPIR-V capabilities a module may declare (reflected into `ModuleMeta.capabilities`) -> the
 # `Device.features` entry without which the device cannot run it (Vulkan spec, appendix
 # "SPIR-V Environment", "Capabilities": e.g. CooperativeMatrixKHR needs
@@ -237,12 +243,8 @@ class Pipeline:
             "sType": vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR,
             "pipeline": self.handle, "executableIndex": 0})
         stats = get(dev.handle, info)
-        fmt = {vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: lambda v: bool(v.b32),
-               vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: lambda v: int(v.i64),
-               vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: lambda v: int(v.u64),
-               vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: lambda v: float(v.f64)}
         # The binding's wrapper runs the two-call idiom and gives each name as a str.
-        return {str(st.name): fmt[st.format](st.value) for st in stats}
+        return {str(st.name): _STATISTIC_VALUE[st.format](st.value) for st in stats}
 
     def bind(self, tensors, counters=None):
         """The descriptor set (a `VkDescriptorSet[1]`) binding each view of `tensors` (its
